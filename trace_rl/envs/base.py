@@ -1,0 +1,116 @@
+"""The environment protocol.
+
+An environment is one task family: a loader for its items, tools in the OpenAI function-schema
+format, a prompt, a verifier, and a way to rebuild its state at any turn-level prefix by replaying
+stored actions. The ReAct loop (``trace_rl.rollout.react``) drives it; nothing here knows about
+engines or tokens.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from trace_rl.rollout.types import Action, Verdict
+
+
+class ToolError(Exception):
+    """A tool call that cannot run (bad arguments, unknown tool): becomes an error observation."""
+
+
+class DatasetError(ValueError):
+    """A malformed dataset row; the message names the file and the line."""
+
+    def __init__(self, path: str, line: int, why: str):
+        super().__init__(f"{path}:{line}: {why}")
+        self.path, self.line, self.why = path, line, why
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One task instance. ``gold`` and ``meta`` are JSON-serialisable, so an item round-trips
+    through DuckDB and Prefect task results."""
+
+    id: str
+    family: str
+    question: str
+    gold: Any
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """What the environment says after one action."""
+
+    observation: str | None  # None when the episode is over
+    done: bool
+    tool_called: bool = False
+    error: bool = False
+
+
+class Environment(abc.ABC):
+    """One task family. Subclasses implement the abstract methods; ``step`` and ``restore`` have
+    the ReAct defaults (a tool call gives an observation, an answer ends the episode)."""
+
+    family: str = ""
+    stateful: bool = False
+    """True when tool calls mutate the state, so a restore must re-run them in order."""
+    max_turns: int = 6
+    """Default turn cap for this family."""
+
+    @abc.abstractmethod
+    def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
+        """Items of a split (``train``/``test`` or a file path, per family)."""
+
+    @abc.abstractmethod
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool list in the OpenAI function format: ``{"type": "function", "function": {...}}``."""
+
+    @abc.abstractmethod
+    def system_prompt(self) -> str:
+        """Instructions, including the turn format and the tools."""
+
+    def user_prompt(self, item: TaskItem) -> str:
+        return item.question
+
+    @abc.abstractmethod
+    def reset(self, item: TaskItem) -> Any:
+        """A fresh state for ``item``."""
+
+    @abc.abstractmethod
+    def call_tool(self, state: Any, name: str, arguments: Mapping[str, Any]) -> str:
+        """Run a tool and return its observation text. Raise ``ToolError`` for an unknown tool
+        or bad arguments (the loop turns any exception into an error observation)."""
+
+    @abc.abstractmethod
+    def verify(self, item: TaskItem, answer: Any) -> Verdict:
+        """Grade a final answer: reward in {0, 1}, plus metrics."""
+
+    def expert_actions(self, item: TaskItem) -> Sequence[Action]:
+        """A gold action sequence for ``item`` (used for SFT traces and tests)."""
+        raise NotImplementedError(f"{type(self).__name__} has no expert solver")
+
+    def step(self, state: Any, action: Action) -> StepResult:
+        """Apply one action. Exceptions from tools become error observations, never crashes."""
+        if action.kind == "answer":
+            return StepResult(observation=None, done=True)
+        if action.kind == "invalid":
+            return StepResult(observation=f"Error: {action.error}", done=False, error=True)
+        try:
+            obs = self.call_tool(state, action.tool or "", dict(action.arguments or {}))
+            return StepResult(observation=obs, done=False, tool_called=True)
+        except Exception as exc:  # a tool's failure is the agent's observation, not our crash
+            return StepResult(observation=f"Error: {type(exc).__name__}: {exc}", done=False,
+                              tool_called=True, error=True)
+
+    def restore(self, item: TaskItem, actions: Sequence[Action],
+                observations: Sequence[str | None]) -> Any:
+        """Rebuild the state after ``actions``. A stateless family only needs a fresh state (its
+        stored observations are reused); a stateful one re-runs each tool call in order."""
+        state = self.reset(item)
+        if self.stateful:
+            for a in actions:
+                if a.kind == "tool":
+                    self.step(state, a)
+        return state
