@@ -1,0 +1,94 @@
+"""Dataset file helpers shared by every task family.
+
+``load_jsonl`` reads one JSON object per line and hands each to a family's ``parse_row``; any
+malformed line (bad JSON, not an object, a missing or mistyped field) becomes a ``DatasetError``
+that names the file and the 1-based line number, so a broken row is found without a debugger.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+from trace_rl.envs.base import DatasetError, TaskItem
+
+T = TypeVar("T")
+
+_TYPE_NAMES: dict[type, str] = {str: "a string", int: "an integer", float: "a number",
+                                bool: "a boolean", list: "a list", dict: "an object"}
+
+
+def row_field(row: Mapping[str, Any], key: str, typ: type | tuple[type, ...] = object,
+          *, default: Any = ...) -> Any:
+    """``row[key]`` checked against ``typ``; raises ``ValueError`` saying which field is wrong.
+
+    ``bool`` is not accepted where ``int`` is asked for (JSON ``true`` is not a count). With a
+    ``default``, a missing key (or JSON null) gives the default instead of an error.
+    """
+    if key not in row or row[key] is None:
+        if default is not ...:
+            return default
+        raise ValueError(f"missing field {key!r}")
+    value = row[key]
+    types = typ if isinstance(typ, tuple) else (typ,)
+    is_bool_for_int = isinstance(value, bool) and bool not in types
+    if not isinstance(value, types) or is_bool_for_int:
+        want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+        raise ValueError(f"field {key!r} must be {want}, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def load_jsonl(path: str | Path, parse_row: Callable[[dict[str, Any]], T],
+               limit: int | None = None) -> list[T]:
+    """Parse a JSON Lines file row by row; blank lines are skipped.
+
+    ``parse_row`` may raise ``KeyError``, ``ValueError`` or ``TypeError`` on a bad row; those (and
+    JSON syntax errors, and rows that are not objects) are re-raised as ``DatasetError(path, line,
+    why)``. ``limit`` stops after that many parsed rows.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    out: list[T] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(str(path), lineno, f"invalid JSON: {exc.msg} at column {exc.colno}") from exc
+            if not isinstance(row, dict):
+                raise DatasetError(str(path), lineno, f"expected a JSON object, got {type(row).__name__}")
+            try:
+                out.append(parse_row(row))
+            except (KeyError, ValueError, TypeError) as exc:
+                why = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+                raise DatasetError(str(path), lineno, why) from exc
+    return out
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Write rows as JSON Lines (UTF-8, one compact object per line); return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+    return path
+
+
+def item_to_row(item: TaskItem) -> dict[str, Any]:
+    """A ``TaskItem`` as a JSON-ready dict (the inverse of ``item_from_row``)."""
+    return {"id": item.id, "family": item.family, "question": item.question, "gold": item.gold,
+            "meta": dict(item.meta)}
+
+
+def item_from_row(row: Mapping[str, Any]) -> TaskItem:
+    """Parse a stored ``TaskItem`` row; raises ``ValueError`` naming the bad field."""
+    return TaskItem(id=row_field(row, "id", str), family=row_field(row, "family", str),
+                    question=row_field(row, "question", str), gold=row_field(row, "gold"),
+                    meta=row_field(row, "meta", dict, default={}))
