@@ -87,6 +87,12 @@ class Environment(abc.ABC):
     def verify(self, item: TaskItem, answer: Any) -> Verdict:
         """Grade a final answer: reward in {0, 1}, plus metrics."""
 
+    def verify_final(self, item: TaskItem, state: Any, answer: Any) -> Verdict:
+        """Grade an episode that ended with ``answer`` in ``state`` (what the ReAct loop calls).
+        Stateless families grade the answer alone; stateful ones (function calling) override this
+        to check the final state as well."""
+        return self.verify(item, answer)
+
     def expert_actions(self, item: TaskItem) -> Sequence[Action]:
         """A gold action sequence for ``item`` (used for SFT traces and tests)."""
         raise NotImplementedError(f"{type(self).__name__} has no expert solver")
