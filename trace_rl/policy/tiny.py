@@ -17,7 +17,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -165,7 +165,41 @@ def save_policy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast,
 
 
 def make_tiny_policy(out_dir: str | Path, preset: str = "tiny", texts: Iterable[str] | None = None,
-                     vocab_size: int = 1024, seed: int = 0) -> Path:
-    """Build tokenizer + model and save them to ``out_dir``; return the directory."""
+                     vocab_size: int = 1024, pretrain_steps: int = 0, seed: int = 0) -> Path:
+    """Build tokenizer + model, optionally pre-train ``pretrain_steps`` on the tokenizer text, save
+    them to ``out_dir``; return the directory."""
+    texts = list(react_corpus() if texts is None else texts)
     tok = build_tokenizer(texts, vocab_size=vocab_size)
-    return save_policy(build_model(tok, preset=preset, seed=seed), tok, out_dir)
+    model = build_model(tok, preset=preset, seed=seed)
+    if pretrain_steps:
+        fit_language_model(model, tok, texts, steps=pretrain_steps, seed=seed)
+    return save_policy(model, tok, out_dir)
+
+
+def fit_language_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast,
+                       texts: Sequence[str], steps: int = 100, batch_size: int = 16,
+                       seq_len: int = 128, lr: float = 3e-3, seed: int = 0) -> list[float]:
+    """Next-token pre-training on ``texts`` (concatenated, cut into ``seq_len`` windows).
+
+    A few hundred steps turn a random tiny model into one that writes ReAct-shaped text (markers,
+    JSON tool calls, EOS at message ends), which makes engine and loop tests exercise stop strings
+    and parsing rather than a uniform random walk. Returns the loss per step.
+    """
+    stream = torch.tensor([t for text in texts for t in tokenizer(text)["input_ids"]],
+                          dtype=torch.long)  # [N]
+    if len(stream) <= seq_len:
+        raise ValueError(f"fit_language_model: {len(stream)} tokens of text, need > {seq_len}")
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(stream) - seq_len, (batch_size,), generator=gen)
+        batch = torch.stack([stream[s:s + seq_len] for s in starts.tolist()])  # [B, T]
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
