@@ -1,0 +1,554 @@
+"""DuckDB store for rollout trees: one file per work dir, one transaction per tree level.
+
+The nodes table is trace_core's struct-of-arrays tree (DESIGN.md §4) flattened into rows; the
+columns hold what §1 needs per node H: predicted V~(H), allocated K, reward r at leaves, the
+backed-up V^(H) = sum_c n_c V^(c) / n_H, the leaf count n_H and the advantage.
+
+Idempotence. Node ids are deterministic (``make_node_id``) and a level is written per tree in one
+transaction: if a tree already has rows at a level, the new rows for that tree and level are
+skipped as a whole, so a retried task leaves exactly one copy and never mixes two samplings of
+the same branch. Allocations and ledger rows are keyed too (first write wins).
+
+Concurrency. DuckDB lets one process hold a database file read-write, and while it does, other
+processes cannot even open it read-only. The writer therefore opens a connection only for one
+call (a level write is a few ms to tens of ms) and every open, read or write, retries with
+bounded exponential backoff while another process holds the lock. Within one process a lock per
+file serialises connections, since DuckDB refuses a read-only and a read-write connection to the
+same file side by side in one process. See docs/schema.md for the measured lock window.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from trace_rl.storage.schema import (
+    ALLOCATION_INPUT,
+    DERIVED_NODE_COLUMNS,
+    LEDGER_FIELDS,
+    NODE_INPUT,
+    SCHEMA_VERSION,
+    TABLES_DDL,
+    UPDATABLE,
+    VIEWS_DDL,
+)
+
+DB_FILENAME = "trace.duckdb"
+STEP_STATUSES = ("running", "complete", "failed")
+RUN_STATUSES = ("running", "complete", "failed", "killed")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+# Column order of the nodes table, as created by TABLES_DDL.
+NODE_COLUMNS = (
+    "node_id", "parent_id", "tree_id", "root_id", "run_id", "step", "level", "depth",
+    "local_index", "parent_index", "item_id", "family", "text", "action_json", "observation",
+    "gen_token_ids", "obs_token_ids", "gen_logprobs", "gen_tokens", "obs_tokens", "tool_called",
+    "error", "predicted_v", "allocated_k", "reward", "value", "n_leaves", "advantage", "allocator",
+    "is_leaf", "created_at",
+)
+ALLOCATION_COLUMNS = ("run_id", "step", "level", "node_id", "allocator", "item_id", "predicted_v",
+                      "true_v", "k", "gain")
+_UNIT_INTERVAL = ("predicted_v", "value", "reward")
+_NON_NEGATIVE = ("allocated_k", "n_leaves", "depth", "local_index", "tree_id")
+
+
+class StoreError(ValueError):
+    """Input that the store refuses; the message names the column and what to fix."""
+
+
+class StoreBusyError(TimeoutError):
+    """Another process held the database file for longer than the retry budget."""
+
+
+def make_node_id(run_id: str, step: int, tree_id: int, local_index: int) -> str:
+    """Deterministic, readable node id: ``<run_id>/s<step>/t<tree_id>/n<local_index>``.
+
+    ``tree_id`` is the tree's index in the step's candidate pool and ``local_index`` its slot in
+    the tree arrays (root = 0), so a retried task that rebuilds the same tree gets the same ids.
+    """
+    _check_run_id(run_id)
+    for name, v in (("step", step), ("tree_id", tree_id), ("local_index", local_index)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise StoreError(f"make_node_id: {name} must be a non-negative int, got {v!r}")
+    return f"{run_id}/s{step}/t{tree_id}/n{local_index}"
+
+
+def _check_run_id(run_id: str) -> None:
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise StoreError(f"run_id {run_id!r} must match {_RUN_ID.pattern} (letters, digits, _ . -)")
+
+
+def _exec(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[tuple]:
+    """Execute and drain the result (DuckDB 2 refuses new work while a result is pending)."""
+    return con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _is_lock_error(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one write_level call did."""
+
+    inserted_nodes: int
+    """Node rows added by this call."""
+    skipped_trees: tuple[int, ...]
+    """Tree ids whose rows at this level were already stored (a retry); their new rows were dropped."""
+    inserted_allocations: int
+    """Allocation rows added (rows already stored are kept as they were)."""
+    ledger_written: bool
+    """False when a ledger row for (run, step, level, method) already existed."""
+
+
+class TreeStore:
+    """The tree store of one work dir. Every method opens and closes its own connection.
+
+    Construct with ``create=False`` to only read (e.g. ``trace sql``): then nothing is written and
+    a missing file is an error rather than a new empty database.
+    """
+
+    _locks: dict[Path, threading.RLock] = {}
+    _locks_guard = threading.Lock()
+
+    def __init__(self, path: str | Path, *, create: bool = True, read_timeout_s: float = 30.0,
+                 write_timeout_s: float = 120.0):
+        path = Path(path)
+        if path.is_dir() or path.suffix == "":
+            path = path / DB_FILENAME
+        self.path = path.resolve()
+        self.read_timeout_s = read_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.lock_seconds: deque[float] = deque(maxlen=10_000)
+        """How long each read-write connection of this object held the file (the lock window)."""
+        with TreeStore._locks_guard:
+            self._lock = TreeStore._locks.setdefault(self.path, threading.RLock())
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._connect(read_only=False) as con:
+                _exec(con, TABLES_DDL)
+                _exec(con, VIEWS_DDL)
+                _exec(con, "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                            [str(SCHEMA_VERSION)])
+        elif not self.path.exists():
+            raise FileNotFoundError(f"no TRACE database at {self.path} (has a run written to this "
+                                    f"work dir yet?)")
+
+    # ---------------------------------------------------------------- connections
+
+    @contextmanager
+    def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Open the file, retrying with backoff while another process holds its lock."""
+        timeout = self.read_timeout_s if read_only else self.write_timeout_s
+        with self._lock:
+            deadline = time.monotonic() + timeout
+            delay = 0.005
+            while True:
+                try:
+                    con = duckdb.connect(str(self.path), read_only=read_only)
+                    break
+                except duckdb.Error as exc:
+                    if not _is_lock_error(exc):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise StoreBusyError(
+                            f"{self.path} stayed locked by another process for {timeout:.0f} s "
+                            f"({'read' if read_only else 'write'} open). DuckDB admits one process "
+                            f"at a time; a TRACE writer holds it only per level write, so a "
+                            f"long-running query or a stuck process is holding it: {exc}") from exc
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 0.2)
+            opened = time.perf_counter()
+            try:
+                yield con
+            finally:
+                con.close()
+                if not read_only:
+                    self.lock_seconds.append(time.perf_counter() - opened)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._connect(read_only=False) as con:
+            _exec(con, "BEGIN TRANSACTION")
+            try:
+                yield con
+            except BaseException:
+                _exec(con, "ROLLBACK")
+                raise
+            _exec(con, "COMMIT")
+
+    # ---------------------------------------------------------------- runs and steps
+
+    def init_run(self, run_id: str, config: Mapping[str, Any], *, mlflow_run_id: str | None = None,
+                 prefect_flow_run_id: str | None = None) -> bool:
+        """Register a run; True if it was new. A known run keeps its config and is set running."""
+        _check_run_id(run_id)
+        config_json = json.dumps(dict(config), sort_keys=True, default=str)
+        with self._transaction() as con:
+            known = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            if known is None:
+                _exec(con, "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, ?)",
+                            [run_id, _now(), config_json, mlflow_run_id, prefect_flow_run_id])
+            else:
+                _exec(con, "UPDATE runs SET status = 'running', "
+                            "mlflow_run_id = coalesce(?, mlflow_run_id), "
+                            "prefect_flow_run_id = coalesce(?, prefect_flow_run_id) "
+                            "WHERE run_id = ?", [mlflow_run_id, prefect_flow_run_id, run_id])
+        return known is None
+
+    def set_run(self, run_id: str, *, status: str | None = None, mlflow_run_id: str | None = None,
+                prefect_flow_run_id: str | None = None) -> None:
+        """Update a run's status or its MLflow / Prefect ids (None leaves a field as it is)."""
+        if status is not None and status not in RUN_STATUSES:
+            raise StoreError(f"run status {status!r} is not one of {RUN_STATUSES}")
+        with self._transaction() as con:
+            if con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone() is None:
+                raise StoreError(f"unknown run_id {run_id!r}: call init_run first")
+            _exec(con, "UPDATE runs SET status = coalesce(?, status), "
+                        "mlflow_run_id = coalesce(?, mlflow_run_id), "
+                        "prefect_flow_run_id = coalesce(?, prefect_flow_run_id) WHERE run_id = ?",
+                        [status, mlflow_run_id, prefect_flow_run_id, run_id])
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The run's row as a dict (config parsed), or None."""
+        rows = self.query("SELECT * FROM runs WHERE run_id = $run_id", {"run_id": run_id}).to_pylist()
+        if not rows:
+            return None
+        row = rows[0]
+        row["config"] = json.loads(row.pop("config_json"))
+        return row
+
+    def mark_step(self, run_id: str, step: int, status: str,
+                  metrics: Mapping[str, float] | None = None) -> None:
+        """Record a step as running, complete or failed (re-marking a step is allowed)."""
+        _check_run_id(run_id)
+        if status not in STEP_STATUSES:
+            raise StoreError(f"step status {status!r} is not one of {STEP_STATUSES}")
+        metrics_json = None if metrics is None else json.dumps(dict(metrics), sort_keys=True)
+        now = _now()
+        finished = None if status == "running" else now
+        with self._transaction() as con:
+            _exec(
+                con, "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, step) DO UPDATE "
+                "SET status = excluded.status, finished_at = excluded.finished_at, "
+                "metrics_json = coalesce(excluded.metrics_json, steps.metrics_json)",
+                [run_id, step, status, now, finished, metrics_json])
+
+    def last_complete_step(self, run_id: str) -> int | None:
+        """The highest step marked complete, or None if none is."""
+        t = self.query("SELECT max(step) AS s FROM steps WHERE run_id = $r AND status = 'complete'",
+                       {"r": run_id})
+        return t.column("s")[0].as_py()
+
+    def has_level(self, run_id: str, step: int, level: int) -> bool:
+        """Whether any tree of this step has rows at this level."""
+        t = self.query("SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s "
+                       "AND level = $l", {"r": run_id, "s": step, "l": level})
+        return t.column("n")[0].as_py() > 0
+
+    # ---------------------------------------------------------------- writing a level
+
+    def write_level(self, run_id: str, step: int, level: int, nodes: pa.Table,
+                    allocations: pa.Table | None = None,
+                    ledger: Mapping[str, Any] | None = None) -> WriteResult:
+        """Persist one tree level (its new nodes, the allocation that made it, its cost) atomically.
+
+        ``nodes`` follows ``schema.NODE_INPUT``; ``allocations`` follows ``schema.ALLOCATION_INPUT``;
+        ``ledger`` holds ``method`` plus ``schema.LEDGER_FIELDS``. On any error nothing is written.
+        """
+        _check_run_id(run_id)
+        for name, v in (("step", step), ("level", level)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise StoreError(f"write_level: {name} must be a non-negative int, got {v!r}")
+        staged = _stage_nodes(run_id, step, level, nodes)
+        alloc = None if allocations is None else _stage_allocations(run_id, step, level, allocations)
+        ledger_row = None if ledger is None else _ledger_row(run_id, step, level, ledger)
+        with self._transaction() as con:
+            con.register("staged_nodes", staged)
+            done = con.execute(
+                "SELECT DISTINCT tree_id FROM nodes WHERE run_id = ? AND step = ? AND level = ? "
+                "AND tree_id IN (SELECT tree_id FROM staged_nodes) ORDER BY tree_id",
+                [run_id, step, level]).fetchall()
+            skipped = tuple(int(r[0]) for r in done)
+            bad = con.execute(
+                "SELECT s.node_id, s.parent_id, p.depth FROM staged_nodes s LEFT JOIN ("
+                "  SELECT node_id, depth FROM nodes WHERE run_id = ? AND step = ?"
+                "  UNION ALL SELECT node_id, depth FROM staged_nodes) p ON p.node_id = s.parent_id "
+                "WHERE s.parent_id IS NOT NULL AND (p.node_id IS NULL OR p.depth <> s.depth - 1) "
+                "ORDER BY s.tree_id, s.local_index LIMIT 5", [run_id, step]).fetchall()
+            if bad:
+                detail = "; ".join(f"{n}: parent {p} " + ("missing" if d is None else
+                                   f"has depth {d}") for n, p, d in bad)
+                raise StoreError(f"write_level(run={run_id}, step={step}, level={level}) nodes: "
+                                 f"column 'parent_index': parent not stored or depth not parent "
+                                 f"depth + 1 ({detail})")
+            cols = ", ".join(NODE_COLUMNS)
+            inserted = _exec(con,
+                f"INSERT OR IGNORE INTO nodes ({cols}) SELECT {cols} FROM staged_nodes "
+                f"WHERE tree_id NOT IN (SELECT tree_id FROM nodes WHERE run_id = ? AND step = ? "
+                f"AND level = ?)", [run_id, step, level])[0][0]
+            n_alloc = 0
+            if alloc is not None:
+                con.register("staged_alloc", alloc)
+                acols = ", ".join(ALLOCATION_COLUMNS)
+                n_alloc = _exec(con, f"INSERT OR IGNORE INTO allocations ({acols}) "
+                                     f"SELECT {acols} FROM staged_alloc")[0][0]
+            ledger_written = False
+            if ledger_row is not None:
+                ledger_written = _exec(con, "INSERT OR IGNORE INTO ledger VALUES "
+                                            "(?, ?, ?, ?, ?, ?, ?, ?, ?)", ledger_row)[0][0] > 0
+        return WriteResult(int(inserted), skipped, int(n_alloc), ledger_written)
+
+    def update_values(self, run_id: str, step: int, updates: pa.Table) -> int:
+        """Set backup results (value, n_leaves, advantage) or later scores (predicted_v,
+        allocated_k) on stored nodes of one step, in one transaction. Returns rows updated."""
+        _check_run_id(run_id)
+        staged = _stage_updates(updates)
+        cols = [c for c in staged.column_names if c != "node_id"]
+        with self._transaction() as con:
+            con.register("staged_updates", staged)
+            missing = con.execute(
+                "SELECT node_id FROM staged_updates WHERE node_id NOT IN "
+                "(SELECT node_id FROM nodes WHERE run_id = ? AND step = ?) LIMIT 5",
+                [run_id, step]).fetchall()
+            if missing:
+                raise StoreError(f"update_values: column 'node_id' names nodes not stored for run "
+                                 f"{run_id!r} step {step}: {[m[0] for m in missing]}")
+            sets = ", ".join(f"{c} = u.{c}" for c in cols)
+            _exec(con, f"UPDATE nodes SET {sets} FROM staged_updates u "
+                        f"WHERE nodes.node_id = u.node_id")
+        return staged.num_rows
+
+    # ---------------------------------------------------------------- reading
+
+    def query(self, sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None) -> pa.Table:
+        """Run SQL on a read-only connection (writes are refused by DuckDB) and return Arrow."""
+        with self._connect(read_only=True) as con:
+            return con.sql(sql, params=params).to_arrow_table()
+
+    def read_step(self, run_id: str, step: int) -> pa.Table:
+        """All nodes of one step, ordered by tree and slot."""
+        return self.query("SELECT * FROM nodes WHERE run_id = $r AND step = $s "
+                          "ORDER BY tree_id, local_index", {"r": run_id, "s": step})
+
+    def read_tree(self, run_id: str, step: int, tree_id: int) -> pa.Table:
+        """One tree's nodes in slot order, i.e. trace_core's arrays (parent_index < local_index)."""
+        return self.query("SELECT * FROM nodes WHERE run_id = $r AND step = $s AND tree_id = $t "
+                          "ORDER BY local_index", {"r": run_id, "s": step, "t": tree_id})
+
+    def read_prefixes(self, node_ids: Sequence[str]) -> pa.Table:
+        """Exact token history of each node (root to node), to re-feed for a continuation.
+
+        Returns node_id, token_ids (concat of obs_token_ids of the root = prompt, then per turn
+        gen_token_ids + obs_token_ids) and gen_mask (1 on policy tokens, 0 on prompt/tool tokens).
+        """
+        ids = pa.table({"want": pa.array(list(node_ids), pa.string())})
+        with self._connect(read_only=True) as con:
+            con.register("want_ids", ids)
+            rows = con.execute(
+                "WITH RECURSIVE up(want, node_id, hops) AS ("
+                "  SELECT want, want, 0 FROM want_ids"
+                "  UNION ALL SELECT up.want, n.parent_id, up.hops + 1 FROM up"
+                "  JOIN nodes n ON n.node_id = up.node_id WHERE n.parent_id IS NOT NULL) "
+                "SELECT up.want, up.hops, n.gen_token_ids, n.obs_token_ids FROM up "
+                "JOIN nodes n ON n.node_id = up.node_id ORDER BY up.want, up.hops DESC").fetchall()
+        found: dict[str, tuple[list[int], list[int]]] = {}
+        for want, _, gen, obs in rows:
+            toks, mask = found.setdefault(want, ([], []))
+            toks.extend(gen or [])
+            mask.extend([1] * len(gen or []))
+            toks.extend(obs or [])
+            mask.extend([0] * len(obs or []))
+        missing = [n for n in node_ids if n not in found]
+        if missing:
+            raise StoreError(f"read_prefixes: node ids not stored: {missing[:5]}")
+        return pa.table({"node_id": list(node_ids),
+                         "token_ids": [found[n][0] for n in node_ids],
+                         "gen_mask": [found[n][1] for n in node_ids]})
+
+    def export_parquet(self, run_id: str, out_dir: str | Path) -> dict[str, Path]:
+        """Write one Parquet file per table (rows of this run) under out_dir; return the paths."""
+        _check_run_id(run_id)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        written = {}
+        order = {"runs": "", "steps": "ORDER BY step", "nodes": "ORDER BY step, tree_id, local_index",
+                 "allocations": "ORDER BY step, level, node_id, allocator",
+                 "ledger": "ORDER BY step, level, method"}
+        with self._connect(read_only=True) as con:
+            for table, order_by in order.items():
+                t = con.sql(f"SELECT * FROM {table} WHERE run_id = ? {order_by}",
+                            params=[run_id]).to_arrow_table()
+                written[table] = out / f"{table}.parquet"
+                pq.write_table(t, written[table])
+        return written
+
+
+# -------------------------------------------------------------------- input validation
+
+def _conform(t: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool]], what: str,
+             allowed_extra: Sequence[str] = ()) -> dict[str, pa.ChunkedArray]:
+    """Check names, required columns, nulls and types of an input table; return cast columns."""
+    if not isinstance(t, pa.Table):
+        raise StoreError(f"{what}: expected a pyarrow.Table, got {type(t).__name__}")
+    unknown = [c for c in t.column_names if c not in spec and c not in allowed_extra]
+    if unknown:
+        raise StoreError(f"{what}: unknown column(s) {unknown}; allowed: {sorted(spec)} "
+                         f"plus derived {list(allowed_extra)}")
+    if len(set(t.column_names)) != len(t.column_names):
+        raise StoreError(f"{what}: duplicate column names in {t.column_names}")
+    missing = [c for c, (_, req) in spec.items() if req and c not in t.column_names]
+    if missing:
+        raise StoreError(f"{what}: missing required column(s) {missing}")
+    out = {}
+    for name, (typ, required) in spec.items():
+        if name not in t.column_names:
+            out[name] = pa.chunked_array([pa.nulls(t.num_rows, typ)])
+            continue
+        col = t.column(name)
+        try:
+            out[name] = col.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise StoreError(f"{what}: column {name!r} has type {col.type}, expected {typ} "
+                             f"({exc})") from exc
+        if required and out[name].null_count:
+            raise StoreError(f"{what}: column {name!r} has {out[name].null_count} null(s); it is "
+                             f"required on every row")
+    return out
+
+
+def _first_bad(mask: pa.ChunkedArray, col: pa.ChunkedArray, labels: list[Any]) -> str:
+    i = pc.index(pc.fill_null(mask, False), True).as_py()
+    return f"row {labels[i]} has {col[i].as_py()!r}"
+
+
+def _check_ranges(cols: Mapping[str, pa.ChunkedArray], what: str, labels: list[Any],
+                  unit: Sequence[str] = _UNIT_INTERVAL, nonneg: Sequence[str] = _NON_NEGATIVE) -> None:
+    for name in (*unit, *nonneg):
+        if name not in cols:
+            continue
+        c = cols[name]
+        bad = pc.or_(pc.less(c, 0), pc.greater(c, 1)) if name in unit else pc.less(c, 0)
+        if pc.any(bad).as_py():
+            rule = "lie in [0, 1]" if name in unit else "be >= 0"
+            raise StoreError(f"{what}: column {name!r} must {rule}; {_first_bad(bad, c, labels)}")
+
+
+def _stage_nodes(run_id: str, step: int, level: int, t: pa.Table) -> pa.Table:
+    what = f"write_level(run={run_id}, step={step}, level={level}) nodes"
+    cols = _conform(t, NODE_INPUT, what, allowed_extra=DERIVED_NODE_COLUMNS)
+    n = t.num_rows
+    if n == 0:
+        raise StoreError(f"{what}: no rows")
+    tree = cols["tree_id"].to_pylist()
+    local = cols["local_index"].to_pylist()
+    parent = cols["parent_index"].to_pylist()
+    depth = cols["depth"].to_pylist()
+    labels = [f"(tree {a}, slot {b})" for a, b in zip(tree, local)]
+    _check_ranges(cols, what, labels)
+    if len(set(zip(tree, local))) != n:
+        raise StoreError(f"{what}: columns 'tree_id', 'local_index' repeat a (tree, slot) pair")
+    for i in range(n):
+        root = parent[i] == -1
+        if root != (local[i] == 0) or root != (depth[i] == 0) or (not root and not
+                                                                   0 <= parent[i] < local[i]):
+            raise StoreError(
+                f"{what}: column 'parent_index' at {labels[i]}: the root is slot 0 with "
+                f"parent_index -1 and depth 0, every other node has 0 <= parent_index < "
+                f"local_index and depth >= 1 (got parent_index {parent[i]}, depth {depth[i]})")
+    leaf = cols["is_leaf"].to_pylist()
+    reward = cols["reward"].to_pylist()
+    for i in range(n):
+        if leaf[i] and reward[i] is None:
+            raise StoreError(f"{what}: column 'reward' is null at leaf {labels[i]}; leaves are "
+                             f"written after their reward")
+    node_id = [make_node_id(run_id, step, a, b) for a, b in zip(tree, local)]
+    parent_id = [None if p == -1 else make_node_id(run_id, step, a, p) for a, p in zip(tree, parent)]
+    derived: dict[str, Any] = {
+        "node_id": node_id, "parent_id": parent_id,
+        "root_id": [make_node_id(run_id, step, a, 0) for a in tree],
+        "run_id": [run_id] * n, "step": [step] * n, "level": [level] * n,
+        "gen_tokens": [len(x) if x is not None else 0 for x in cols["gen_token_ids"].to_pylist()],
+        "obs_tokens": [len(x) if x is not None else 0 for x in cols["obs_token_ids"].to_pylist()],
+    }
+    for name in DERIVED_NODE_COLUMNS:
+        if name in t.column_names:
+            given = t.column(name).to_pylist()
+            if given != derived[name]:
+                i = next(j for j, (g, d) in enumerate(zip(given, derived[name])) if g != d)
+                raise StoreError(f"{what}: column {name!r} at {labels[i]} is {given[i]!r} but the "
+                                 f"store derives {derived[name][i]!r}; omit the column or fix it")
+    lp, gen = cols["gen_logprobs"].to_pylist(), cols["gen_token_ids"].to_pylist()
+    for i in range(n):
+        if lp[i] is not None and len(lp[i]) != len(gen[i] or []):
+            raise StoreError(f"{what}: column 'gen_logprobs' at {labels[i]} has {len(lp[i])} "
+                             f"entries for {len(gen[i] or [])} gen_token_ids")
+    data = {name: derived[name] if name in derived else cols.get(name) for name in NODE_COLUMNS}
+    data["created_at"] = pa.array([_now()] * n, pa.timestamp("us"))
+    return pa.table(data)
+
+
+def _stage_allocations(run_id: str, step: int, level: int, t: pa.Table) -> pa.Table:
+    what = f"write_level(run={run_id}, step={step}, level={level}) allocations"
+    cols = _conform(t, ALLOCATION_INPUT, what)
+    labels = cols["node_id"].to_pylist()
+    _check_ranges(cols, what, labels, unit=("predicted_v", "true_v"), nonneg=("k",))
+    keys = list(zip(labels, cols["allocator"].to_pylist()))
+    if len(set(keys)) != len(keys):
+        raise StoreError(f"{what}: columns 'node_id', 'allocator' repeat a pair")
+    n = t.num_rows
+    data = {"run_id": [run_id] * n, "step": [step] * n, "level": [level] * n}
+    return pa.table({c: data.get(c, cols.get(c)) for c in ALLOCATION_COLUMNS})
+
+
+def _ledger_row(run_id: str, step: int, level: int, ledger: Mapping[str, Any]) -> list[Any]:
+    what = f"write_level(run={run_id}, step={step}, level={level}) ledger"
+    expected = ("method",) + LEDGER_FIELDS
+    unknown = sorted(set(ledger) - set(expected))
+    missing = [k for k in expected if k not in ledger]
+    if unknown or missing:
+        raise StoreError(f"{what}: keys must be {list(expected)}; missing {missing}, "
+                         f"unknown {unknown}")
+    if not isinstance(ledger["method"], str) or not ledger["method"]:
+        raise StoreError(f"{what}: 'method' must be a non-empty string")
+    row: list[Any] = [run_id, step, level, ledger["method"]]
+    for k in LEDGER_FIELDS:
+        v = ledger[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or \
+                (k != "wall_seconds" and int(v) != v):
+            raise StoreError(f"{what}: {k!r} must be a non-negative "
+                             f"{'number' if k == 'wall_seconds' else 'integer'}, got {v!r}")
+        row.append(float(v) if k == "wall_seconds" else int(v))
+    return row
+
+
+def _stage_updates(t: pa.Table) -> pa.Table:
+    what = "update_values"
+    spec = {"node_id": (pa.string(), True)} | {c: (typ, False) for c, typ in UPDATABLE.items()}
+    cols = _conform(t, spec, what)
+    present = [c for c in UPDATABLE if c in t.column_names]
+    if not present:
+        raise StoreError(f"{what}: give node_id and at least one of {list(UPDATABLE)}")
+    ids = cols["node_id"].to_pylist()
+    if len(set(ids)) != len(ids):
+        raise StoreError(f"{what}: column 'node_id' repeats an id")
+    _check_ranges({c: cols[c] for c in present}, what, ids)
+    return pa.table({"node_id": cols["node_id"], **{c: cols[c] for c in present}})
