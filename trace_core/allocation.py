@@ -1,0 +1,430 @@
+"""Exact solvers for TRACE's two budget allocations (DESIGN.md section 1), plus exploration.
+
+Stage 1, global root allocation::
+
+    max_m  sum_i g_i(m_i),  g_i(m) = 1 - v_i^m - (1 - v_i)^m  (m >= 1),  g_i(0) = 0,
+    s.t.   sum_i m_i = M,   m_i in {0} U [min_per_root, max_per_root].
+
+``g_i(m)`` is the chance that m rollouts of prompt i hold both a success and a failure. The paper's
+formula gives -1 at m = 0; a filtered prompt contributes nothing, so we use 0 (the probability).
+
+Stage 2, local prefix expansion::
+
+    max_K  sum_j 1 - q_j^K_j,   q_j = r_j p_j + (1 - r_j)(1 - p_j),   s.t. sum_j K_j = B.
+
+Both problems are solved exactly (up to floating-point rounding of the objective):
+
+* Prefixes: the objective is separable and concave in each K_j (marginal gain q^K (1 - q) is
+  non-increasing), so the greedy that hands out one unit at a time to the largest marginal gain is
+  optimal. Ties go to the lower index.
+* Roots: g_i is concave for m >= 1 but "0 or >= min_per_root" makes each prompt's feasible set
+  non-convex, so plain greedy is not exact. We (1) solve the relaxation in which every prompt's
+  value is replaced by its concave hull f^_i (linear from 0 up to t = max(min_per_root, 2) with
+  slope g_i(t)/t, then g_i; for t >= 2 this dominates every later increment), by greedy; this gives
+  an upper bound U, a marginal value lambda and an allocation m^L that is infeasible in at most one
+  prompt (0 < m^L_p < t). (2) We build feasible candidates by repairing that prompt. (3) If no
+  candidate reaches U, a reduced-cost argument gives the exact answer: for any feasible m with
+  sum m = M, U - sum_i g_i(m_i) = sum_i loss_i(m_i) with
+  loss_i(m) = [f^_i(m^L_i) - lambda m^L_i] - [g_i(m) - lambda m] >= 0, so a solution better than
+  the best candidate uses only values with loss_i(m) <= gap = U - best. A dynamic programme over
+  the prompts (state: sum of deviations m_i - m^L_i, cost: sum of losses) restricted to those
+  values finds the optimum. In practice the gap is one unit's worth and the programme tiny.
+
+Departures from the paper, both documented in docs/algorithm.md:
+
+* Where the caps make spending the budget exactly impossible (min_per_root > budget, an odd
+  budget with a single prompt and min 2, budget > sum of caps, ...), ``allocate_roots`` spends the
+  largest feasible total <= budget and ``allocate_prefixes`` spends min(budget, sum of caps).
+* ``explore`` pulls predictions toward 1/2 for prompts not rolled out recently, so that prompts the
+  predictor calls certain (v near 0 or 1, hence g near 0) are not starved forever. It is applied to
+  the solver's input, never inside it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import numpy as np
+
+_CERTIFY_TOL = 1e-12
+"""A candidate within this of the upper bound is accepted as optimal (float rounding)."""
+_PRUNE_TOL = 1e-9
+"""Slack on reduced-cost pruning, so that rounding never prunes a true optimum."""
+
+
+# ----------------------------------------------------------------------------- objectives
+
+
+def root_gain(v: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """float64 [n]: P(m rollouts of each prompt are mixed) = 1 - v^m - (1-v)^m, and 0 at m = 0."""
+    v = np.asarray(v, dtype=np.float64)
+    m = np.asarray(m)
+    return np.where(m > 0, 1.0 - v**m - (1.0 - v) ** m, 0.0)
+
+
+def root_objective(v: np.ndarray, m: np.ndarray) -> float:
+    """Stage 1 objective: expected number of prompts whose rollouts hold a success and a failure."""
+    return float(root_gain(v, m).sum())
+
+
+def prefix_objective(p: np.ndarray, observed: np.ndarray, k: np.ndarray) -> float:
+    """Stage 2 objective: sum_j 1 - q_j^k_j, the expected number of prefixes whose continuations
+    contradict the observed outcome at least once."""
+    q = _repeat_probability(np.asarray(p, np.float64), np.asarray(observed, np.float64))
+    return float((1.0 - q ** np.asarray(k)).sum())
+
+
+def _repeat_probability(p: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """q = r p + (1 - r)(1 - p): the chance one continuation repeats the observed outcome r."""
+    return observed * p + (1.0 - observed) * (1.0 - p)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _probabilities(x: object, name: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    bad = np.flatnonzero(~((arr >= 0.0) & (arr <= 1.0)))  # NaN fails both comparisons
+    if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is not a probability in [0, 1]")
+    return arr
+
+
+def _nonnegative_int(x: object, name: str) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {x!r}")
+    return int(x)
+
+
+def _caps(cap: object, n: int, floor: int, name: str) -> np.ndarray | None:
+    """None, or int64 [n] per-item caps (a scalar is broadcast), each >= floor."""
+    if cap is None:
+        return None
+    arr = np.asarray(cap)
+    if arr.ndim == 0:
+        arr = np.full(n, _nonnegative_int(arr.item(), name), dtype=np.int64)
+    if arr.shape != (n,):
+        raise ValueError(f"{name} must be a scalar or have shape ({n},), got {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    bad = np.flatnonzero(arr < floor)
+    if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]} is below the minimum {floor}")
+    return arr.astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- greedy core
+
+
+def _greedy(
+    unit: Callable[[int, int], float], caps: np.ndarray, spend: int
+) -> tuple[np.ndarray, float, list[tuple[float, int, int]]]:
+    """Hand out ``spend`` units one at a time to the largest next unit value.
+
+    ``unit(i, j)`` is the value of item i's (j+1)-th unit and must be non-increasing in j; ties go
+    to the lower index. Returns (counts [n], value of the last unit given, the remaining heap).
+    """
+    n = len(caps)
+    heap = [(-unit(i, 0), i, 0) for i in range(n) if caps[i] > 0]
+    heapq.heapify(heap)
+    counts = np.zeros(n, dtype=np.int64)
+    last = np.inf
+    for _ in range(spend):
+        neg, i, j = heapq.heappop(heap)
+        counts[i] += 1
+        last = -neg
+        if j + 1 < caps[i]:
+            heapq.heappush(heap, (-unit(i, j + 1), i, j + 1))
+    return counts, last, heap
+
+
+# ----------------------------------------------------------------------------- Stage 2
+
+
+def allocate_prefixes(
+    p: np.ndarray, observed: np.ndarray, budget: int, *, max_per_prefix: int | np.ndarray | None = None
+) -> np.ndarray:
+    """int64 [n]: continuations per prefix maximising sum(1 - q^K) with sum(K) = budget.
+
+    p[j] is the predicted success probability of prefix j and observed[j] in {0, 1} the outcome of
+    the rollout through it. Greedy on the marginal gain q^K (1 - q) is exact (the objective is
+    separable and concave); ties go to the lower index. With caps, spends min(budget, sum of caps).
+    """
+    p = _probabilities(p, "p")
+    obs = np.asarray(observed, dtype=np.float64)
+    if obs.shape != p.shape:
+        raise ValueError(f"observed has shape {obs.shape} but p has {p.shape}")
+    bad = np.flatnonzero((obs != 0.0) & (obs != 1.0))
+    if len(bad):
+        raise ValueError(f"observed[{bad[0]}] = {obs[bad[0]]} is not an outcome in {{0, 1}}")
+    budget = _nonnegative_int(budget, "budget")
+    n = len(p)
+    caps = _caps(max_per_prefix, n, 0, "max_per_prefix")
+    if caps is None:
+        caps = np.full(n, budget, dtype=np.int64)
+    spend = min(budget, int(caps.sum()))
+    q = _repeat_probability(p, obs).tolist()
+    k, _, _ = _greedy(lambda i, j: q[i] ** j * (1.0 - q[i]), caps, spend)
+    assert int(k.sum()) == spend and np.all(k <= caps)
+    return k
+
+
+# ----------------------------------------------------------------------------- Stage 1
+
+
+def max_spendable_roots(n: int, budget: int, min_per_root: int, caps: np.ndarray | None) -> int:
+    """The largest total <= budget reachable with each m_i in {0} U [min_per_root, caps_i].
+
+    With k active prompts every total in [k * min, sum of the k largest caps] is reachable.
+    """
+    top = np.sort(caps)[::-1].cumsum() if caps is not None else np.full(n, budget)
+    best = 0
+    for k in range(1, n + 1):
+        if k * min_per_root > budget:
+            break
+        best = max(best, min(budget, int(top[k - 1])))
+    return best
+
+
+class _RootUnits:
+    """Unit values of the concave hull f^_i of each prompt's g_i, and the exact values g_i."""
+
+    def __init__(self, v: np.ndarray, min_per_root: int) -> None:
+        self.v = v.tolist()
+        self.lo = min_per_root
+        self.t = max(min_per_root, 2)  # where the hull's first linear piece ends
+        self.slope = (root_gain(v, np.full(len(v), self.t)) / self.t).tolist()
+
+    def unit(self, i: int, j: int) -> float:
+        """Value of the (j+1)-th rollout of prompt i under the hull."""
+        if j < self.t:
+            return self.slope[i]
+        v = self.v[i]
+        return v**j * (1.0 - v) + (1.0 - v) ** j * v  # g(j + 1) - g(j), without cancellation
+
+    def hull(self, i: int, m: int) -> float:
+        return self.slope[i] * m if m <= self.t else self.exact(i, m)
+
+    def exact(self, i: int, m: int) -> float:
+        """g_i(m), -inf where m is not an allowed count."""
+        if m == 0:
+            return 0.0
+        if m < self.lo:
+            return -np.inf
+        v = self.v[i]
+        return 1.0 - v**m - (1.0 - v) ** m
+
+
+def allocate_roots(
+    v: np.ndarray,
+    budget: int,
+    *,
+    min_per_root: int = 2,
+    max_per_root: int | np.ndarray | None = None,
+) -> np.ndarray:
+    """int64 [n]: rollouts per prompt maximising sum(1 - v^m - (1-v)^m), exactly.
+
+    Each m_i is 0 (prompt filtered out) or in [min_per_root, max_per_root] (a scalar or one cap per
+    prompt; None = no cap). Spends ``budget`` exactly when the caps allow it, otherwise the largest
+    reachable total below it (see ``max_spendable_roots``). Deterministic: the relaxation's ties
+    go to the lower index. See the module docstring for the method and its optimality argument.
+    """
+    v = _probabilities(v, "v")
+    budget = _nonnegative_int(budget, "budget")
+    lo = _nonnegative_int(min_per_root, "min_per_root")
+    if lo < 1:
+        raise ValueError(f"min_per_root must be >= 1, got {lo}")
+    n = len(v)
+    caps = _caps(max_per_root, n, lo, "max_per_root")
+    spend = max_spendable_roots(n, budget, lo, caps)
+    if caps is None:
+        caps = np.full(n, max(spend, lo), dtype=np.int64)  # no prompt can use more than spend
+    if spend == 0:
+        return np.zeros(n, dtype=np.int64)
+
+    units = _RootUnits(v, lo)
+    relaxed, lam, heap = _greedy(units.unit, caps, spend)  # phase 1: concave relaxation
+    upper = sum(units.hull(i, int(c)) for i, c in enumerate(relaxed))
+    best = _best_candidate(units, relaxed, heap, caps, spend)  # phase 2: repairs
+    if root_objective(v, best) < upper - _CERTIFY_TOL:
+        best = _reduced_cost_search(units, relaxed, lam, upper, best, caps)  # phase 3: exact
+    assert int(best.sum()) == spend, (int(best.sum()), spend)
+    assert np.all((best == 0) | ((best >= lo) & (best <= caps)))
+    return best
+
+
+def _feasible(m: np.ndarray, lo: int, caps: np.ndarray) -> bool:
+    return bool(np.all((m == 0) | ((m >= lo) & (m <= caps))))
+
+
+def _best_candidate(
+    units: _RootUnits,
+    relaxed: np.ndarray,
+    heap: list[tuple[float, int, int]],
+    caps: np.ndarray,
+    spend: int,
+) -> np.ndarray:
+    """The best feasible allocation among the relaxation and its repairs of the one prompt the
+    relaxation leaves between 0 and t; always returns a feasible allocation spending ``spend``."""
+    t, lo = units.t, units.lo
+    partial = np.flatnonzero((relaxed > 0) & (relaxed < t))
+    candidates = [_any_feasible(caps, lo, spend)]
+    if _feasible(relaxed, lo, caps):
+        candidates.append(relaxed)
+    if len(partial) == 1:
+        p = int(partial[0])
+        r = int(relaxed[p])
+        # (a) drop the partial prompt; its r units go to the next-best increments of active ones.
+        drop = relaxed.copy()
+        drop[p] = 0
+        rest = list(heap)
+        need = r
+        while need and rest:
+            neg, i, j = heapq.heappop(rest)
+            if j >= t and i != p:  # an increment of an active prompt (j < t: not yet active)
+                drop[i] += 1
+                need -= 1
+                if j + 1 < caps[i]:
+                    heapq.heappush(rest, (-units.unit(i, j + 1), i, j + 1))
+        if need == 0:
+            candidates.append(drop)
+        # (b) complete the partial prompt to t, paying with the cheapest increments elsewhere.
+        if caps[p] >= t:
+            done = relaxed.copy()
+            done[p] = t
+            for _ in range(t - r):
+                donors = [i for i in np.flatnonzero(done > t) if i != p]
+                if not donors:
+                    break
+                i = min(donors, key=lambda i: (units.unit(i, int(done[i]) - 1), -i))
+                done[i] -= 1
+            if int(done.sum()) == spend:
+                candidates.append(done)
+    values = [root_objective(np.asarray(units.v), c) for c in candidates]
+    return candidates[int(np.argmax(values))]
+
+
+def _any_feasible(caps: np.ndarray, lo: int, spend: int) -> np.ndarray:
+    """A feasible allocation of exactly ``spend`` (which max_spendable_roots says exists)."""
+    order = np.argsort(-caps, kind="stable")
+    m = np.zeros(len(caps), dtype=np.int64)
+    for k in range(1, len(caps) + 1):
+        chosen = order[:k]
+        if k * lo <= spend <= int(caps[chosen].sum()):
+            m[chosen] = lo
+            left = spend - k * lo
+            for i in chosen:
+                add = min(left, int(caps[i]) - lo)
+                m[i] += add
+                left -= add
+            return m
+    raise AssertionError(f"no feasible allocation of {spend}")  # excluded by max_spendable_roots
+
+
+def _reduced_cost_search(
+    units: _RootUnits,
+    relaxed: np.ndarray,
+    lam: float,
+    upper: float,
+    incumbent: np.ndarray,
+    caps: np.ndarray,
+) -> np.ndarray:
+    """Exact optimum by a DP over prompts, restricted by reduced costs to values that can beat
+    the incumbent (see the module docstring)."""
+    v = np.asarray(units.v)
+    gap = upper - root_objective(v, incumbent)
+    threshold = gap + _PRUNE_TOL
+    lo = units.lo
+    options: list[tuple[int, list[int], list[float]]] = []  # (prompt, deviations, losses)
+    for i in range(len(relaxed)):
+        base = units.hull(i, int(relaxed[i])) - lam * relaxed[i]
+
+        def loss(m: int, i: int = i, base: float = base) -> float:
+            return base - (units.exact(i, m) - lam * m)
+
+        allowed = [0] if loss(0) <= threshold else []
+        # loss is convex on [lo, cap] (g is concave for m >= 1), so the allowed values there are
+        # a run around its minimiser: the relaxed count, or for a prompt the relaxation left
+        # below t, the best count in [lo, t] (beyond t its increments are worth <= lambda).
+        if relaxed[i] >= units.t:
+            centre = int(relaxed[i])
+        else:
+            centre = min(range(lo, min(units.t, int(caps[i])) + 1), key=loss)
+        if loss(centre) <= threshold:
+            top = _last_within(loss, centre, int(caps[i]), threshold)
+            bottom = _last_within(loss, centre, lo, threshold)
+            allowed += [m for m in range(bottom, top + 1) if m != 0]
+        if allowed != [int(relaxed[i])]:
+            # Deviation 0 first, then small ones: equal-cost choices stay close to the relaxation.
+            devs = sorted((m - int(relaxed[i]) for m in allowed), key=lambda d: (abs(d), d))
+            options.append((i, devs, [loss(int(relaxed[i]) + d) for d in devs]))
+
+    # DP over prompts; state = sum of deviations so far, offset so that index 0 = lowest reachable.
+    low = 0
+    cost = np.zeros(1)
+    choices: list[np.ndarray] = []
+    for _, devs, losses in options:
+        dmin, dmax = min(devs), max(devs)
+        new = np.full(len(cost) + dmax - dmin, np.inf)
+        pick = np.full(len(new), -1, dtype=np.int64)
+        for k, (d, ls) in enumerate(zip(devs, losses)):
+            cand = cost + ls
+            window = slice(d - dmin, d - dmin + len(cost))
+            better = cand < new[window]
+            new[window] = np.where(better, cand, new[window])
+            pick[window] = np.where(better, k, pick[window])
+        cost, low = new, low + dmin
+        choices.append(pick)
+    state = -low  # we need total deviation 0
+    assert 0 <= state < len(cost) and np.isfinite(cost[state]), "incumbent must stay reachable"
+    best = relaxed.copy()
+    for (i, devs, _), pick in zip(reversed(options), reversed(choices)):
+        d = devs[int(pick[state])]
+        best[i] += d
+        state -= d - min(devs)
+    return best
+
+
+def _last_within(loss: Callable[[int], float], start: int, end: int, threshold: float) -> int:
+    """The value m between start and end (inclusive, either direction) furthest from start with
+    loss(m) <= threshold, given loss is non-decreasing away from start. Binary search."""
+    if loss(end) <= threshold:
+        return end
+    good, bad = start, end  # loss(good) <= threshold < loss(bad)
+    while abs(bad - good) > 1:
+        mid = (good + bad) // 2
+        if loss(mid) <= threshold:
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+# ----------------------------------------------------------------------------- exploration
+
+
+def explore(v: np.ndarray, staleness: np.ndarray, *, strength: float) -> np.ndarray:
+    """float64 [n]: predictions pulled toward 1/2 the longer a prompt has gone unsampled.
+
+        v' = 1/2 + (v - 1/2) * exp(-strength * staleness)
+
+    ``staleness[i]`` >= 0 counts training steps since prompt i was last rolled out (0 = this
+    step's data; a prompt never rolled out gets the number of steps so far). ``strength`` >= 0
+    is the rate: after 1/strength unsampled steps the prediction is e times less confident.
+    Since g(m) rises as v moves to 1/2, a starved prompt eventually outbids confident ones
+    (optimism under uncertainty: a prediction not checked for a while is trusted less). With
+    strength 0 this is the identity. Apply it to ``allocate_roots``'s input, not inside it.
+    """
+    v = _probabilities(v, "v")
+    stale = np.asarray(staleness, dtype=np.float64)
+    if stale.shape != v.shape:
+        raise ValueError(f"staleness has shape {stale.shape} but v has {v.shape}")
+    bad = np.flatnonzero(~(stale >= 0) | ~np.isfinite(stale))
+    if len(bad):
+        raise ValueError(f"staleness[{bad[0]}] = {stale[bad[0]]} must be finite and >= 0")
+    if not (np.isfinite(strength) and strength >= 0):
+        raise ValueError(f"strength must be finite and >= 0, got {strength!r}")
+    return 0.5 + (v - 0.5) * np.exp(-strength * stale)
