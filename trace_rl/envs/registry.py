@@ -1,0 +1,50 @@
+"""The one registry of task families: family name -> factory of an ``Environment``.
+
+``make_env("synth_arith", difficulty=2)`` builds a family from keyword arguments (the config edge);
+code elsewhere never branches on family names. Factories import their module lazily, so listing
+families costs nothing and a family whose extra dependencies are missing only fails when built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from trace_rl.envs.base import Environment
+
+Factory = Callable[..., Environment]
+_FACTORIES: dict[str, Factory] = {}
+
+
+def register(name: str, factory: Factory) -> None:
+    """Add a family. Registering a name twice is an error (two families would shadow each other)."""
+    if name in _FACTORIES:
+        raise ValueError(f"task family {name!r} is already registered")
+    _FACTORIES[name] = factory
+
+
+def families() -> list[str]:
+    """Registered family names, sorted."""
+    return sorted(_FACTORIES)
+
+
+def make_env(name: str, **kwargs: Any) -> Environment:
+    """Build family ``name`` with its keyword arguments (e.g. ``difficulty``, ``seed``)."""
+    if name not in _FACTORIES:
+        raise KeyError(f"unknown task family {name!r}; registered: {', '.join(families())}")
+    env = _FACTORIES[name](**kwargs)
+    if env.family != name:
+        raise TypeError(f"factory for {name!r} built an environment of family {env.family!r}")
+    return env
+
+
+def _synthetic(name: str) -> Factory:
+    def build(**kwargs: Any) -> Environment:
+        from trace_rl.envs.synthetic import FAMILIES, SynthConfig
+
+        return FAMILIES[name](SynthConfig(**kwargs))
+
+    return build
+
+
+for _name in ("synth_lookup", "synth_arith", "synth_fncall"):
+    register(_name, _synthetic(_name))
