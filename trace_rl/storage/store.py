@@ -175,7 +175,7 @@ class TreeStore:
                             f"at a time; a TRACE writer holds it only per level write, so a "
                             f"long-running query or a stuck process is holding it: {exc}") from exc
                     time.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 0.2)
+                    delay = min(delay * 2, 0.05)
             opened = time.perf_counter()
             try:
                 yield con
@@ -289,17 +289,19 @@ class TreeStore:
                 [run_id, step, level]).fetchall()
             skipped = tuple(int(r[0]) for r in done)
             bad = con.execute(
-                "SELECT s.node_id, s.parent_id, p.depth FROM staged_nodes s LEFT JOIN ("
-                "  SELECT node_id, depth FROM nodes WHERE run_id = ? AND step = ?"
-                "  UNION ALL SELECT node_id, depth FROM staged_nodes) p ON p.node_id = s.parent_id "
-                "WHERE s.parent_id IS NOT NULL AND (p.node_id IS NULL OR p.depth <> s.depth - 1) "
+                "SELECT s.node_id, s.parent_id, p.depth, p.is_leaf FROM staged_nodes s LEFT JOIN ("
+                "  SELECT node_id, depth, is_leaf FROM nodes WHERE run_id = ? AND step = ?"
+                "  UNION ALL SELECT node_id, depth, is_leaf FROM staged_nodes) p "
+                "ON p.node_id = s.parent_id WHERE s.parent_id IS NOT NULL "
+                "AND (p.node_id IS NULL OR p.depth <> s.depth - 1 OR p.is_leaf) "
                 "ORDER BY s.tree_id, s.local_index LIMIT 5", [run_id, step]).fetchall()
             if bad:
-                detail = "; ".join(f"{n}: parent {p} " + ("missing" if d is None else
-                                   f"has depth {d}") for n, p, d in bad)
+                detail = "; ".join(f"{n}: parent {p} " + ("is not stored" if d is None else
+                                   "is a leaf" if leaf else f"has depth {d}")
+                                   for n, p, d, leaf in bad)
                 raise StoreError(f"write_level(run={run_id}, step={step}, level={level}) nodes: "
-                                 f"column 'parent_index': parent not stored or depth not parent "
-                                 f"depth + 1 ({detail})")
+                                 f"column 'parent_index': each parent must be a stored non-leaf "
+                                 f"node one turn shallower ({detail})")
             cols = ", ".join(NODE_COLUMNS)
             inserted = _exec(con,
                 f"INSERT OR IGNORE INTO nodes ({cols}) SELECT {cols} FROM staged_nodes "

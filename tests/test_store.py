@@ -1,0 +1,355 @@
+"""The DuckDB tree store: idempotent level writes, input validation, views, export, concurrency."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trace_rl.storage import StoreError, TreeStore, make_node_id
+from trace_rl.storage.schema import NODE_INPUT
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def node(tree, slot, parent, depth, leaf=False, reward=None, **extra):
+    row = {c: None for c in NODE_INPUT}
+    row.update(tree_id=tree, local_index=slot, parent_index=parent, depth=depth, item_id=f"q{tree}",
+               is_leaf=leaf, reward=reward, family="synthetic", text=f"turn {slot}",
+               gen_token_ids=[100 + slot, 200 + slot], gen_logprobs=[-0.5, -0.25],
+               obs_token_ids=[] if leaf else [300 + slot])
+    if parent == -1:  # the root holds the prompt as non-generated tokens
+        row.update(gen_token_ids=[], gen_logprobs=[], obs_token_ids=[1, 2, 3], text=None)
+    row.update(extra)
+    return row
+
+
+def table(rows):
+    return pa.Table.from_pylist(rows, schema=pa.schema({c: t for c, (t, _) in NODE_INPUT.items()}))
+
+
+# Hand-worked tree 0 (slot: parent, reward at leaves):
+#   level 0: 0 root; bare rollout A: 1 -> 2 (r=1); bare rollout B: 3 -> 4 (r=0)
+#   level 1: continuation of 1: 5 (r=0); continuations of 3: 6 (r=0) and 7 -> 8 (r=1)
+# Tree 1: root 0 with two one-turn rollouts 1 (r=1), 2 (r=1): never mixed.
+LEVEL0 = [node(0, 0, -1, 0, predicted_v=0.5, allocated_k=2), node(0, 1, 0, 1), node(0, 2, 1, 2, True, 1.0),
+          node(0, 3, 0, 1), node(0, 4, 3, 2, True, 0.0),
+          node(1, 0, -1, 0), node(1, 1, 0, 1, True, 1.0), node(1, 2, 0, 1, True, 1.0)]
+LEVEL1 = [node(0, 5, 1, 2, True, 0.0), node(0, 6, 3, 2, True, 0.0), node(0, 7, 3, 2),
+          node(0, 8, 7, 3, True, 1.0)]
+LEDGER = dict(method="trace", trajectories=4, prompt_tokens=24, generated_tokens=40, tool_calls=3,
+              wall_seconds=1.5)
+
+
+def nid(slot, tree=0, run="run1", step=0):
+    return make_node_id(run, step, tree, slot)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TreeStore(tmp_path)
+    s.init_run("run1", {"lr": 1e-5, "allocator": "trace"})
+    alloc = pa.Table.from_pylist([
+        {"node_id": nid(0), "allocator": "trace", "k": 2, "predicted_v": 0.5, "gain": 0.5},
+        {"node_id": nid(0, tree=1), "allocator": "trace", "k": 2, "predicted_v": 0.9, "gain": 0.18}])
+    s.write_level("run1", 0, 0, table(LEVEL0), alloc, LEDGER)
+    s.write_level("run1", 0, 1, table(LEVEL1), None, dict(LEDGER, trajectories=3))
+    return s
+
+
+def snapshot(s: TreeStore) -> dict:
+    return {t: s.query(f"SELECT * FROM {t} ORDER BY ALL").to_pylist()
+            for t in ("nodes", "allocations", "ledger", "runs", "steps")}
+
+
+def test_node_ids_are_deterministic_and_readable():
+    assert make_node_id("run1", 3, 7, 0) == "run1/s3/t7/n0"
+    assert make_node_id("run1", 3, 7, 12) == make_node_id("run1", 3, 7, 12)
+    with pytest.raises(StoreError, match="run_id"):
+        make_node_id("bad/run", 0, 0, 0)
+    with pytest.raises(StoreError, match="local_index"):
+        make_node_id("run1", 0, 0, -1)
+
+
+def test_rewriting_a_level_leaves_one_copy(store):
+    before = snapshot(store)
+    assert len(before["nodes"]) == 12 and len(before["ledger"]) == 2
+    # A retried task that re-sampled different text: the stored copy stays, nothing is added.
+    resampled = [dict(r, text="another sample") for r in LEVEL1]
+    res = store.write_level("run1", 0, 1, table(resampled), None, dict(LEDGER, trajectories=3))
+    assert res.inserted_nodes == 0 and res.skipped_trees == (0,) and not res.ledger_written
+    res = store.write_level("run1", 0, 0, table(LEVEL0))
+    assert res.inserted_nodes == 0 and res.skipped_trees == (0, 1)
+    assert snapshot(store) == before
+    ids = [r["node_id"] for r in before["nodes"]]
+    assert len(set(ids)) == len(ids)
+
+
+def test_a_new_tree_at_a_written_level_is_added(store):
+    res = store.write_level("run1", 0, 0, table([node(2, 0, -1, 0), node(2, 1, 0, 1, True, 0.0)]
+                                                + LEVEL0))
+    assert res.inserted_nodes == 2 and res.skipped_trees == (0, 1)
+    assert store.query("SELECT count(*) AS n FROM nodes").column("n")[0].as_py() == 14
+
+
+BAD_INPUTS = [
+    ("tree_id", lambda rows: table(rows).drop_columns(["tree_id"])),
+    ("depth", lambda rows: table(rows).set_column(
+        list(NODE_INPUT).index("depth"), "depth", pa.array(["x"] * len(rows)))),
+    ("predicted_v", lambda rows: table([dict(rows[0], predicted_v=1.5)] + rows[1:])),
+    ("rewards", lambda rows: table(rows).append_column("rewards", pa.array([1.0] * len(rows)))),
+    ("reward", lambda rows: table([dict(rows[0], reward=None)] + rows[1:])),
+    ("parent_index", lambda rows: table([dict(rows[0], parent_index=9)] + rows[1:])),
+    ("parent_index", lambda rows: table([dict(rows[0], depth=5)] + rows[1:])),
+    ("parent_index", lambda rows: table([dict(rows[0], parent_index=2)] + rows[1:])),  # a leaf
+    ("gen_logprobs", lambda rows: table([dict(rows[0], gen_logprobs=[-1.0])] + rows[1:])),
+    ("node_id", lambda rows: table(rows).append_column("node_id", pa.array(["x"] * len(rows)))),
+    ("allocated_k", lambda rows: table([dict(rows[0], allocated_k=-1)] + rows[1:])),
+]
+
+
+@pytest.mark.parametrize("column,corrupt", BAD_INPUTS, ids=[f"{c}-{i}" for i, (c, _) in
+                                                             enumerate(BAD_INPUTS)])
+def test_bad_nodes_are_rejected_naming_the_column(store, column, corrupt):
+    before = snapshot(store)
+    new_level = [node(0, 9, 7, 3, True, 1.0), node(0, 10, 1, 2, True, 0.0)]
+    with pytest.raises(StoreError, match=f"'{column}'|\\['{column}'\\]"):
+        store.write_level("run1", 0, 2, corrupt(new_level))
+    assert snapshot(store) == before
+
+
+def test_bad_allocations_and_ledger_are_rejected(store):
+    before = snapshot(store)
+    good = table([node(0, 9, 7, 3, True, 1.0)])
+    with pytest.raises(StoreError, match="'k'"):
+        store.write_level("run1", 0, 2, good, pa.table({"node_id": [nid(2)], "allocator": ["t"]}))
+    with pytest.raises(StoreError, match="wall_seconds"):
+        store.write_level("run1", 0, 2, good, None, dict(LEDGER, wall_seconds=-1.0))
+    assert snapshot(store) == before
+
+
+def test_a_failure_inside_the_transaction_rolls_the_level_back(store):
+    before = snapshot(store)
+    # Passes the Python checks but overflows BIGINT inside DuckDB, after the nodes were inserted.
+    with pytest.raises(Exception, match="(?i)out of range|overflow|convert"):
+        store.write_level("run1", 0, 2, table([node(0, 9, 7, 3, True, 1.0)]), None,
+                          dict(LEDGER, trajectories=2**70))
+    assert snapshot(store) == before
+    assert not store.has_level("run1", 0, 2)
+
+
+def python_paths(rows):
+    """Reference: root-to-leaf paths from parent pointers, by walking up from each leaf."""
+    parent = {r["node_id"]: r["parent_id"] for r in rows}
+    out = {}
+    for r in rows:
+        if r["is_leaf"]:
+            path, cur = [], r["node_id"]
+            while cur is not None:
+                path.append(cur)
+                cur = parent[cur]
+            out[r["node_id"]] = (path[::-1], r["reward"])
+    return out
+
+
+def random_tree(rng: random.Random, tree: int):
+    """Bare rollouts from the root (level 0), then continuations from random prefixes (level 1)."""
+    rows = [node(tree, 0, -1, 0)]
+    prefixes = []
+    for _ in range(rng.randint(1, 3)):
+        parent, depth = 0, 0
+        for t in range(rng.randint(1, 4)):
+            leaf = t == 3 or rng.random() < 0.3
+            rows.append(node(tree, len(rows), parent, depth + 1, leaf, float(rng.random() < 0.5)
+                             if leaf else None))
+            parent, depth = len(rows) - 1, depth + 1
+            if leaf:
+                break
+            prefixes.append((parent, depth))
+    level0, level1 = rows, []
+    for parent, depth in rng.sample(prefixes, min(len(prefixes), 2)):
+        for _ in range(rng.randint(1, 2)):
+            slot = len(level0) + len(level1)
+            level1.append(node(tree, slot, parent, depth + 1, True, float(rng.random() < 0.5)))
+    return level0, level1
+
+
+def test_paths_view_matches_a_python_reconstruction(tmp_path):
+    rng = random.Random(0)
+    s = TreeStore(tmp_path)
+    for step in range(2):
+        trees = [random_tree(rng, t) for t in range(5)]
+        s.write_level("run1", step, 0, table([r for l0, _ in trees for r in l0]))
+        level1 = [r for _, l1 in trees for r in l1]
+        if level1:
+            s.write_level("run1", step, 1, table(level1))
+    rows = s.query("SELECT node_id, parent_id, is_leaf, reward FROM nodes").to_pylist()
+    expect = python_paths(rows)
+    got = {r["leaf_id"]: (r["node_ids"], r["reward"]) for r in
+           s.query("SELECT leaf_id, node_ids, reward FROM paths").to_pylist()}
+    assert len(expect) > 20
+    assert got == expect
+    depth = s.query("SELECT p.depth = n.depth AS ok FROM paths p JOIN nodes n "
+                    "ON n.node_id = p.leaf_id").column("ok").to_pylist()
+    assert all(depth)
+
+
+def test_mixed_anchors_and_contrast_pairs_on_a_hand_worked_tree(store):
+    mixed = store.query("SELECT node_id, leaves_below, successes FROM mixed_anchors "
+                        "ORDER BY node_id").to_pylist()
+    assert mixed == [{"node_id": nid(0), "leaves_below": 5, "successes": 2.0},
+                     {"node_id": nid(1), "leaves_below": 2, "successes": 1.0},
+                     {"node_id": nid(3), "leaves_below": 3, "successes": 1.0}]
+    pairs = store.query("SELECT parent_id, better_id, worse_id, round(delta, 6) AS d, pure "
+                        "FROM contrast_pairs ORDER BY parent_id, better_id, worse_id").to_pylist()
+    assert pairs == [
+        {"parent_id": nid(0), "better_id": nid(1), "worse_id": nid(3), "d": round(0.5 - 1 / 3, 6),
+         "pure": False},
+        {"parent_id": nid(1), "better_id": nid(2), "worse_id": nid(5), "d": 1.0, "pure": True},
+        {"parent_id": nid(3), "better_id": nid(7), "worse_id": nid(4), "d": 1.0, "pure": True},
+        {"parent_id": nid(3), "better_id": nid(7), "worse_id": nid(6), "d": 1.0, "pure": True},
+    ]
+
+
+def test_update_values_sets_the_backup_and_agrees_with_the_leaves(store):
+    # Hand backup of tree 0: V^(1) = 1/2, V^(3) = 1/3, V^(7) = 1, V^(root) = 2/5.
+    backup = {0: (0.4, 5), 1: (0.5, 2), 3: (1 / 3, 3), 7: (1.0, 1)}
+    leaves = {2: 1.0, 4: 0.0, 5: 0.0, 6: 0.0, 8: 1.0}
+    ids = [nid(k) for k in backup] + [nid(k) for k in leaves]
+    vals = [v for v, _ in backup.values()] + list(leaves.values())
+    ns = [n for _, n in backup.values()] + [1] * len(leaves)
+    assert store.update_values("run1", 0, pa.table({"node_id": ids, "value": vals, "n_leaves": ns,
+                                                   "advantage": [v - 0.4 for v in vals]})) == 9
+    disagree = store.query(
+        "SELECT n.node_id FROM nodes n JOIN subtree_stats s USING (node_id) WHERE n.tree_id = 0 "
+        "AND (abs(n.value - s.leaf_mean) > 1e-9 OR n.n_leaves <> s.leaves_below)").num_rows
+    assert disagree == 0
+    assert store.query("SELECT count(*) AS n FROM nodes WHERE value IS NULL").column("n")[0]\
+        .as_py() == 3  # tree 1 was not backed up
+    before = snapshot(store)
+    with pytest.raises(StoreError, match="'node_id'"):
+        store.update_values("run1", 0, pa.table({"node_id": [nid(0), "run1/s0/t0/n99"],
+                                                 "value": [0.1, 0.2]}))
+    with pytest.raises(StoreError, match="'value'"):
+        store.update_values("run1", 0, pa.table({"node_id": [nid(0)], "value": [2.0]}))
+    with pytest.raises(StoreError, match="reward"):
+        store.update_values("run1", 0, pa.table({"node_id": [nid(0)], "reward": [1.0]}))
+    assert snapshot(store) == before
+
+
+def test_read_prefixes_rebuilds_the_exact_token_history(store):
+    t = store.read_prefixes([nid(8), nid(0)]).to_pylist()
+    # root prompt | slot 3 gen + obs | slot 7 gen + obs | slot 8 gen
+    assert t[0]["token_ids"] == [1, 2, 3, 103, 203, 303, 107, 207, 307, 108, 208]
+    assert t[0]["gen_mask"] == [0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 1]
+    assert t[1]["token_ids"] == [1, 2, 3] and t[1]["gen_mask"] == [0, 0, 0]
+    with pytest.raises(StoreError, match="not stored"):
+        store.read_prefixes(["run1/s9/t0/n0"])
+
+
+def test_tree_reads_map_onto_the_arrays(store):
+    tree = store.read_tree("run1", 0, 0)
+    assert tree.column("local_index").to_pylist() == list(range(9))
+    assert tree.column("parent_index").to_pylist() == [-1, 0, 1, 0, 3, 1, 3, 3, 7]
+    assert tree.column("level").to_pylist() == [0] * 5 + [1] * 4
+    assert tree.column("gen_tokens").to_pylist()[:2] == [0, 2]
+    assert store.read_step("run1", 0).num_rows == 12
+    assert store.query("SELECT trajectories FROM step_ledger").column(0).to_pylist() == [7]
+    alloc = store.query("SELECT * FROM allocations ORDER BY node_id").to_pylist()
+    assert [a["k"] for a in alloc] == [2, 2] and alloc[0]["level"] == 0
+
+
+def test_runs_and_steps(store):
+    assert store.init_run("run1", {"lr": 2.0}) is False  # resume keeps the stored config
+    assert store.get_run("run1")["config"] == {"lr": 1e-5, "allocator": "trace"}
+    store.set_run("run1", mlflow_run_id="abc")
+    assert store.get_run("run1")["mlflow_run_id"] == "abc"
+    assert store.last_complete_step("run1") is None
+    store.mark_step("run1", 0, "running")
+    store.mark_step("run1", 0, "complete", {"rollout/reward": 0.5})
+    store.mark_step("run1", 1, "running")
+    assert store.last_complete_step("run1") == 0
+    row = store.query("SELECT * FROM steps WHERE step = 0").to_pylist()[0]
+    assert json.loads(row["metrics_json"]) == {"rollout/reward": 0.5} and row["finished_at"]
+    with pytest.raises(StoreError, match="status"):
+        store.mark_step("run1", 1, "done")
+
+
+def test_query_is_read_only(store):
+    with pytest.raises(Exception, match="read-only"):
+        store.query("DELETE FROM nodes")
+    assert store.read_step("run1", 0).num_rows == 12
+    with pytest.raises(FileNotFoundError):
+        TreeStore(store.path.parent / "elsewhere", create=False)
+
+
+def test_parquet_round_trip(store, tmp_path):
+    files = store.export_parquet("run1", tmp_path / "export")
+    assert set(files) == {"runs", "steps", "nodes", "allocations", "ledger"}
+    back = pq.read_table(files["nodes"])
+    assert back.to_pylist() == store.read_step("run1", 0).to_pylist()
+    assert back.schema.field("gen_token_ids").type == pa.list_(pa.int32())
+    assert pq.read_table(files["ledger"]).num_rows == 2
+
+
+WRITER = textwrap.dedent("""
+    import json, sys, time
+    import pyarrow as pa
+    sys.path.insert(0, {repo!r})
+    from trace_rl.storage import TreeStore
+    from trace_rl.storage.schema import NODE_INPUT
+    schema = pa.schema({{c: t for c, (t, _) in NODE_INPUT.items()}})
+    s = TreeStore({path!r})
+    s.init_run("live", {{}})
+    print("ready", flush=True)
+    for step in range({steps}):
+        for tree in range(4):
+            rows = [dict(tree_id=tree, local_index=0, parent_index=-1, depth=0, item_id="q",
+                         is_leaf=False, obs_token_ids=list(range(64)))]
+            for i in range(1, 16):
+                rows.append(dict(tree_id=tree, local_index=i, parent_index=i - 1, depth=i,
+                                 item_id="q", is_leaf=i == 15, reward=1.0 if i == 15 else None,
+                                 gen_token_ids=list(range(32)), text="x" * 200))
+            rows = [{{c: r.get(c) for c in NODE_INPUT}} for r in rows]
+            s.write_level("live", step, 0, pa.Table.from_pylist(rows, schema=schema))
+        s.mark_step("live", step, "complete")
+    lock = sorted(s.lock_seconds)
+    print(json.dumps({{"max": lock[-1], "median": lock[len(lock) // 2], "n": len(lock)}}), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_queries_answer_while_another_process_writes(tmp_path):
+    steps = 25
+    db = tmp_path / "trace.duckdb"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(repo=str(REPO), path=str(db),
+                                                                 steps=steps)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    reader = TreeStore(db, create=False, read_timeout_s=20)
+    latencies, counts = [], []
+    while proc.poll() is None:
+        t0 = time.perf_counter()
+        counts.append(reader.query("SELECT count(*) AS n FROM paths").column("n")[0].as_py())
+        latencies.append(time.perf_counter() - t0)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lock = json.loads(out.strip().splitlines()[-1])
+    final = reader.query("SELECT count(*) AS n FROM nodes").column("n")[0].as_py()
+    assert final == steps * 4 * 16
+    assert reader.last_complete_step("live") == steps - 1
+    # Reads kept answering during the write loop and saw it progress.
+    assert len(latencies) >= 5
+    assert any(0 < c < steps * 4 for c in counts), counts
+    assert max(latencies) < 10.0
+    print(f"\nreads={len(latencies)} read max={max(latencies):.3f}s "
+          f"median={sorted(latencies)[len(latencies) // 2]:.3f}s; writer lock window "
+          f"max={lock['max']:.3f}s median={lock['median']:.3f}s over {lock['n']} opens")
