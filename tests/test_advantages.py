@@ -1,0 +1,177 @@
+"""trace_core.advantages: each estimator against a plain Python loop on random trees, plus
+hand-worked trees."""
+
+import math
+
+import numpy as np
+import pytest
+
+from trace_core.advantages import (
+    ESTIMATORS,
+    concat_forest,
+    grpo,
+    segment,
+    tree_grpo,
+    treepo,
+)
+from trace_core.tree import NO_PARENT, Tree, is_leaf
+
+EPS = 1e-6
+
+
+def random_tree(rng, n):
+    parent = np.array([NO_PARENT] + [int(rng.integers(0, i)) for i in range(1, n)])
+    reward = np.where(is_leaf(parent), rng.integers(0, 2, n).astype(float), np.nan)
+    return parent, reward
+
+
+# ----------------------------------------------------------------- naive references (plain loops)
+
+
+class Naive:
+    def __init__(self, parent, reward):
+        self.parent = [int(p) for p in parent]
+        self.reward = [float(r) for r in reward]
+        self.n = len(self.parent)
+        self.kids = [[c for c in range(self.n) if self.parent[c] == y] for y in range(self.n)]
+        self.leaves = [y for y in range(self.n) if not self.kids[y]]
+
+    def path(self, y):
+        out = [y]
+        while self.parent[out[-1]] != NO_PARENT:
+            out.append(self.parent[out[-1]])
+        return out[::-1]
+
+    def leaves_under(self, y):
+        return [l for l in self.leaves if y in self.path(l)]
+
+    def value(self, y):
+        rs = [self.reward[l] for l in self.leaves_under(y)]
+        return sum(rs) / len(rs)
+
+    @staticmethod
+    def norm(r, group, scale):
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((g - mean) ** 2 for g in group) / len(group))
+        return (r - mean) / (std + EPS) if scale else r - mean
+
+    def table(self, per_leaf_turns):
+        depth = max(len(self.path(l)) - 1 for l in self.leaves)
+        out = np.full((len(self.leaves), depth), np.nan)
+        for row, l in enumerate(self.leaves):
+            turns = per_leaf_turns(l)
+            out[row, : len(turns)] = turns
+        return out
+
+    def grpo(self, scale):
+        group = [self.reward[l] for l in self.leaves]
+        return self.table(lambda l: [self.norm(self.reward[l], group, scale)] * (len(self.path(l)) - 1))
+
+    def tree_grpo(self, scale):
+        def adv(l):
+            top = self.path(l)[1]
+            own = [self.reward[k] for k in self.leaves if self.path(k)[1] == top]
+            every = [self.reward[k] for k in self.leaves]
+            a = self.norm(self.reward[l], own, scale) + self.norm(self.reward[l], every, scale)
+            return [a] * (len(self.path(l)) - 1)
+
+        return self.table(adv)
+
+    def treepo(self, scale):
+        def adv(l):
+            subs = []
+            for y in self.path(l)[:-1]:
+                if y == 0 or len(self.kids[y]) >= 2:
+                    group = [self.reward[k] for k in self.leaves_under(y)]
+                    subs.append(self.norm(self.reward[l], group, scale))
+            return [sum(subs) / len(subs)] * (len(self.path(l)) - 1)
+
+        return self.table(adv)
+
+    def segment(self):
+        def adv(l):
+            p = self.path(l)
+            return [self.value(p[d + 1]) - self.value(p[d]) for d in range(len(p) - 1)]
+
+        return self.table(adv)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_estimators_match_naive_loops_on_random_trees(scale):
+    rng = np.random.default_rng(0 if scale else 1)
+    for _ in range(80):
+        parent, reward = random_tree(rng, int(rng.integers(2, 25)))
+        ref = Naive(parent, reward)
+        cases = [
+            (grpo(parent, reward, scale_by_std=scale), ref.grpo(scale)),
+            (tree_grpo(parent, reward, scale_by_std=scale), ref.tree_grpo(scale)),
+            (treepo(parent, reward, scale_by_std=scale), ref.treepo(scale)),
+            (segment(parent, reward), ref.segment()),
+        ]
+        for got, expected in cases:
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+
+
+@pytest.fixture
+def hand_tree():
+    """root -> a -> {a1: 1, a2: 0}; root -> b -> b1 -> {b11: 0, b12: 0}.
+
+    Node ids: 0 root, 1 a, 2 a1, 3 a2, 4 b, 5 b1, 6 b11, 7 b12. Leaves (rows): a1, a2, b11, b12.
+    V^: root 1/4, a 1/2, b 0, b1 0.
+    """
+    return Tree.from_paths(
+        [["a", "a1"], ["a", "a2"], ["b", "b1", "b11"], ["b", "b1", "b12"]], [1, 0, 0, 0]
+    )
+
+
+def test_grpo_hand_worked(hand_tree):
+    # mean 1/4, std sqrt(3)/4: leaf a1 gets (3/4)/(sqrt(3)/4) = sqrt(3), the others -1/sqrt(3).
+    a = grpo(hand_tree.parent, hand_tree.leaf_reward)
+    s3 = math.sqrt(3)
+    np.testing.assert_allclose(a[:, 0], [s3, -1 / s3, -1 / s3, -1 / s3], rtol=1e-5)
+    assert np.isnan(a[0, 2]) and np.isnan(a[1, 2]) and a[2, 2] == a[2, 0]
+    b = grpo(hand_tree.parent, hand_tree.leaf_reward, scale_by_std=False)
+    np.testing.assert_allclose(b[:, 0], [0.75, -0.25, -0.25, -0.25])
+
+
+def test_tree_grpo_hand_worked(hand_tree):
+    # intra: under a, {1, 0} -> +1, -1; under b, {0, 0} -> 0. inter as GRPO.
+    a = tree_grpo(hand_tree.parent, hand_tree.leaf_reward, scale_by_std=False)
+    np.testing.assert_allclose(a[:, 0], [0.5 + 0.75, -0.5 - 0.25, -0.25, -0.25])
+
+
+def test_treepo_hand_worked(hand_tree):
+    # a1: groups root (1/4) and a (1/2): mean(3/4, 1/2) = 5/8. a2: mean(-1/4, -1/2) = -3/8.
+    # b11: b has one child, so only root and b1 (0): mean(-1/4, 0) = -1/8.
+    a = treepo(hand_tree.parent, hand_tree.leaf_reward)
+    np.testing.assert_allclose(a[:, 0], [5 / 8, -3 / 8, -1 / 8, -1 / 8])
+
+
+def test_segment_hand_worked(hand_tree):
+    a = segment(hand_tree.parent, hand_tree.leaf_reward)
+    np.testing.assert_allclose(a[0, :2], [0.5 - 0.25, 1 - 0.5])
+    np.testing.assert_allclose(a[2], [0 - 0.25, 0, 0])
+    assert np.isnan(a[0, 2])
+
+
+def test_all_equal_rewards_give_zero_advantage():
+    tree = Tree.from_paths([["a"], ["b", "c"], ["b", "d"]], [1, 1, 1])
+    for name, estimator in ESTIMATORS.items():
+        a = estimator(tree.parent, tree.leaf_reward)
+        assert np.all(a[~np.isnan(a)] == 0), name
+
+
+def test_estimators_validate_the_tree():
+    with pytest.raises(ValueError, match="no children"):
+        grpo(np.array([-1, 0, 0]), np.array([np.nan, 1.0, np.nan]))
+    with pytest.raises(ValueError, match="no turns"):
+        treepo(np.array([-1]), np.array([1.0]))
+
+
+def test_concat_forest_pads_shorter_trees():
+    small = Tree.from_paths([["a"], ["b"]], [1, 0])
+    deep = Tree.from_paths([["a", "b", "c"], ["a", "d"]], [1, 0])
+    out = concat_forest([grpo(small.parent, small.leaf_reward), grpo(deep.parent, deep.leaf_reward)])
+    assert out.shape == (4, 3)
+    assert np.isnan(out[0, 1]) and np.isnan(out[3, 2]) and not np.isnan(out[2, 2])
+    assert concat_forest([]).shape == (0, 0)
