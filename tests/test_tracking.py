@@ -1,0 +1,144 @@
+"""MLflow tracking against a real local store, and the figures logged to it."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from trace_rl.storage.plots import calibration_plot, contrast_curve, render_tree, tree_layout  # noqa: E402
+from trace_rl.storage.tracking import Tracker, TrackingError, flatten  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+CONFIG = {"run": {"steps": 3, "lr": 1e-5}, "allocator": "trace", "budget": {"roots": 8, "n": 2},
+          "note": None}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    # One sqlite store for the module: creating its tables costs a few seconds per store.
+    return tmp_path_factory.mktemp("work")
+
+
+def test_metrics_and_params_land(workdir):
+    tr = Tracker(workdir)
+    run_id = tr.start_or_resume("run-a")
+    assert tr.log_config(CONFIG) == 6
+    tr.log_metrics(0, {"rollout/reward_mean": 0.25, "alloc/active_prompts": 4, "loss/policy": 1.5})
+    tr.log_metrics(1, {"rollout/reward_mean": 0.5, "tree/mixed_anchors": np.int64(3)})
+    run = tr.client.get_run(run_id)
+    assert run.data.params == {"run.steps": "3", "run.lr": "1e-05", "allocator": "trace",
+                               "budget.roots": "8", "budget.n": "2", "note": "None"}
+    hist = tr.client.get_metric_history(run_id, "rollout/reward_mean")
+    assert sorted((m.step, m.value) for m in hist) == [(0, 0.25), (1, 0.5)]
+    assert run.data.metrics["tree/mixed_anchors"] == 3.0
+    assert (workdir / "mlflow.db").exists()
+    assert "sqlite:///" in tr.ui_command
+
+
+def test_resume_continues_the_same_run(workdir):
+    first = Tracker(workdir)
+    run_id = first.start_or_resume("run-b", run_name="trial")
+    first.log_config(CONFIG)
+    first.log_metrics(0, {"rollout/reward_mean": 0.1})
+    first.end("FAILED")  # the process died
+    again = Tracker(workdir)  # a fresh process after the crash
+    assert again.start_or_resume("run-b") == run_id
+    assert again.client.get_run(run_id).info.status == "RUNNING"
+    assert again.log_config(CONFIG) == 0  # same config: nothing new, no error
+    again.log_metrics(1, {"rollout/reward_mean": 0.2})
+    steps = [m.step for m in again.client.get_metric_history(run_id, "rollout/reward_mean")]
+    assert sorted(steps) == [0, 1]
+    with pytest.raises(TrackingError, match="run.lr"):
+        again.log_config({**CONFIG, "run": {"steps": 3, "lr": 3e-4}})
+    assert Tracker(workdir).start_or_resume("run-b", mlflow_run_id=run_id) == run_id
+    with pytest.raises(TrackingError, match="belongs to"):
+        Tracker(workdir).start_or_resume("run-c", mlflow_run_id=run_id)
+    assert Tracker(workdir).start_or_resume("run-c") != run_id
+    again.end()
+    assert again.client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_checkpoint_is_logged_and_registered(workdir, tmp_path):
+    ckpt = tmp_path / "policy"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "llama"}')
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 64)
+    tr = Tracker(workdir)
+    run_id = tr.start_or_resume("run-d")
+    version = tr.log_checkpoint("policy", ckpt, step=2)
+    assert tr.log_checkpoint("policy", ckpt, step=2) == version  # a retried task
+    mv = tr.client.get_model_version("trace-policy", version)
+    assert mv.run_id == run_id and mv.tags["step"] == "2" and mv.tags["trace.run_id"] == "run-d"
+    assert mv.source == f"runs:/{run_id}/checkpoints/policy/step_000002"
+    files = {f.path for f in tr.client.list_artifacts(run_id, "checkpoints/policy/step_000002")}
+    assert files == {"checkpoints/policy/step_000002/config.json",
+                     "checkpoints/policy/step_000002/model.safetensors"}
+    pred = tmp_path / "predictor.pt"
+    pred.write_bytes(b"weights")
+    v2 = tr.log_checkpoint("predictor", pred, step=2)
+    assert tr.client.get_model_version("trace-predictor", v2).run_id == run_id
+    with pytest.raises(TrackingError, match="kind"):
+        tr.log_checkpoint("optimizer", ckpt, step=2)
+    with pytest.raises(TrackingError, match="does not exist"):
+        tr.log_checkpoint("policy", tmp_path / "missing", step=3)
+
+
+def test_bad_metric_names_and_values_are_rejected(workdir):
+    tr = Tracker(workdir)
+    run_id = tr.start_or_resume("run-e")
+    for bad in ({"reward": 1.0}, {"policy/loss": 1.0}, {"rollout/": 1.0}):
+        with pytest.raises(TrackingError, match="namespaces"):
+            tr.log_metrics(0, {"rollout/ok": 1.0, **bad})
+    with pytest.raises(TrackingError, match="not a number"):
+        tr.log_metrics(0, {"rollout/ok": "high"})
+    with pytest.raises(TrackingError, match="step"):
+        tr.log_metrics(-1, {"rollout/ok": 1.0})
+    assert tr.client.get_run(run_id).data.metrics == {}  # a rejected batch logs nothing
+    with pytest.raises(TrackingError, match="start_or_resume"):
+        Tracker(workdir).log_metrics(0, {"rollout/ok": 1.0})
+
+
+def test_figures_are_logged_as_pngs(workdir):
+    tr = Tracker(workdir)
+    run_id = tr.start_or_resume("run-f")
+    parent = [-1, 0, 1, 0, 3, 1, 3, 3, 7]
+    value = [0.4, 0.5, np.nan, 1 / 3, np.nan, np.nan, np.nan, 1.0, np.nan]
+    reward = [np.nan, np.nan, 1, np.nan, 0, 0, 0, np.nan, 1]
+    figs = {"figures/tree.png": render_tree(parent, value, reward, labels=[str(i) for i in range(9)]),
+            "figures/calibration.png": calibration_plot(np.linspace(0, 1, 50),
+                                                        (np.arange(50) % 3 == 0).astype(float)),
+            "figures/contrast.png": contrast_curve([0, 1, 2], {"trace": [0.3, 0.5, 0.6],
+                                                               "grpo": [0.3, 0.3, 0.35]})}
+    for path, fig in figs.items():
+        tr.log_figure(fig, path)
+    local = tr.client.download_artifacts(run_id, "figures")
+    for path in figs:
+        data = open(os.path.join(local, os.path.basename(path)), "rb").read()
+        assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_tree_layout_centres_parents_over_their_leaves():
+    x, y = tree_layout([-1, 0, 1, 0, 3, 1])
+    # Leaves in depth-first order: 2, 5 under node 1, then 4 under node 3.
+    assert list(x[[2, 5, 4]]) == [0.0, 1.0, 2.0]
+    assert x[1] == 0.5 and x[3] == 2.0 and x[0] == 1.25
+    assert list(y) == [0, -1, -2, -1, -2, -2]
+    with pytest.raises(ValueError, match="parent"):
+        tree_layout([-1, 2, 0])
+
+
+def test_plot_inputs_are_checked():
+    with pytest.raises(ValueError, match="value"):
+        render_tree([-1, 0], [0.5], [np.nan, 1.0])
+    with pytest.raises(ValueError, match="p must lie"):
+        calibration_plot([1.5], [1.0])
+    with pytest.raises(ValueError, match="series"):
+        contrast_curve([0, 1], {"trace": [0.1]})
+
+
+def test_flatten_dots_nested_keys():
+    assert flatten({"a": {"b": {"c": 1}}, "d": 2}) == {"a.b.c": 1, "d": 2}
