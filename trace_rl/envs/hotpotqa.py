@@ -1,0 +1,304 @@
+"""Multi-hop QA on HotpotQA (distractor setting) with a BM25 ``search`` tool.
+
+The agent calls ``search(query)`` and ends with ``<answer>…</answer>``. Search is BM25 (the
+``bm25s`` library) over the question's own context paragraphs (default: the distractor setting's
+10 paragraphs) or over the pooled corpus of the whole file (``corpus="pooled"``); it returns the
+top-k titles and texts, each text cut at a word boundary.
+
+Reward (paper): 1 when the token F1 between the normalised prediction and the gold answer is at
+least 0.3, else 0. Exact match and F1 are reported as metrics, computed the way the official
+HotpotQA evaluation does: lower case, punctuation and the articles a/an/the removed, whitespace
+collapsed; when either side normalises to ``yes``, ``no`` or ``noanswer`` and the two differ, F1
+is 0. One departure: a gold answer that normalises to nothing ("The The", "!!!") is matched on
+its raw text (case and whitespace aside) instead of giving every prediction F1 = 0.
+
+Data (../shared/data/multihop_qa): ``dev`` = hotpotqa_dev_distractor_first500.jsonl (pooled corpus
+hotpotqa_dev_first500_corpus.jsonl), ``train`` = hotpotqa_train_distractor_100.jsonl (raw HotpotQA
+rows; pooled corpus hotpotqa_train_100_corpus.jsonl). The question/answer-only files
+(hotpotqa_dev_qa, musique_dev_500_qa, 2wiki_dev_500_qa, bamboogle_125) load for grading
+(``trace score``) and closed-book use; their items have no paragraphs, so ``search`` reports that
+no corpus exists for them. Ids: ``id``, ``_id`` or ``idx`` (as a string), whichever the file has.
+
+The environment is stateless: indexes are cached per question (and once for a pooled corpus), so
+a restore from a stored prefix needs only a fresh state, and replaying a query returns the same
+observation.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import bm25s
+
+from trace_rl.envs.base import Environment, TaskItem, ToolError
+from trace_rl.envs.datadir import default_data_dir
+from trace_rl.envs.io import load_jsonl, row_field
+from trace_rl.rollout.format import system_prompt
+from trace_rl.rollout.types import Action, Verdict
+
+FAMILY = "hotpotqa"
+F1_THRESHOLD = 0.3
+"""The paper's success criterion: token F1 >= 0.3."""
+
+SPLITS: dict[str, tuple[str, str | None]] = {
+    "dev": ("hotpotqa_dev_distractor_first500.jsonl", "hotpotqa_dev_first500_corpus.jsonl"),
+    "train": ("hotpotqa_train_distractor_100.jsonl", "hotpotqa_train_100_corpus.jsonl"),
+    "dev_qa": ("hotpotqa_dev_qa.jsonl", None),
+    "musique_dev": ("musique_dev_500_qa.jsonl", None),
+    "2wiki_dev": ("2wiki_dev_500_qa.jsonl", None),
+    "bamboogle": ("bamboogle_125.jsonl", None),
+}
+"""Split name -> (question file, pooled corpus file or None), under ``<data_dir>/multihop_qa``."""
+
+SEARCH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search Wikipedia paragraphs with BM25; returns the best matches' titles "
+                       "and text.",
+        "parameters": {"type": "object",
+                       "properties": {"query": {"type": "string",
+                                                "description": "Keywords or a question."}},
+                       "required": ["query"]},
+    },
+}
+
+INSTRUCTIONS = ("Answer the question. Use the search tool to find evidence; questions need "
+                "several hops. Put only the short answer (an entity, a date, yes or no) in "
+                "<answer></answer>.")
+
+
+# ---- answer normalisation and metrics (official HotpotQA evaluation semantics) ----
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, drop punctuation, drop articles, collapse whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def _blank_gold_match(prediction: str, gold: str) -> float:
+    # Departure: a gold answer made only of articles and punctuation ("The The", "!!!" in the
+    # dev set) normalises to nothing, where the official script gives every prediction F1 = 0
+    # and EM = 1. Here such a gold needs the same text, up to case and whitespace.
+    return float(" ".join(prediction.lower().split()) == " ".join(gold.lower().split()))
+
+
+def f1_score(prediction: str, gold: str) -> float:
+    """Token F1 after normalisation; yes/no/noanswer must match exactly (else 0)."""
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    if not ref:
+        return _blank_gold_match(prediction, gold)
+    special = ("yes", "no", "noanswer")
+    if (pred in special or ref in special) and pred != ref:
+        return 0.0
+    common = Counter(pred.split()) & Counter(ref.split())
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred.split()), same / len(ref.split())
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    if not normalize_answer(gold):
+        return _blank_gold_match(prediction, gold)
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def grade(gold: str, answer: Any) -> Verdict:
+    """Reward = [F1 >= 0.3]; EM and F1 as metrics."""
+    pred = "" if answer is None else str(answer)
+    f1 = f1_score(pred, gold)
+    return Verdict(reward=float(f1 >= F1_THRESHOLD), metrics={"em": exact_match(pred, gold), "f1": f1})
+
+
+# ---- loading ----
+
+def _qa_row(row: dict[str, Any]) -> TaskItem:
+    """Any of the QA formats: distractor (context as {title,text}), raw HotpotQA (context as
+    [title, sentences]), or question/answer only."""
+    for key in ("id", "_id", "idx"):
+        if key in row:
+            item_id = str(row_field(row, key, (str, int)))
+            break
+    else:
+        raise ValueError("missing field 'id' (or '_id' / 'idx')")
+    paragraphs: list[dict[str, str]] = []
+    for k, para in enumerate(row.get("context") or []):
+        if isinstance(para, dict):
+            paragraphs.append({"title": row_field(para, "title", str),
+                               "text": row_field(para, "text", str)})
+        elif isinstance(para, list) and len(para) == 2 and isinstance(para[1], list):
+            paragraphs.append({"title": str(para[0]), "text": "".join(map(str, para[1]))})
+        else:
+            raise ValueError(f"context[{k}] is neither {{title, text}} nor [title, sentences]")
+    if "supporting_titles" in row:
+        support = list(row_field(row, "supporting_titles", list))
+    else:
+        support = list(dict.fromkeys(str(f[0]) for f in row.get("supporting_facts") or []))
+    answer = row_field(row, "answer", (str, int))
+    return TaskItem(id=item_id, family=FAMILY, question=row_field(row, "question", str),
+                    gold=str(answer),
+                    meta={"paragraphs": paragraphs, "supporting_titles": support,
+                          "type": row.get("type", "")})
+
+
+def load_qa_file(path: str | Path, limit: int | None = None) -> list[TaskItem]:
+    """Items of one multi-hop QA file (any of the formats in ../shared/data/multihop_qa)."""
+    return load_jsonl(path, _qa_row, limit)
+
+
+def load_corpus(path: str | Path) -> list[dict[str, str]]:
+    """A pooled corpus file: rows ``{id, title, text}``."""
+    return load_jsonl(path, lambda r: {"title": row_field(r, "title", str),
+                                       "text": row_field(r, "text", str)})
+
+
+# ---- BM25 search ----
+
+class BM25Index:
+    """BM25 over paragraphs (title + text), built once."""
+
+    def __init__(self, paragraphs: Sequence[Mapping[str, str]]):
+        if not paragraphs:
+            raise ValueError("BM25Index needs at least one paragraph")
+        self.paragraphs = list(paragraphs)
+        corpus = [f"{p['title']}. {p['text']}" for p in self.paragraphs]
+        self.retriever = bm25s.BM25()
+        self.retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False),
+                             show_progress=False)
+
+    def search(self, query: str, k: int) -> list[tuple[int, float]]:
+        """(paragraph index, score) of the top ``k`` paragraphs with a positive score."""
+        tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)
+        if not tokens[0]:
+            return []
+        k = min(k, len(self.paragraphs))
+        docs, scores = self.retriever.retrieve(tokens, k=k, show_progress=False)
+        return [(int(d), float(s)) for d, s in zip(docs[0], scores[0]) if s > 0]
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = text[:limit].rsplit(" ", 1)[0]
+    return head + " ..."
+
+
+@dataclass(frozen=True)
+class HotpotConfig:
+    """How the multi-hop QA family searches."""
+
+    data_dir: Path | None = None
+    """Data root holding ``multihop_qa/``; None: ``$TRACE_DATA_DIR`` or ``<repo>/../shared/data``."""
+    corpus: Literal["question", "pooled"] = "question"
+    """Search the question's own paragraphs (distractor setting) or the file's pooled corpus."""
+    top_k: int = 3
+    """Paragraphs returned per search."""
+    max_chars: int = 600
+    """Characters of each paragraph's text shown (cut at a word boundary)."""
+    cache_size: int = 4096
+    """Per-question indexes kept (least recently used dropped)."""
+    max_turns: int = 6
+    """Turn cap of one episode."""
+
+    def __post_init__(self) -> None:
+        if self.corpus not in ("question", "pooled"):
+            raise ValueError(f"HotpotConfig.corpus={self.corpus!r}: use 'question' or 'pooled'")
+        if self.top_k < 1 or self.max_chars < 20 or self.cache_size < 1:
+            raise ValueError("HotpotConfig: top_k >= 1, max_chars >= 20, cache_size >= 1")
+
+
+class HotpotQAEnv(Environment):
+    """HotpotQA distractor with BM25 search; reward = token F1 >= 0.3."""
+
+    family = FAMILY
+    stateful = False
+
+    def __init__(self, config: HotpotConfig | None = None, **kwargs: Any):
+        self.config = config or HotpotConfig(**kwargs)
+        self.max_turns = self.config.max_turns
+        self.data_dir = Path(self.config.data_dir or default_data_dir())
+        self._per_question: OrderedDict[str, BM25Index] = OrderedDict()
+        self._pooled: dict[str, BM25Index] = {}
+
+    def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
+        """A split of ``SPLITS`` or a file path; items remember their pooled corpus file."""
+        if split in SPLITS:
+            qfile, cfile = SPLITS[split]
+            path = self.data_dir / "multihop_qa" / qfile
+            corpus = str(self.data_dir / "multihop_qa" / cfile) if cfile else None
+        else:
+            path, corpus = Path(split), None
+        items = load_qa_file(path, limit)
+        if corpus is None:
+            return items
+        return [TaskItem(it.id, it.family, it.question, it.gold, {**it.meta, "corpus": corpus})
+                for it in items]
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [SEARCH_TOOL]
+
+    def system_prompt(self) -> str:
+        return system_prompt(INSTRUCTIONS, self.tools())
+
+    def _index(self, item: TaskItem) -> BM25Index:
+        if self.config.corpus == "pooled":
+            corpus = item.meta.get("corpus")
+            if not corpus:
+                raise ToolError(f"item {item.id} has no pooled corpus (load a split that has one)")
+            if corpus not in self._pooled:
+                self._pooled[corpus] = BM25Index(load_corpus(corpus))
+            return self._pooled[corpus]
+        cached = self._per_question.get(item.id)
+        if cached is not None:
+            self._per_question.move_to_end(item.id)
+            return cached
+        paragraphs = item.meta.get("paragraphs") or []
+        if not paragraphs:
+            raise ToolError(f"item {item.id} has no paragraphs to search (a question/answer-only "
+                            "file)")
+        index = BM25Index(paragraphs)
+        self._per_question[item.id] = index
+        if len(self._per_question) > self.config.cache_size:
+            self._per_question.popitem(last=False)
+        return index
+
+    def reset(self, item: TaskItem) -> dict[str, Any]:
+        # The index is built lazily on the first search and cached per question, not per state.
+        return {"item": item}
+
+    def call_tool(self, state: Any, name: str, arguments: Mapping[str, Any]) -> str:
+        if name != "search":
+            raise ToolError(f"unknown tool {name!r}; available: search")
+        query = arguments.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise ToolError("search needs a non-empty string argument 'query'")
+        index = self._index(state["item"])
+        hits = index.search(query, self.config.top_k)
+        if not hits:
+            return "No results."
+        lines = []
+        for rank, (doc, _score) in enumerate(hits, start=1):
+            para = index.paragraphs[doc]
+            lines.append(f"[{rank}] {para['title']}: {_cut(para['text'], self.config.max_chars)}")
+        return "\n".join(lines)
+
+    def verify(self, item: TaskItem, answer: Any) -> Verdict:
+        return grade(str(item.gold), answer)
+
+    def expert_actions(self, item: TaskItem) -> list[Action]:
+        """Search each supporting title, then answer with the gold answer."""
+        titles = item.meta.get("supporting_titles") or []
+        return [Action(kind="tool", tool="search", arguments={"query": t}) for t in titles] + \
+            [Action(kind="answer", answer=str(item.gold))]
+
