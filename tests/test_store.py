@@ -328,7 +328,7 @@ WRITER = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_queries_answer_while_another_process_writes(tmp_path):
-    steps = 25
+    steps = 15
     db = tmp_path / "trace.duckdb"
     proc = subprocess.Popen([sys.executable, "-c", WRITER.format(repo=str(REPO), path=str(db),
                                                                  steps=steps)],
