@@ -140,7 +140,7 @@ def test_allocate_roots_large_instance_is_locally_optimal():
     """Invariants on a big case: exact spend, feasibility, and no improving single move
     (one rollout moved between prompts, or a prompt switched on/off against another's units)."""
     rng = np.random.default_rng(2)
-    n, budget, lo = 300, 1201, 2
+    n, budget, lo = 160, 641, 2
     v = np.concatenate([rng.random(n - 20), np.zeros(10), np.ones(10)])
     caps = rng.integers(lo, 12, size=n)
     m = allocate_roots(v, budget, min_per_root=lo, max_per_root=caps)

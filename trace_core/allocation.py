@@ -192,11 +192,14 @@ def max_spendable_roots(n: int, budget: int, min_per_root: int, caps: np.ndarray
 class _RootUnits:
     """Unit values of the concave hull f^_i of each prompt's g_i, and the exact values g_i."""
 
-    def __init__(self, v: np.ndarray, min_per_root: int) -> None:
+    def __init__(self, v: np.ndarray, min_per_root: int, caps: np.ndarray) -> None:
         self.v = v.tolist()
         self.lo = min_per_root
         self.t = max(min_per_root, 2)  # where the hull's first linear piece ends
-        self.slope = (root_gain(v, np.full(len(v), self.t)) / self.t).tolist()
+        # A prompt capped below t (min 1, cap 1) can only ever hold one worthless rollout: its
+        # hull on [0, cap] is flat. Elsewhere the first piece rises to g(t) at t.
+        reach = np.minimum(caps, self.t)
+        self.slope = (root_gain(v, reach) / reach).tolist()
 
     def unit(self, i: int, j: int) -> float:
         """Value of the (j+1)-th rollout of prompt i under the hull."""
@@ -245,7 +248,7 @@ def allocate_roots(
     if spend == 0:
         return np.zeros(n, dtype=np.int64)
 
-    units = _RootUnits(v, lo)
+    units = _RootUnits(v, lo, caps)
     relaxed, lam, heap = _greedy(units.unit, caps, spend)  # phase 1: concave relaxation
     upper = sum(units.hull(i, int(c)) for i, c in enumerate(relaxed))
     best = _best_candidate(units, relaxed, heap, caps, spend)  # phase 2: repairs
@@ -362,29 +365,36 @@ def _reduced_cost_search(
             devs = sorted((m - int(relaxed[i]) for m in allowed), key=lambda d: (abs(d), d))
             options.append((i, devs, [loss(int(relaxed[i]) + d) for d in devs]))
 
-    # DP over prompts; state = sum of deviations so far, offset so that index 0 = lowest reachable.
+    # DP over prompts. State = sum of deviations so far; array index = state - low. After each
+    # prompt only states from which the remaining prompts can still bring the sum back to 0 are
+    # kept, which bounds the array by the smaller of the spans before and after.
+    rest_min = np.cumsum([0] + [min(d) for _, d, _ in reversed(options)])[::-1]  # [len + 1]
+    rest_max = np.cumsum([0] + [max(d) for _, d, _ in reversed(options)])[::-1]
     low = 0
     cost = np.zeros(1)
-    choices: list[np.ndarray] = []
-    for _, devs, losses in options:
+    choices: list[tuple[np.ndarray, int]] = []  # per prompt: (choice per kept state, its low)
+    for k, (_, devs, losses) in enumerate(options):
         dmin, dmax = min(devs), max(devs)
         new = np.full(len(cost) + dmax - dmin, np.inf)
         pick = np.full(len(new), -1, dtype=np.int64)
-        for k, (d, ls) in enumerate(zip(devs, losses)):
-            cand = cost + ls
+        for c, (d, ls) in enumerate(zip(devs, losses)):
             window = slice(d - dmin, d - dmin + len(cost))
-            better = cand < new[window]
-            new[window] = np.where(better, cand, new[window])
-            pick[window] = np.where(better, k, pick[window])
-        cost, low = new, low + dmin
-        choices.append(pick)
-    state = -low  # we need total deviation 0
-    assert 0 <= state < len(cost) and np.isfinite(cost[state]), "incumbent must stay reachable"
+            better = cost + ls < new[window]
+            new[window] = np.where(better, cost + ls, new[window])
+            pick[window] = np.where(better, c, pick[window])
+        new_low = low + dmin
+        keep_lo = max(new_low, -int(rest_max[k + 1]))
+        keep_hi = min(new_low + len(new) - 1, -int(rest_min[k + 1]))
+        cost = new[keep_lo - new_low : keep_hi - new_low + 1]
+        low = keep_lo
+        choices.append((pick[keep_lo - new_low : keep_hi - new_low + 1], low))
+    assert low <= 0 < low + len(cost) and np.isfinite(cost[-low]), "incumbent must stay reachable"
     best = relaxed.copy()
-    for (i, devs, _), pick in zip(reversed(options), reversed(choices)):
-        d = devs[int(pick[state])]
+    state = 0  # total deviation must be 0: the allocation spends exactly what the relaxation did
+    for (i, devs, _), (pick, pick_low) in zip(reversed(options), reversed(choices)):
+        d = devs[int(pick[state - pick_low])]
         best[i] += d
-        state -= d - min(devs)
+        state -= d
     return best
 
 
