@@ -20,7 +20,8 @@ Both problems are solved exactly (up to floating-point rounding of the objective
 * Roots: g_i is concave for m >= 1 but "0 or >= min_per_root" makes each prompt's feasible set
   non-convex, so plain greedy is not exact. We (1) solve the relaxation in which every prompt's
   value is replaced by its concave hull f^_i (linear from 0 up to t = max(min_per_root, 2) with
-  slope g_i(t)/t, then g_i; for t >= 2 this dominates every later increment), by greedy; this gives
+  slope g_i(t)/t, flat for a prompt capped below t, then g_i; the slope dominates every later
+  increment), by greedy; this gives
   an upper bound U, a marginal value lambda and an allocation m^L that is infeasible in at most one
   prompt (0 < m^L_p < t). (2) We build feasible candidates by repairing that prompt. (3) If no
   candidate reaches U, a reduced-cost argument gives the exact answer: for any feasible m with
@@ -33,7 +34,7 @@ Both problems are solved exactly (up to floating-point rounding of the objective
 Departures from the paper, both documented in docs/algorithm.md:
 
 * Where the caps make spending the budget exactly impossible (min_per_root > budget, an odd
-  budget with a single prompt and min 2, budget > sum of caps, ...), ``allocate_roots`` spends the
+  budget with one prompt capped at 2, budget > sum of caps, ...), ``allocate_roots`` spends the
   largest feasible total <= budget and ``allocate_prefixes`` spends min(budget, sum of caps).
 * ``explore`` pulls predictions toward 1/2 for prompts not rolled out recently, so that prompts the
   predictor calls certain (v near 0 or 1, hence g near 0) are not starved forever. It is applied to
@@ -273,7 +274,9 @@ def _best_candidate(
     """The best feasible allocation among the relaxation and its repairs of the one prompt the
     relaxation leaves between 0 and t; always returns a feasible allocation spending ``spend``."""
     t, lo = units.t, units.lo
-    partial = np.flatnonzero((relaxed > 0) & (relaxed < t))
+    # Left inside its hull's first piece: holds value the true g does not give (at most one
+    # prompt, since the greedy finishes a started first piece before anything else).
+    partial = np.flatnonzero((relaxed > 0) & (relaxed < np.minimum(caps, t)))
     candidates = [_any_feasible(caps, lo, spend)]
     if _feasible(relaxed, lo, caps):
         candidates.append(relaxed)
@@ -287,7 +290,7 @@ def _best_candidate(
         need = r
         while need and rest:
             neg, i, j = heapq.heappop(rest)
-            if j >= t and i != p:  # an increment of an active prompt (j < t: not yet active)
+            if j >= t:  # an increment of an active prompt (j < t: a prompt not yet active)
                 drop[i] += 1
                 need -= 1
                 if j + 1 < caps[i]:
