@@ -65,7 +65,9 @@ class Naive:
 
     def grpo(self, scale):
         group = [self.reward[l] for l in self.leaves]
-        return self.table(lambda l: [self.norm(self.reward[l], group, scale)] * (len(self.path(l)) - 1))
+        return self.table(
+            lambda l: [self.norm(self.reward[l], group, scale)] * (len(self.path(l)) - 1)
+        )
 
     def tree_grpo(self, scale):
         def adv(l):
@@ -171,7 +173,9 @@ def test_estimators_validate_the_tree():
 def test_concat_forest_pads_shorter_trees():
     small = Tree.from_paths([["a"], ["b"]], [1, 0])
     deep = Tree.from_paths([["a", "b", "c"], ["a", "d"]], [1, 0])
-    out = concat_forest([grpo(small.parent, small.leaf_reward), grpo(deep.parent, deep.leaf_reward)])
+    out = concat_forest(
+        [grpo(small.parent, small.leaf_reward), grpo(deep.parent, deep.leaf_reward)]
+    )
     assert out.shape == (4, 3)
     assert np.isnan(out[0, 1]) and np.isnan(out[3, 2]) and not np.isnan(out[2, 2])
     assert concat_forest([]).shape == (0, 0)

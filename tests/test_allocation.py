@@ -114,6 +114,8 @@ def test_allocate_prefixes_matches_exhaustive_search():
         ([0.5, 0.5], 9, {"max_per_root": 3}, [3, 3]),  # budget above n * cap
         ([0.5, 0.1], 5, {"min_per_root": 3}, [5, 0]),
         ([0.5, 0.5, 0.5], 5, {"min_per_root": 2}, [3, 2, 0]),  # tie: lower index first
+        ([], 5, {}, []),  # no prompts: nothing to spend on
+        ([0.5, 0.3], 3, {"min_per_root": 1, "max_per_root": [1, 2]}, [1, 2]),  # burn on a 1
     ],
 )
 def test_allocate_roots_hand_worked(v, budget, kwargs, expected):

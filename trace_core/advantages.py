@@ -13,11 +13,11 @@ Estimators (``mean`` and ``std`` over a set of leaf rewards; std is the populati
 * ``grpo``        A_l = norm(r_l; all leaves of the tree), or r_l - mean (Dr. GRPO,
                   ``scale_by_std=False``); every turn of the path gets A_l.
 * ``tree_grpo``   Tree-GRPO (Ji et al. 2025): A_l = norm(r_l; leaves of l's own tree)
-                  [intra-tree] + norm(r_l; leaves of all trees of the prompt) [inter-tree]. Tree-GRPO
-                  grows M trees per prompt from M initial chains; here one prompt's tree holds them
-                  as the subtrees below the root's children (each bare rollout and its
-                  continuations), so intra-tree = the leaves under the same child of the root and
-                  inter-tree = all leaves. Every turn of the path gets A_l.
+                  [intra-tree] + norm(r_l; leaves of all trees of the prompt) [inter-tree].
+                  Tree-GRPO grows M trees per prompt from M initial chains; here one prompt's
+                  tree holds them as the subtrees below the root's children (each bare rollout
+                  and its continuations), so intra-tree = the leaves under the same child of the
+                  root and inter-tree = all leaves. Every turn of the path gets A_l.
 * ``treepo``      TreePO (Li et al. 2025): A_l = mean over the sub-groups of l of
                   (r_l - mean_G) [/ (std_G + eps) with ``scale_by_std``], where the sub-groups are
                   the leaf sets under l's ancestors that branch (>= 2 children), plus the root's.
@@ -137,7 +137,9 @@ def concat_forest(per_tree: Sequence[np.ndarray]) -> np.ndarray:
     if not per_tree:
         return np.zeros((0, 0))
     width = max(a.shape[1] for a in per_tree)
-    padded = [np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=np.nan) for a in per_tree]
+    padded = [
+        np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=np.nan) for a in per_tree
+    ]
     return np.concatenate(padded, axis=0)
 
 

@@ -146,7 +146,11 @@ def _greedy(
 
 
 def allocate_prefixes(
-    p: np.ndarray, observed: np.ndarray, budget: int, *, max_per_prefix: int | np.ndarray | None = None
+    p: np.ndarray,
+    observed: np.ndarray,
+    budget: int,
+    *,
+    max_per_prefix: int | np.ndarray | None = None,
 ) -> np.ndarray:
     """int64 [n]: continuations per prefix maximising sum(1 - q^K) with sum(K) = budget.
 

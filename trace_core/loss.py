@@ -124,7 +124,9 @@ def _check(
         named["ref_logp"] = ref_logp
     for name, tensor in named.items():
         if tensor.shape != logp.shape:
-            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, logp has {tuple(logp.shape)}")
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, logp has {tuple(logp.shape)}"
+            )
     if not torch.all((loss_mask == 0) | (loss_mask == 1)):
         raise ValueError("loss_mask must hold only 0 and 1")
     if not torch.any(loss_mask.bool()):

@@ -47,7 +47,9 @@ class Tree:
             expected[i] = expected[parent[i]] + 1
         if not np.array_equal(depth, expected):
             bad = int(np.flatnonzero(depth != expected)[0])
-            raise ValueError(f"depth[{bad}] = {depth[bad]} but its parent chain gives {expected[bad]}")
+            raise ValueError(
+                f"depth[{bad}] = {depth[bad]} but its parent chain gives {expected[bad]}"
+            )
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "depth", depth)
         object.__setattr__(self, "leaf_reward", reward)
@@ -106,7 +108,9 @@ class Tree:
                     reward.append(np.nan)
             leaf = ids[prefix]
             if not np.isnan(reward[leaf]):
-                raise ValueError(f"paths[{k}] ends on a node that is already a leaf of another path")
+                raise ValueError(
+                    f"paths[{k}] ends on a node that is already a leaf of another path"
+                )
             reward[leaf] = float(r)
         return cls(np.array(parent), np.array(depth), np.array(reward))
 
