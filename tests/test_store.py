@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -321,6 +322,7 @@ WRITER = textwrap.dedent("""
             rows = [{{c: r.get(c) for c in NODE_INPUT}} for r in rows]
             s.write_level("live", step, 0, pa.Table.from_pylist(rows, schema=schema))
         s.mark_step("live", step, "complete")
+        print("step", step, flush=True)
     lock = sorted(s.lock_seconds)
     print(json.dumps({{"max": lock[-1], "median": lock[len(lock) // 2], "n": len(lock)}}), flush=True)
 """)
@@ -330,10 +332,7 @@ WRITER = textwrap.dedent("""
 def test_queries_answer_while_another_process_writes(tmp_path):
     steps = 15
     db = tmp_path / "trace.duckdb"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(repo=str(REPO), path=str(db),
-                                                                 steps=steps)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    proc = start_writer(db, steps)
     reader = TreeStore(db, create=False, read_timeout_s=20)
     latencies, counts = [], []
     while proc.poll() is None:
@@ -353,3 +352,33 @@ def test_queries_answer_while_another_process_writes(tmp_path):
     print(f"\nreads={len(latencies)} read max={max(latencies):.3f}s "
           f"median={sorted(latencies)[len(latencies) // 2]:.3f}s; writer lock window "
           f"max={lock['max']:.3f}s median={lock['median']:.3f}s over {lock['n']} opens")
+
+
+def start_writer(db: Path, steps: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(repo=str(REPO), path=str(db),
+                                                                 steps=steps)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    return proc
+
+
+@pytest.mark.slow
+def test_a_writer_killed_mid_step_loses_and_duplicates_nothing(tmp_path):
+    steps, db = 6, tmp_path / "trace.duckdb"
+    proc = start_writer(db, steps)
+    while proc.stdout.readline().strip() != "step 1":
+        assert proc.poll() is None, proc.stderr.read()
+    proc.send_signal(signal.SIGKILL)  # somewhere inside step 2's tree writes
+    proc.wait(timeout=30)
+    reader = TreeStore(db, create=False)
+    per_tree = reader.query("SELECT step, tree_id, count(*) AS n FROM nodes GROUP BY ALL").to_pylist()
+    assert {r["n"] for r in per_tree} == {16}  # each tree's level is all there or absent
+    assert reader.last_complete_step("live") >= 1
+    kept = set(reader.query("SELECT node_id FROM nodes").column(0).to_pylist())
+    # The retry re-runs every step from the start: stored trees are skipped, the rest written.
+    proc = start_writer(db, steps)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    ids = reader.query("SELECT node_id FROM nodes").column(0).to_pylist()
+    assert len(ids) == len(set(ids)) == steps * 4 * 16
+    assert kept <= set(ids)

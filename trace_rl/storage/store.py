@@ -122,6 +122,8 @@ class WriteResult:
 class TreeStore:
     """The tree store of one work dir. Every method opens and closes its own connection.
 
+    ``path`` is the work dir (the file is ``<path>/trace.duckdb``) or a ``.duckdb`` / ``.db`` file.
+
     Construct with ``create=False`` to only read (e.g. ``trace sql``): then nothing is written and
     a missing file is an error rather than a new empty database.
     """
@@ -132,7 +134,7 @@ class TreeStore:
     def __init__(self, path: str | Path, *, create: bool = True, read_timeout_s: float = 30.0,
                  write_timeout_s: float = 120.0):
         path = Path(path)
-        if path.is_dir() or path.suffix == "":
+        if path.suffix not in (".duckdb", ".db"):  # a work dir
             path = path / DB_FILENAME
         self.path = path.resolve()
         self.read_timeout_s = read_timeout_s
@@ -147,7 +149,7 @@ class TreeStore:
                 _exec(con, TABLES_DDL)
                 _exec(con, VIEWS_DDL)
                 _exec(con, "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
-                            [str(SCHEMA_VERSION)])
+                      [str(SCHEMA_VERSION)])
         elif not self.path.exists():
             raise FileNotFoundError(f"no TRACE database at {self.path} (has a run written to this "
                                     f"work dir yet?)")
@@ -162,6 +164,7 @@ class TreeStore:
             deadline = time.monotonic() + timeout
             delay = 0.005
             while True:
+                opened = time.perf_counter()
                 try:
                     con = duckdb.connect(str(self.path), read_only=read_only)
                     break
@@ -176,7 +179,6 @@ class TreeStore:
                             f"long-running query or a stuck process is holding it: {exc}") from exc
                     time.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 0.05)
-            opened = time.perf_counter()
             try:
                 yield con
             finally:
