@@ -1,0 +1,1 @@
+"""Prefect flows: the control loop of TRACE, as named phases (DESIGN.md section 2)."""

@@ -1,0 +1,20 @@
+"""The ``bootstrap-policy`` flow: the project's own tiny CPU policy, warm-started by SFT on
+synthetic expert traces (trace_rl.policy.bootstrap). Cached on disk: a second call with the same
+inputs returns the existing directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from flows.common import resolve_workdir
+from trace_rl.policy.bootstrap import bootstrap_policy
+
+
+@flow(name="bootstrap-policy", log_prints=True)
+def bootstrap(family: str = "synth_arith", difficulty: int = 2, workdir: str | None = None,
+              seed: int = 0, preset: str = "tiny") -> str:
+    """Make (or reuse) the tiny policy for ``family``; return its HF directory."""
+    out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}-s{seed}"
+    return str(bootstrap_policy(family, out, difficulty=difficulty, preset=preset, seed=seed))

@@ -1,0 +1,161 @@
+"""The ``train`` flow: TRACE's RL loop, one step as a sequence of named, cached phases.
+
+    sample roots -> score roots -> allocate roots -> expand level 0 -> persist -> score prefixes
+    -> allocate prefixes -> expand level 1 -> persist -> backup -> fit predictor -> advantages
+    -> policy update -> sync weights -> log
+
+Every allocator and baseline is a config choice of this same flow. A run is identified by its run
+id; running the flow again with the same id resumes after the last complete step, and the phases
+of an interrupted step that had finished are cache hits (nodes have deterministic ids, so nothing
+is duplicated).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from flows.common import bind, resolve_workdir
+from tasks import expand, learn, prefixes, roots, runtime, track
+from trace_core.allocators import RootPool
+from trace_rl.config import TrainConfig, config_from_mapping
+from trace_rl.storage.tracking import Tracker
+
+
+def _phases(workdir: str) -> dict[str, Any]:
+    named = {
+        "sample_roots": roots.sample_roots, "score_roots": roots.score_roots,
+        "allocate_roots": roots.allocate_roots, "expand_roots": expand.expand_roots,
+        "persist_level": expand.persist_level, "score_prefixes": prefixes.score_prefixes,
+        "allocate_prefixes": prefixes.allocate_prefixes, "expand_prefixes": expand.expand_prefixes,
+        "backup": learn.backup, "fit_predictor": learn.fit_predictor,
+        "tree_advantages": learn.tree_advantages, "policy_update": learn.policy_update,
+        "sync_weights": learn.sync_weights, "tree_metrics": track.tree_metrics,
+        "log_step": track.log_step,
+    }
+    return {k: bind(t, workdir) for k, t in named.items()}
+
+
+def _mixed(expansion: Mapping[str, Any], pool_size: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate: rollouts so far and whether their outcomes are mixed (for DAPO's refill)."""
+    counts = np.zeros(pool_size, dtype=np.int64)
+    rewards: dict[int, list[float]] = {}
+    for r in expansion["nodes"].to_pylist():
+        if r["is_leaf"]:
+            rewards.setdefault(r["tree_id"] - offset, []).append(r["reward"])
+    mixed = np.zeros(pool_size, dtype=bool)
+    for t, rs in rewards.items():
+        counts[t] = len(rs)
+        mixed[t] = 0 < sum(rs) < len(rs)
+    return counts, mixed
+
+
+def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
+             mlflow_run_id: str) -> tuple[str, dict[str, float]]:
+    """One TRACE step; returns the new policy directory and the step's metrics."""
+    p = _phases(workdir)
+    t0 = time.perf_counter()
+    allocator = runtime.allocator_for(cfg)
+    # Stage 1: the root pool, its predicted values, the bare-rollout counts.
+    pool = p["sample_roots"](cfg, run_id, step)
+    scored = p["score_roots"](cfg, workdir, run_id, step, pool)
+    allocation = p["allocate_roots"](cfg, run_id, step, scored)
+    # Level 0: bare rollouts (DAPO may ask for refill waves after seeing outcomes).
+    level0 = p["expand_roots"](cfg, run_id, step, 0, policy_dir, allocation, 0)
+    p["persist_level"](workdir, run_id, step, 0, level0)
+    counts, mixed = _mixed(level0, cfg.pool_size, 0)
+    spent = int(counts.sum())
+    wave = 1
+    rootpool = RootPool(predicted=np.asarray(scored.column("predicted_v").to_pylist()),
+                        staleness=np.asarray(scored.column("staleness").to_pylist()))
+    rng = np.random.default_rng([cfg.seed, step, 4])
+    while True:
+        left = allocator.root_leaves(runtime.budget_for(cfg)) - spent
+        extra = allocator.refill(rootpool, counts, mixed, left, rng) if left > 0 else None
+        if extra is None or int(np.sum(extra)) == 0:
+            break
+        offset = wave * cfg.pool_size
+        refill = scored.append_column("m", pa.array(np.asarray(extra, dtype=np.int64)))
+        more = p["expand_roots"](cfg, run_id, step, 0, policy_dir, refill, offset)
+        p["persist_level"](workdir, run_id, step, 0, more)
+        c2, m2 = _mixed(more, cfg.pool_size, offset)
+        counts, mixed, spent = counts + c2, mixed | m2, spent + int(c2.sum())
+        wave += 1
+    # Stage 2: continuations from the most informative prefixes of each tree.
+    scored_prefixes = p["score_prefixes"](cfg, workdir, run_id, step)
+    chosen = p["allocate_prefixes"](cfg, run_id, step, scored_prefixes)
+    if int(np.sum(chosen.column("k").to_pylist() or [0])) > 0:
+        level1 = p["expand_prefixes"](cfg, workdir, run_id, step, 1, policy_dir, chosen)
+        p["persist_level"](workdir, run_id, step, 1, level1)
+    t_rollout = time.perf_counter() - t0
+    # Learning: backup targets, predictor, tree advantages, policy update, weight sync.
+    p["backup"](workdir, run_id, step)
+    pred_stats = p["fit_predictor"](cfg, workdir, run_id, step)
+    paths = p["tree_advantages"](cfg, workdir, run_id, step)
+    update = p["policy_update"](cfg, workdir, run_id, step, policy_dir, paths)
+    sync_s = p["sync_weights"](cfg, update["policy_dir"])
+    metrics = dict(p["tree_metrics"](workdir, run_id, step))
+    metrics.update(pred_stats)
+    metrics.update(update["stats"])
+    metrics.update({"alloc/prefixes_expanded": float(sum(1 for k in chosen.column("k").to_pylist() if k)),
+                    "alloc/refill_waves": float(wave - 1),
+                    "time/rollout_s": t_rollout, "time/sync_s": sync_s,
+                    "time/step_s": time.perf_counter() - t0})
+    plot = cfg.plot_every > 0 and step % cfg.plot_every == 0
+    p["log_step"](workdir, mlflow_run_id, run_id, step, metrics, update["policy_dir"],
+                  str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot)
+    return update["policy_dir"], metrics
+
+
+@flow(name="train", log_prints=True)
+def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> dict[str, Any]:
+    """Train a policy with TRACE (or a baseline allocator) and return a summary.
+
+    ``config``: TrainConfig fields (missing ones take the embedded defaults). ``workdir``: where
+    the DuckDB file, MLflow store and checkpoints live.
+    """
+    logger = get_run_logger()
+    cfg = config_from_mapping(config or {}, "train(config=...)")
+    workdir = resolve_workdir(workdir)
+    run_id = cfg.resolved_run_id
+    store = runtime.store(workdir)
+    tracker = Tracker(workdir)
+    known = store.get_run(run_id)
+    mlflow_run_id = tracker.start_or_resume(run_id, run_name=cfg.run_name,
+                                            mlflow_run_id=(known or {}).get("mlflow_run_id"))
+    store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
+                   prefect_flow_run_id=str(flow_run.get_id() or ""))
+    tracker.log_config(cfg.to_dict())
+    done = store.last_complete_step(run_id)
+    start = 0 if done is None else done + 1
+    if cfg.policy == "tiny":
+        from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
+    initial = bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed) if cfg.policy == "tiny" else cfg.policy
+    policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
+    if start >= cfg.steps:
+        logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)
+    history = []
+    try:
+        for step in range(start, cfg.steps):
+            store.mark_step(run_id, step, "running")
+            policy_dir, metrics = run_step(cfg, workdir, run_id, step, policy_dir, mlflow_run_id)
+            store.mark_step(run_id, step, "complete", metrics)
+            history.append(metrics)
+            logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
+                        metrics["rollout/reward_mean"], metrics["tree/effective_ratio"],
+                        metrics["rollout/leaves"], metrics["time/step_s"])
+    except BaseException:
+        store.set_run(run_id, status="failed")
+        tracker.end("FAILED")
+        raise
+    store.set_run(run_id, status="complete")
+    tracker.end("FINISHED")
+    return {"run_id": run_id, "workdir": workdir, "policy_dir": policy_dir,
+            "mlflow_run_id": mlflow_run_id, "steps_run": len(history),
+            "last_metrics": history[-1] if history else {}}

@@ -1,0 +1,53 @@
+"""Root phases: sample the candidate pool, score it with the predictor, allocate bare rollouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from prefect import task
+
+from tasks import runtime
+from tasks.runtime import load_predictor
+from trace_core.allocators import RootPool
+from trace_rl.config import TrainConfig
+from trace_rl.rollout.treeio import history_text
+
+
+@task(name="sample-roots", cache_policy=runtime.PHASE_KEY, retries=1)
+def sample_roots(cfg: TrainConfig, run_id: str, step: int) -> list[str]:
+    """``pool_size`` item ids of the train split, drawn without replacement, seeded by step."""
+    ids = sorted(runtime.items_for(cfg, cfg.train_split))
+    if len(ids) < cfg.pool_size:
+        raise ValueError(f"{cfg.family}/{cfg.train_split} has {len(ids)} items; pool_size="
+                         f"{cfg.pool_size} needs at least that many")
+    rng = np.random.default_rng([cfg.seed, step, 1])
+    return [ids[i] for i in rng.choice(len(ids), size=cfg.pool_size, replace=False)]
+
+
+@task(name="score-roots", cache_policy=runtime.PHASE_KEY)
+def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
+                item_ids: list[str]) -> pa.Table:
+    """V~(x_i) for the pool, plus each prompt's staleness (steps since it was last rolled out)."""
+    items = runtime.items_for(cfg, cfg.train_split)
+    predictor = load_predictor(cfg, workdir, run_id, step - 1)
+    v = predictor.predict([history_text(items[i].question, []) for i in item_ids])
+    last = runtime.store(workdir).query(
+        "SELECT item_id, max(step) AS last FROM nodes WHERE run_id = $r AND step < $s AND depth = 0 "
+        "GROUP BY item_id", {"r": run_id, "s": step}).to_pylist()
+    seen = {r["item_id"]: r["last"] for r in last}
+    staleness = [float(step - seen[i]) if i in seen else float(step + 1) for i in item_ids]
+    return pa.table({"item_id": item_ids, "predicted_v": np.asarray(v, dtype=np.float64),
+                     "staleness": staleness})
+
+
+@task(name="allocate-roots", cache_policy=runtime.PHASE_KEY)
+def allocate_roots(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table) -> pa.Table:
+    """m_i per candidate by the configured allocator (Stage 1 for trace / prompt_only)."""
+    allocator = runtime.allocator_for(cfg)
+    pool = RootPool(predicted=np.asarray(scored.column("predicted_v").to_pylist()),
+                    staleness=np.asarray(scored.column("staleness").to_pylist()))
+    rng = np.random.default_rng([cfg.seed, step, 2])
+    m = allocator.allocate_roots(pool, allocator.root_leaves(runtime.budget_for(cfg)), rng)
+    return scored.append_column("m", pa.array(np.asarray(m, dtype=np.int64)))

@@ -1,0 +1,183 @@
+"""What tasks share inside one worker process: paths of a work dir, the cache policy, and caches
+of long-lived objects (engine, environment, store) that must never travel between tasks.
+
+Tasks hand each other ids and Arrow tables; a model, an engine or a DuckDB connection is looked up
+here by reference (a path, a config), so a cache key never depends on a live object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from prefect.cache_policies import CachePolicy
+from prefect.context import TaskRunContext
+
+from trace_core.allocators import Allocator, AllocatorConfig, Budget, make_allocator
+from trace_core.predictor import HashedNgramPredictor, HeadConfig
+from trace_rl.config import TrainConfig
+from trace_rl.envs.base import Environment, TaskItem
+from trace_rl.envs.registry import make_env
+from trace_rl.engines import default_engine_kind, get_engine
+from trace_rl.rollout.types import Engine
+from trace_rl.storage.store import TreeStore, make_node_id
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a work dir keeps things: DuckDB file, MLflow store, checkpoints, task results."""
+
+    workdir: Path
+
+    @property
+    def db(self) -> Path:
+        return self.workdir / "trace.duckdb"
+
+    @property
+    def results(self) -> Path:
+        return self.workdir / "prefect-results"
+
+    def policy_dir(self, run_id: str, step: int) -> Path:
+        return self.workdir / "checkpoints" / run_id / f"policy-step{step:04d}"
+
+    def predictor_file(self, run_id: str, step: int) -> Path:
+        return self.workdir / "checkpoints" / run_id / f"predictor-step{step:04d}.pt"
+
+    def plots(self, run_id: str) -> Path:
+        return self.workdir / "plots" / run_id
+
+
+def _source_hash(fn: Any) -> str:
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = repr(fn)
+    return hashlib.sha256(src.encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Hash of every module a phase can run (trace_core, trace_rl, tasks): a task's own source is
+    not enough, since a change in what it calls changes its result too."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for pkg in ("trace_core", "trace_rl", "tasks"):
+        for f in sorted((root / pkg).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@dataclass
+class PhaseKey(CachePolicy):
+    """Cache key = task name + config hash + task source + code version + the scalar references
+    among the inputs (run id, step, level, work dir, checkpoint paths).
+
+    Built only from those references, never from model objects or tables, so a re-run of a killed
+    flow finds the finished phases of its step as cache hits, and any code or config change
+    invalidates them.
+    """
+
+    def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any],
+                    flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+        cfg = inputs.get("cfg")
+        refs = sorted(f"{k}={v}" for k, v in inputs.items()
+                      if isinstance(v, (str, int, float, bool)) and k != "cfg")
+        parts = [task_ctx.task.name, cfg.config_hash if isinstance(cfg, TrainConfig) else "-",
+                 _source_hash(task_ctx.task.fn), code_version(), *refs]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+PHASE_KEY = PhaseKey()
+
+
+@lru_cache(maxsize=8)
+def store(workdir: str) -> TreeStore:
+    return TreeStore(Paths(Path(workdir)).db)
+
+
+@lru_cache(maxsize=8)
+def environment(family: str, difficulty: int, extra: tuple[tuple[str, Any], ...] = ()) -> Environment:
+    kwargs = dict(extra)
+    if family.startswith("synth_"):
+        kwargs.setdefault("difficulty", difficulty)
+    return make_env(family, **kwargs)
+
+
+def env_for(cfg: TrainConfig) -> Environment:
+    return environment(cfg.family, cfg.difficulty, tuple(sorted(cfg.extra.items())))
+
+
+@lru_cache(maxsize=16)
+def _items(family: str, difficulty: int, extra: tuple[tuple[str, Any], ...], split: str) -> dict[str, TaskItem]:
+    env = environment(family, difficulty, extra)
+    items = env.load(split)
+    return {it.id: it for it in items}
+
+
+def items_for(cfg: TrainConfig, split: str) -> dict[str, TaskItem]:
+    """Items of a split by id (loaded once per process)."""
+    return _items(cfg.family, cfg.difficulty, tuple(sorted(cfg.extra.items())), split)
+
+
+def budget_for(cfg: TrainConfig) -> Budget:
+    return Budget(roots=cfg.root_budget, multiplier=cfg.multiplier)
+
+
+def allocator_for(cfg: TrainConfig) -> Allocator:
+    """The configured allocator (one registry, at this edge)."""
+    return make_allocator(cfg.allocator, AllocatorConfig(
+        group_size=cfg.group_size, tree_group=cfg.tree_group, min_per_root=cfg.min_per_root,
+        max_per_root=cfg.max_per_root, explore_strength=cfg.exploration))
+
+
+def new_predictor(cfg: TrainConfig) -> HashedNgramPredictor:
+    torch.manual_seed(cfg.seed)
+    return HashedNgramPredictor(head=HeadConfig(lr=cfg.predictor_lr, epochs=cfg.predictor_epochs,
+                                                seed=cfg.seed))
+
+
+def load_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> HashedNgramPredictor:
+    """The predictor as saved after ``step`` (a fresh one before step 0)."""
+    predictor = new_predictor(cfg)
+    if step >= 0:
+        path = Paths(Path(workdir)).predictor_file(run_id, step)
+        if not path.exists():
+            raise FileNotFoundError(f"predictor checkpoint of step {step} missing: {path}")
+        predictor.load_state_dict(torch.load(path, weights_only=False))
+    return predictor
+
+
+def save_predictor(predictor: HashedNgramPredictor, workdir: str, run_id: str, step: int) -> Path:
+    path = Paths(Path(workdir)).predictor_file(run_id, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(predictor.state_dict(), tmp)
+    tmp.rename(path)
+    return path
+
+
+def node_id(run_id: str, step: int, tree_id: int, local_index: int) -> str:
+    return make_node_id(run_id, step, tree_id, local_index)
+
+
+def engine_for(cfg: TrainConfig, policy_dir: str) -> Engine:
+    """The process's engine; after a policy update the flow syncs weights into it (sync task).
+
+    The engine is keyed by the run's initial policy directory, so a later step (or a resumed
+    run) re-uses the same engine and only reloads weights."""
+    kind = default_engine_kind() if cfg.engine == "auto" else cfg.engine
+    engine = get_engine(kind, _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir))
+    if _LOADED.get(id(engine)) not in (None, policy_dir):
+        engine.load_weights(policy_dir)
+    _LOADED[id(engine)] = policy_dir
+    return engine
+
+
+_ENGINE_HOME: dict[tuple[str, str], str] = {}
+_LOADED: dict[int, str] = {}

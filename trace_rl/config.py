@@ -1,0 +1,196 @@
+"""The one typed, frozen configuration of a training run, and its loading from YAML + overrides.
+
+Every field has a docstring; derived values are properties; ``validate`` says what to fix. The
+registry of variants (allocators, advantage estimators, engines) is resolved at this edge by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+ALLOCATORS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
+ADVANTAGES = ("treepo", "tree_grpo", "segment", "grpo")
+ENGINES = ("auto", "hf", "vllm")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A TRACE training run. ``trace train`` with no config runs these defaults: a few steps of
+    the tiny CPU policy on a synthetic family, small enough for a 2-core machine."""
+
+    run_name: str = "trace-default"
+    """Human name; the run id is ``<run_name>-<config hash>`` unless ``run_id`` is set."""
+    run_id: str = ""
+    """Explicit run id (re-using one resumes that run); empty = derived from name + config hash."""
+    family: str = "synth_arith"
+    """Task family (``trace_rl.envs.registry``): synth_arith, synth_lookup, synth_fncall,
+    hotpotqa, math, bfcl."""
+    difficulty: int = 2
+    """Difficulty knob of a synthetic family (ignored by real families)."""
+    train_split: str = "train"
+    """Split (or data file, for real families) that roots are drawn from."""
+    eval_split: str = "test"
+    """Held-out split for ``evaluate``."""
+    policy: str = "tiny"
+    """A Hugging Face causal LM directory, or ``tiny`` for the project's bootstrapped CPU model."""
+    engine: str = "auto"
+    """Rollout engine: ``hf`` (transformers), ``vllm``, or ``auto`` (per-device default chosen by
+    bench/engines.py)."""
+    allocator: str = "trace"
+    """Budget allocator: trace, grpo, dapo, prompt_only, random_prefix."""
+    advantage: str = "treepo"
+    """Tree advantage estimator: treepo, tree_grpo, segment, grpo."""
+    steps: int = 3
+    """Training steps (each: roots -> level 0 -> level 1 -> update)."""
+    pool_size: int = 16
+    """Candidate prompts scored by the predictor per step (Stage 1 pool)."""
+    root_budget: int = 16
+    """M: bare rollouts per step, shared across the pool by Stage 1."""
+    multiplier: int = 1
+    """N: continuation multiplier; Stage 2 spends m_i * N continuations on prompt i."""
+    min_per_root: int = 2
+    """Smallest non-zero root allocation (one rollout can never be mixed)."""
+    max_per_root: int = 8
+    """Cap on rollouts per prompt."""
+    group_size: int = 4
+    """n: rollouts per prompt for the flat baselines (grpo, dapo)."""
+    tree_group: int = 2
+    """Bare rollouts per prompt for random_prefix's uniform roots."""
+    exploration: float = 0.1
+    """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
+    max_turns: int = 4
+    """Turn cap of an episode."""
+    max_new_tokens: int = 48
+    """Token cap of one turn."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts."""
+    tool_timeout_s: float = 5.0
+    """Wall-clock limit of one tool call."""
+    learning_rate: float = 5e-5
+    """AdamW learning rate of the policy."""
+    clip_low: float = 0.2
+    """PPO ratio clip below 1."""
+    clip_high: float = 0.28
+    """PPO ratio clip above 1 (DAPO clip-higher)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
+    ppo_epochs: int = 1
+    """Passes over a step's paths."""
+    micro_batch: int = 8
+    """Paths per optimiser micro-batch."""
+    predictor_epochs: int = 5
+    """Epochs of the predictor's online regression per step."""
+    predictor_lr: float = 3e-3
+    """Learning rate of the predictor head."""
+    seed: int = 0
+    """Seed of every random choice (roots, sampling, initialisation)."""
+    plot_every: int = 1
+    """Render a rollout tree and a calibration plot every this many steps (0 = never)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Family-specific options passed to the environment factory."""
+
+    @property
+    def leaf_budget(self) -> int:
+        """Trajectories per step at equal cost: M bare rollouts + M * N continuations."""
+        return self.root_budget * (1 + self.multiplier)
+
+    @property
+    def config_hash(self) -> str:
+        """Stable hash of everything that changes results (not the run name or id)."""
+        d = self.to_dict()
+        d.pop("run_name")
+        d.pop("run_id")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+    @property
+    def resolved_run_id(self) -> str:
+        return self.run_id or f"{self.run_name}-{self.config_hash}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["extra"] = dict(self.extra)
+        return d
+
+    def validate(self) -> "TrainConfig":
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"config: {msg}")
+
+        need(self.allocator in ALLOCATORS, f"allocator={self.allocator!r}; choose one of {ALLOCATORS}")
+        need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r}; choose one of {ADVANTAGES}")
+        need(self.engine in ENGINES, f"engine={self.engine!r}; choose one of {ENGINES}")
+        need(self.steps >= 1, f"steps={self.steps}; must be >= 1")
+        need(self.min_per_root >= 1, f"min_per_root={self.min_per_root}; must be >= 1")
+        need(self.max_per_root >= self.min_per_root,
+             f"max_per_root={self.max_per_root} < min_per_root={self.min_per_root}")
+        need(self.root_budget >= self.min_per_root,
+             f"root_budget={self.root_budget}; must be >= min_per_root={self.min_per_root}")
+        need(self.pool_size * self.max_per_root >= self.root_budget,
+             f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot hold "
+             f"root_budget={self.root_budget}; raise pool_size or max_per_root")
+        need(self.multiplier >= 0, f"multiplier={self.multiplier}; must be >= 0")
+        need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")
+        need(self.temperature >= 0, f"temperature={self.temperature}; must be >= 0")
+        need(0 <= self.exploration <= 1, f"exploration={self.exploration}; must be in [0, 1]")
+        return self
+
+
+def _coerce(name: str, raw: Any, default: Any) -> Any:
+    """Parse a command-line override string into the type of the field's default."""
+    if not isinstance(raw, str) or isinstance(default, str):
+        return raw
+    try:
+        if isinstance(default, bool):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        if isinstance(default, Mapping):
+            return json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"config: cannot read {name}={raw!r} as {type(default).__name__}") from exc
+    return raw
+
+
+def config_from_mapping(data: Mapping[str, Any], where: str = "config") -> TrainConfig:
+    """Defaults updated by ``data``; unknown keys are errors naming ``where`` they came from."""
+    known = {f.name for f in fields(TrainConfig)}
+    for k in data:
+        if k not in known:
+            raise ValueError(f"config: unknown field {k!r} in {where}; known: {sorted(known)}")
+    return dataclasses.replace(TrainConfig(), **dict(data)).validate()
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Defaults, then a YAML file, then ``key=value`` overrides; unknown keys are errors."""
+    known = {f.name: f for f in fields(TrainConfig)}
+    defaults = TrainConfig()
+    values: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"config: {path} must hold a mapping of field: value")
+        config_from_mapping(data, str(path))  # names the file in any error
+        values.update(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"config: override {item!r} must look like key=value")
+        k, raw = item.split("=", 1)
+        k = k.strip()
+        if k not in known:
+            raise ValueError(f"config: unknown field {k!r} in override {item!r}; known: {sorted(known)}")
+        values[k] = _coerce(k, raw, getattr(defaults, k))
+    return config_from_mapping(values, "overrides")

@@ -1,0 +1,141 @@
+"""The policy update on root-to-leaf paths (TreePO-style): tokens, masks, advantages -> AdamW.
+
+Every root-to-leaf path of a step's trees is one training sequence: the prompt, then per turn the
+policy's tokens (trained, advantage of that turn) and the observation tokens (masked). The loss is
+``trace_core.loss.policy_loss``; old log-probs are recomputed with the pre-update weights (one
+forward pass, as verl does), so the first epoch has ratio 1 and later epochs are clipped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trace_core.loss import policy_loss
+
+
+@dataclass(frozen=True)
+class PathSample:
+    """One training sequence."""
+
+    token_ids: Sequence[int]
+    loss_mask: Sequence[int]  # 1 on policy tokens
+    advantages: Sequence[float]  # per token (0 where masked)
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    learning_rate: float
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    epochs: int
+    micro_batch: int
+    max_grad_norm: float = 1.0
+
+
+def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
+    T = max(len(s.token_ids) for s in samples)
+    B = len(samples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)  # [B, T]
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    adv = torch.zeros((B, T), dtype=torch.float32)
+    for b, s in enumerate(samples):
+        n = len(s.token_ids)
+        ids[b, :n] = torch.tensor(list(s.token_ids))
+        attn[b, :n] = 1
+        mask[b, :n] = torch.tensor(list(s.loss_mask), dtype=torch.float32)
+        adv[b, :n] = torch.tensor(list(s.advantages), dtype=torch.float32)
+    return {"ids": ids, "attn": attn, "mask": mask, "adv": adv}
+
+
+def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """[B, T] log-prob of each token given its prefix (position 0 gets 0: it has no prefix)."""
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
+    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(logp, (1, 0))  # [B, T]
+
+
+class PolicyTrainer:
+    """Holds the policy, its optimiser and (for KL) a frozen reference, across steps."""
+
+    def __init__(self, model_dir: str | Path, settings: UpdateSettings, *, seed: int = 0,
+                 reference_dir: str | Path | None = None):
+        torch.manual_seed(seed)
+        self.settings = settings
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
+                                           weight_decay=0.0)
+        opt_path = Path(model_dir) / "optimizer.pt"
+        if opt_path.exists():
+            self.optimizer.load_state_dict(torch.load(opt_path, weights_only=True))
+        self.reference = None
+        if settings.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(
+                str(reference_dir or model_dir), dtype=torch.float32).eval()
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+
+    def update(self, samples: Sequence[PathSample], rng: torch.Generator) -> dict[str, float]:
+        """Epochs of clipped PG over the samples in micro-batches; returns mean statistics."""
+        s = self.settings
+        trainable = [x for x in samples if any(m and a != 0 for m, a in zip(x.loss_mask, x.advantages))]
+        stats: dict[str, float] = {"paths": float(len(samples)), "paths_with_signal": float(len(trainable))}
+        if not trainable:
+            return stats
+        t0 = time.perf_counter()
+        batches = [trainable[i:i + s.micro_batch] for i in range(0, len(trainable), s.micro_batch)]
+        olds = []
+        with torch.no_grad():
+            for mb in batches:
+                b = _pad(mb, self.pad_id)
+                old = token_logprobs(self.model, b["ids"], b["attn"])
+                ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
+                olds.append((b, old, ref))
+        totals: dict[str, float] = {}
+        n_updates = 0
+        for _ in range(s.epochs):
+            order = torch.randperm(len(olds), generator=rng).tolist()
+            for j in order:
+                b, old, ref = olds[j]
+                logp = token_logprobs(self.model, b["ids"], b["attn"])
+                loss, st = policy_loss(logp, old, b["adv"], b["mask"], clip_low=s.clip_low,
+                                       clip_high=s.clip_high, ref_logp=ref, kl_coef=s.kl_coef)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
+                self.optimizer.step()
+                st = dict(st)
+                st["grad_norm"] = float(gn)
+                st["loss"] = float(loss.detach())
+                for k, v in st.items():
+                    if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                        totals[k] = totals.get(k, 0.0) + float(v)
+                n_updates += 1
+        stats.update({k: v / n_updates for k, v in totals.items()})
+        stats["updates"] = float(n_updates)
+        stats["seconds"] = time.perf_counter() - t0
+        return stats
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write the policy as an HF directory (what the engines load) plus the optimiser state."""
+        out = Path(out_dir)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if out.exists():
+            import shutil
+            shutil.rmtree(out)
+        tmp.rename(out)  # a kill mid-save never leaves a half-written checkpoint under `out`
+        return out
