@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trace_rl.storage import StoreError, TreeStore, make_node_id
-from trace_rl.storage.schema import NODE_INPUT
+from trace_rl.storage.schema import NODE_INPUT, NODE_INPUT_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def node(tree, slot, parent, depth, leaf=False, reward=None, **extra):
 
 
 def table(rows):
-    return pa.Table.from_pylist(rows, schema=pa.schema({c: t for c, (t, _) in NODE_INPUT.items()}))
+    return pa.Table.from_pylist(rows, schema=NODE_INPUT_SCHEMA)
 
 
 # Hand-worked tree 0 (slot: parent, reward at leaves):

@@ -195,6 +195,9 @@ NODE_INPUT: dict[str, tuple[pa.DataType, bool]] = {
     "advantage": (pa.float64(), False),
     "allocator": (pa.string(), False),
 }
+# For building node input with pa.Table.from_pylist(rows, schema=NODE_INPUT_SCHEMA): rows may omit
+# optional keys (they become nulls).
+NODE_INPUT_SCHEMA = pa.schema([(name, typ) for name, (typ, _) in NODE_INPUT.items()])
 DERIVED_NODE_COLUMNS = ("node_id", "parent_id", "root_id", "run_id", "step", "level",
                         "gen_tokens", "obs_tokens")
 
