@@ -13,15 +13,20 @@ Settings chosen here, and why (vLLM 0.32):
   vLLM's default (graphs), which pays a one-off capture for faster decoding.
 * ``block_size=32`` on CPU: vLLM's CPU default is 128, and a prefix shorter than one block is
   never cached; 32 is the smallest size the CPU attention kernel accepts. vLLM's default on CUDA.
-* KV cache: ``VLLM_CPU_KVCACHE_SPACE`` GiB on CPU (default 1 here; the machine is shared),
+* KV cache: ``kv_cache_memory_bytes`` on CPU (1 GiB by default here; the machine is shared),
   ``gpu_memory_utilization`` on CUDA (0.5 here, leaving room for the trainer in the same GPU).
 * ``logprobs=0`` returns the sampled token's log-prob; vLLM's default ``logprobs_mode`` is
   ``raw_logprobs``: log_softmax of the model logits before temperature/top-p, the same quantity
   ``HFEngine`` returns (the behaviour policy's log-prob at temperature 1, top_p 1).
 * ``include_stop_str_in_output=True``: a stop string stays in the text and its tokens.
-* Weight sync: ``LLM.collective_rpc("reload_weights", kwargs={"weights_path": dir})`` reloads the
-  weights in place in every worker (no restart), then ``reset_prefix_cache()`` drops KV blocks
-  computed under the old weights; otherwise a continuation would silently reuse stale keys/values.
+* Weight sync: vLLM's in-place ``Worker.reload_weights(weights_path=dir)`` in every worker (no
+  restart), called through ``collective_rpc`` on ``SyncWorkerExtension.sync_weights`` (installed
+  with ``worker_extension_cls``), then ``reset_prefix_cache()`` drops KV blocks computed under the
+  old weights; otherwise a continuation would silently reuse stale keys/values.
+  A vLLM 0.32 CPU pitfall the extension repairs: with tied embeddings (the tiny model, SmolLM2)
+  the checkpoint has no ``lm_head.weight``, so the layerwise reload skips ``ParallelLMHead`` and
+  keeps its oneDNN-packed copy of the *old* embedding; logits then come from stale weights. The
+  extension re-runs the head's post-load processing so it repacks the freshly loaded embedding.
 * Prefix-cache statistics: vLLM's own Prometheus counters ``vllm:prefix_cache_queries`` /
   ``vllm:prefix_cache_hits`` (in tokens), read with ``LLM.get_metrics()``; this needs
   ``disable_log_stats=False``.
@@ -29,13 +34,25 @@ Settings chosen here, and why (vLLM 0.32):
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from trace_rl.engines.hf import validate_requests
 from trace_rl.rollout.types import Completion, GenRequest
+
+
+class SyncWorkerExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); called via ``collective_rpc``."""
+
+    def sync_weights(self, weights_path: str) -> None:
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        self.reload_weights(weights_path=weights_path)
+        for module in self.get_model().modules():
+            # Only CPU builds pack the head into ``cpu_linear``; see the module docstring.
+            if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
+                module.quant_method.process_weights_after_loading(module)
 
 
 def _cuda_available() -> bool:
@@ -63,24 +80,24 @@ class VLLMEngine:
             seed: engine seed; requests without a seed sample from it.
             max_model_len: longest prompt + generation.
             block_size: KV block size in tokens (prefix-cache granularity); default 32 on CPU.
-            kv_cache_gib: KV cache size on CPU (sets ``VLLM_CPU_KVCACHE_SPACE`` if unset).
+            kv_cache_gib: KV cache size on CPU (``kv_cache_memory_bytes``).
             gpu_memory_utilization: share of GPU memory vLLM may take, on CUDA.
             enforce_eager: default True on CPU, False on CUDA.
             llm_kwargs: passed on to ``vllm.LLM``.
         """
         self.device = device or ("cuda" if _cuda_available() else "cpu")
         on_cpu = self.device == "cpu"
-        if on_cpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
             model=str(model_dir), dtype=dtype or ("float32" if on_cpu else "bfloat16"),
             seed=seed, max_model_len=max_model_len, enable_prefix_caching=True,
             enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
-            disable_log_stats=False)
+            disable_log_stats=False,
+            worker_extension_cls=f"{__name__}.{SyncWorkerExtension.__qualname__}")
         if on_cpu:
             kwargs["block_size"] = block_size or 32
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             if block_size:
@@ -132,7 +149,7 @@ class VLLMEngine:
         if not any(Path(model_dir).glob("*.safetensors")):
             raise FileNotFoundError(f"VLLMEngine.load_weights: no *.safetensors in {model_dir}")
         t0 = time.perf_counter()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        self.llm.collective_rpc("sync_weights", args=(str(Path(model_dir).resolve()),))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("VLLMEngine.load_weights: vLLM refused to reset the prefix cache")
         return time.perf_counter() - t0
