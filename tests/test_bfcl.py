@@ -273,17 +273,21 @@ def test_multi_turn_live_episode_and_restore_by_replay():
             observations.append(step.observation)
         assert step.done and observations[-1] is None
         assert env.verify_final(it, state, actions[-1].answer).reward == 1.0
-        # user turns arrive as observations after each answer
+        # user turns arrive as the observations of next_request
         n_user_turns = len(it.meta["turns"])
-        assert sum(a.kind == "answer" for a in actions) == n_user_turns
+        asks = [o for a, o in zip(actions, observations) if a.tool == "next_request"]
+        assert asks == [t[0]["content"] for t in it.meta["turns"][1:]]
+        assert sum(a.kind == "answer" for a in actions) == 1
         for k in range(len(actions)):
             restored = env.restore(it, actions[:k], observations[:k])
             assert (restored.backends.public_state(), restored.turn, restored.calls) == snapshots[k]
             assert [env.step(restored, a).observation for a in actions[k:]] == observations[k:]
             assert env.verify_final(it, restored, None).reward == 1.0
-        # an episode that stops early fails
-        short = env.restore(it, actions[:-2], observations[:-2])
-        assert env.verify_final(it, short, None).reward == 0.0
+        # an episode that answers before the last request fails
+        last_ask = max(i for i, a in enumerate(actions) if a.tool == "next_request")
+        short = env.restore(it, actions[:last_ask], observations[:last_ask])
+        assert env.verify_final(it, short, "done").reward == 0.0
+        assert env.call_tool(restored, "next_request", {}).startswith("All requests are done")
 
 
 @needs_data
@@ -293,7 +297,7 @@ def test_multi_turn_tools_and_errors():
     it = next(i for i in env.load("multi_turn_base", limit=20) if i.meta.get("functions"))
     state = env.reset(it)
     names = {t["function"]["name"] for t in env.item_tools(it)}
-    assert names == set(state.backends.methods)
+    assert names == set(state.backends.methods) | {"next_request"}
     with pytest.raises(ToolError, match="unknown tool"):
         env.call_tool(state, "_load_scenario", {})
     name = next(iter(names))

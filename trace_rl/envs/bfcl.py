@@ -30,9 +30,11 @@ list directly.
 
 **Multi-turn (multi_turn_base).** The item's user turns arrive one by one: the agent makes
 ``<tool_call>`` turns, executed on the bfcl-eval package's simulated backends (file system,
-messaging, trading, travel, ...), and ends each user turn with ``<answer>``; the next user message
-is the observation. The family is stateful: the state at a prefix is the initial configuration
-plus a replay of the stored actions (``restore``). Grading (``verify_final``) re-executes the
+messaging, trading, travel, ...), ends each user turn by calling the extra tool
+``next_request()`` (its observation is the next user message), and ends the episode with
+``<answer>`` after the last one (an answer always ends an episode in the ReAct loop). The family is
+stateful: the state at a prefix is the initial configuration plus a replay of the stored tool
+calls (``restore``); backends are seeded, so a replay reproduces the live state exactly. Grading (``verify_final``) re-executes the
 calls made in each user turn, and the ground truth's, on fresh backends and applies bfcl-eval's
 own ``state_checker`` and ``response_checker`` after each turn (BFCL's multi-turn checker, minus
 its module-global instance cache). For ``trace score`` a multi-turn prediction gives ``calls`` as
@@ -57,7 +59,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jsonschema
 
-from trace_rl.envs.base import Environment, StepResult, TaskItem, ToolError
+from trace_rl.envs.base import Environment, TaskItem, ToolError
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import load_jsonl, row_field
 from trace_rl.rollout.format import system_prompt
@@ -603,8 +605,12 @@ INSTRUCTIONS_SINGLE = (
     "listed function fits.")
 INSTRUCTIONS_MULTI = (
     "You operate the listed tools for a user over several requests. Call tools with "
-    "<tool_call>; when a request is done, reply <answer>done</answer> and the next request "
-    "follows.")
+    "<tool_call>; when a request is done, call next_request to get the next one; after the "
+    "last request, reply <answer>done</answer>.")
+NEXT_REQUEST = "next_request"
+NEXT_REQUEST_TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": NEXT_REQUEST, "description": "Finish the current request and receive the user's next "
+    "one.", "parameters": {"type": "object", "properties": {}}}}
 
 
 @dataclass(frozen=True)
@@ -614,8 +620,9 @@ class BFCLConfig:
     data_dir: Path | None = None
     """Data root holding ``function_calling/bfcl``; None: ``$TRACE_DATA_DIR`` or ../shared/data."""
     max_turns: int = 24
-    """Turn cap; a single-turn item ends at its first answer, a multi-turn item needs a tool
-    turn per call plus one answer per user turn."""
+    """Turn cap; a single-turn item ends at its first answer; a multi-turn item's gold solution
+    takes one turn per call, one ``next_request`` per later user turn and the answer (at most
+    16 in multi_turn_base)."""
 
 
 class BFCLEnv(Environment):
@@ -643,8 +650,9 @@ class BFCLEnv(Environment):
         return []  # every item brings its own functions; see user_prompt / item_tools
 
     def item_tools(self, item: TaskItem) -> list[dict[str, Any]]:
-        """The item's functions in the OpenAI format."""
-        return [openai_tool(d) for d in item.meta["functions"]]
+        """The item's functions in the OpenAI format (plus ``next_request`` in multi-turn)."""
+        tools = [openai_tool(d) for d in item.meta["functions"]]
+        return tools + ([NEXT_REQUEST_TOOL] if item.meta["category"] in MULTI_TURN else [])
 
     def system_prompt(self) -> str:
         return system_prompt(INSTRUCTIONS_SINGLE + " " + INSTRUCTIONS_MULTI.replace(
@@ -664,30 +672,18 @@ class BFCLEnv(Environment):
     def call_tool(self, state: Any, name: str, arguments: Mapping[str, Any]) -> str:
         if state is None:
             raise ToolError("single-turn BFCL executes nothing: write the calls in <answer>")
+        if name == NEXT_REQUEST:
+            if arguments:
+                raise ToolError(f"{NEXT_REQUEST} takes no arguments")
+            if state.turn + 1 >= len(state.user_turns):
+                return "All requests are done. Reply with <answer>done</answer>."
+            state.turn += 1
+            state.calls.append([])
+            return _render_messages(state.user_turns[state.turn])
         if name not in state.backends.methods:
             raise ToolError(f"unknown tool {name!r}")
         state.calls[state.turn].append({"name": name, "arguments": copy.deepcopy(dict(arguments))})
         return state.backends.execute(name, arguments)
-
-    def step(self, state: Any, action: Action) -> StepResult:
-        """An answer in a multi-turn item ends the current user turn; the next user message is
-        the observation until the last turn is answered."""
-        if action.kind != "answer" or state is None:
-            return super().step(state, action)
-        turns = state.user_turns
-        if state.turn + 1 >= len(turns):
-            return StepResult(observation=None, done=True)
-        state.turn += 1
-        state.calls.append([])
-        return StepResult(observation=_render_messages(turns[state.turn]), done=False)
-
-    def restore(self, item: TaskItem, actions: Sequence[Action],
-                observations: Sequence[str | None]) -> Any:
-        """Initial configuration + replay of every stored action (tool calls and turn ends)."""
-        state = self.reset(item)
-        for a in actions:
-            self.step(state, a)
-        return state
 
     def verify(self, item: TaskItem, answer: Any) -> Verdict:
         """Single turn: ``answer`` holds the calls. Multi-turn: ``answer`` is the list of calls
@@ -710,11 +706,12 @@ class BFCLEnv(Environment):
         if item.meta["category"] in MULTI_TURN:
             docs = {d["name"]: d for d in item.meta["functions"]}
             actions = []
-            for turn in item.gold:
+            for k, turn in enumerate(item.gold):
+                if k:
+                    actions.append(Action(kind="tool", tool=NEXT_REQUEST, arguments={}))
                 actions += [Action(kind="tool", tool=c["name"], arguments=c["arguments"])
                             for c in (gt_call(docs, s) for s in turn)]
-                actions.append(Action(kind="answer", answer="done"))
-            return actions
+            return actions + [Action(kind="answer", answer="done")]
         calls = gold_calls(item.meta["functions"], item.gold) if item.gold is not None else []
         if item.meta["category"] == "live_relevance":
             doc = item.meta["functions"][0]
