@@ -48,3 +48,17 @@ def _synthetic(name: str) -> Factory:
 
 for _name in ("synth_lookup", "synth_arith", "synth_fncall"):
     register(_name, _synthetic(_name))
+
+
+def _real(module: str, cls: str) -> Factory:
+    def build(**kwargs: Any) -> Environment:
+        import importlib
+
+        return getattr(importlib.import_module(f"trace_rl.envs.{module}"), cls)(**kwargs)
+
+    return build
+
+
+for _name, _module, _cls in (("hotpotqa", "hotpotqa", "HotpotQAEnv"), ("math", "mathenv", "MathEnv"),
+                             ("bfcl", "bfcl", "BFCLEnv")):
+    register(_name, _real(_module, _cls))
