@@ -1,0 +1,162 @@
+"""The train flow for real: Prefect flow runs (embedded server), a DuckDB file, an MLflow store,
+the HF engine on the tiny test policy. Slow by nature (each run starts Prefect's temporary server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trace_rl.storage.store import TreeStore
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
+        "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
+        "plot_every": 1}
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def _spawn_train(config: dict, workdir: Path, log: Path) -> subprocess.Popen:
+    code = ("import json, sys\nfrom flows.train import train\n"
+            "if __name__ == '__main__':\n"
+            "    train(config=json.loads(sys.argv[1]), workdir=sys.argv[2])\n")
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps(config), str(workdir)],
+                            cwd=REPO, env=_env(), stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _count(store: TreeStore, sql: str, **params) -> int:
+    return store.query(sql, params).to_pylist()[0]["n"]
+
+
+def _check_trees(store: TreeStore, run_id: str, steps: int, leaves_per_step: int) -> None:
+    """Every step has levels 0 and 1, the leaf budget is spent exactly, ids are unique, and each
+    stored V^ equals the success rate of the leaves below it."""
+    rows = store.query("SELECT step, level, count(*) AS n FROM nodes WHERE run_id = $r "
+                       "GROUP BY ALL ORDER BY ALL", {"r": run_id}).to_pylist()
+    assert {(r["step"], r["level"]) for r in rows} == {(s, lv) for s in range(steps) for lv in (0, 1)}
+    for s in range(steps):
+        assert _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s AND is_leaf",
+                      r=run_id, s=s) == leaves_per_step
+    assert _count(store, "SELECT count(*) - count(DISTINCT node_id) AS n FROM nodes") == 0
+    assert _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r AND value IS NULL",
+                  r=run_id) == 0
+    assert _count(store, "SELECT count(*) AS n FROM nodes n JOIN subtree_stats s USING (node_id) "
+                         "WHERE abs(n.value - s.leaf_mean) > 1e-9", ) == 0
+
+
+def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_dir, tmp_path):
+    from mlflow import MlflowClient
+
+    from flows.train import train
+
+    cfg = {**TINY, "policy": str(tiny_model_dir)}
+    state = train(config=cfg, workdir=str(tmp_path), return_state=True)
+    assert state.is_completed()
+    summary = state.result()
+    store = TreeStore(tmp_path / "trace.duckdb", create=False)
+    leaves = TINY["root_budget"] * (1 + TINY["multiplier"])
+    _check_trees(store, summary["run_id"], TINY["steps"], leaves)
+    ledger = store.query("SELECT sum(trajectories) AS n FROM ledger WHERE run_id = $r",
+                         {"r": summary["run_id"]}).to_pylist()[0]["n"]
+    assert ledger == TINY["steps"] * leaves
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["allocator"] == "trace"
+    history = client.get_metric_history(run.info.run_id, "tree/effective_ratio")
+    assert sorted(m.step for m in history) == list(range(TINY["steps"]))
+    for key in ("rollout/reward_mean", "ledger/generated_tokens", "predictor/brier", "time/step_s"):
+        assert key in run.data.metrics
+    arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/policy")]
+    assert len(arts) == TINY["steps"]
+    figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
+    assert any("tree_step" in f for f in figures)
+    assert client.search_model_versions("name = 'trace-policy'")
+
+    # The same config again resumes the finished run: nothing is rolled out twice.
+    again = train(config=cfg, workdir=str(tmp_path))
+    assert again["steps_run"] == 0
+    _check_trees(store, summary["run_id"], TINY["steps"], leaves)
+
+
+def test_sigkill_mid_step_then_resume(tiny_model_dir, tmp_path):
+    """Kill -9 the flow while step 1 is being written; the re-run resumes: finished phases are
+    cache hits, no node is duplicated or lost, the same MLflow run continues."""
+    from mlflow import MlflowClient
+
+    cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 3}
+    proc = _spawn_train(cfg, tmp_path, tmp_path / "first.log")
+    store = TreeStore(tmp_path / "trace.duckdb", create=False, read_timeout_s=60)
+    deadline = time.time() + 400
+    before: set[str] = set()
+    try:
+        while time.time() < deadline:
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            if (tmp_path / "trace.duckdb").exists():
+                ids = store.query("SELECT node_id FROM nodes WHERE step = 1 AND level = 0")
+                if ids.num_rows:
+                    before = set(store.query("SELECT node_id FROM nodes").column("node_id").to_pylist())
+                    break
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert before, "step 1 never started"
+    run_id = store.query("SELECT run_id FROM runs").to_pylist()[0]["run_id"]
+    assert store.last_complete_step(run_id) == 0
+
+    second = _spawn_train(cfg, tmp_path, tmp_path / "second.log")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    log = (tmp_path / "second.log").read_text()
+    # Step 1's finished phases (its root pool and level 0 at least) come back from the cache.
+    assert "sample-roots" in log and "Cached" in log
+    after = set(store.query("SELECT node_id FROM nodes").column("node_id").to_pylist())
+    assert before <= after  # nothing lost
+    _check_trees(store, run_id, 3, TINY["root_budget"] * (1 + TINY["multiplier"]))
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1
+    steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "rollout/leaves"))
+    assert steps == [0, 1, 2]
+
+
+def test_trace_sql_answers_while_training_writes(tiny_model_dir, tmp_path):
+    cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 3}
+    proc = _spawn_train(cfg, tmp_path, tmp_path / "train.log")
+    trace = [sys.executable, "-m", "trace_rl.cli", "sql", "--workdir", str(tmp_path), "--format",
+             "json", "SELECT count(*) AS n FROM nodes"]
+    answers = []
+    deadline = time.time() + 600
+    try:
+        while proc.poll() is None and time.time() < deadline:
+            if (tmp_path / "trace.duckdb").exists():
+                out = subprocess.run(trace, cwd=REPO, env=_env(), capture_output=True, text=True,
+                                     timeout=120)
+                assert out.returncode == 0, out.stdout + out.stderr
+                if proc.poll() is None:
+                    answers.append(json.loads(out.stdout)[0]["n"])
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, (tmp_path / "train.log").read_text()[-3000:]
+    # Several answers while the run was alive, seeing the tree grow between them.
+    assert len(answers) >= 3
+    assert answers[-1] > answers[0]

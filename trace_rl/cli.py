@@ -1,0 +1,172 @@
+"""The ``trace`` command: train, evaluate, bootstrap, query and grade.
+
+Every command takes ``--workdir DIR`` (default ``./trace_runs``, or $TRACE_WORKDIR): the DuckDB
+file, the MLflow store, checkpoints and cached task results live there. Flows run in-process with
+Prefect's embedded default (no server needed); set PREFECT_API_URL to use a server instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="TRACE: tree rollout allocation for sample-efficient agentic RL.")
+console = Console()
+WORKDIR_HELP = "Work dir holding trace.duckdb, the MLflow store and checkpoints."
+DEFAULT_WORKDIR = "trace_runs"
+
+
+def _workdir(workdir: Optional[str]) -> str:
+    return str(Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve())
+
+
+@app.command()
+def train(
+    overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (e.g. steps=5)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Run the train flow (the embedded default when no config is given)."""
+    from trace_rl.config import load_config
+
+    cfg = load_config(config, overrides or [])
+    wd = _workdir(workdir)
+    console.print(f"[bold]trace train[/] run [cyan]{cfg.resolved_run_id}[/]: {cfg.family}, "
+                  f"allocator {cfg.allocator}, {cfg.steps} steps, {cfg.leaf_budget} leaves/step; "
+                  f"workdir {wd}")
+    from flows.train import train as train_flow
+
+    summary = train_flow(config=cfg.to_dict(), workdir=wd)
+    m = summary["last_metrics"]
+    if m:
+        console.print(f"last step: reward {m['rollout/reward_mean']:.3f}, effective ratio "
+                      f"{m['tree/effective_ratio']:.2f}, {int(m['rollout/leaves'])} leaves")
+    db = Path(wd) / "trace.duckdb"
+    console.print("\n[bold]Where to look[/]")
+    console.print(f"  policy checkpoint: {summary['policy_dir']}")
+    console.print(f"  SQL on the rollout trees: trace sql --workdir {wd} "
+                  f"\"SELECT step, level, count(*) AS nodes, avg(reward) AS reward "
+                  f"FROM nodes WHERE run_id = '{summary['run_id']}' GROUP BY ALL ORDER BY ALL\"")
+    console.print(f"  (or with the duckdb CLI: duckdb -readonly {db})")
+    console.print(f"  MLflow UI: mlflow ui --backend-store-uri sqlite:///{Path(wd) / 'mlflow.db'}")
+
+
+@app.command("eval")
+def evaluate(
+    policy: str = typer.Argument(..., help="Policy directory (a checkpoint) to evaluate."),
+    overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (family=...)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
+    split: Optional[str] = typer.Option(None, help="Split or data file (default: eval_split)."),
+    limit: int = typer.Option(64, help="Items to evaluate (0 = all)."),
+    samples: int = typer.Option(4, help="Rollouts per item."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Evaluate a policy checkpoint: accuracy and contrast metrics."""
+    from trace_rl.config import load_config
+
+    cfg = load_config(config, overrides or [])
+    from flows.evaluate import evaluate as evaluate_flow
+
+    result = evaluate_flow(policy_dir=policy, config=cfg.to_dict(), split=split,
+                           limit=limit or None, samples=samples, temperature=temperature,
+                           workdir=_workdir(workdir))
+    console.print_json(json.dumps(result))
+
+
+@app.command()
+def bootstrap(
+    family: str = typer.Option("synth_arith", help="Synthetic family to warm-start on."),
+    difficulty: int = typer.Option(2, help="Difficulty of the family."),
+    seed: int = typer.Option(0, help="Seed."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Make (or reuse) the tiny CPU policy by SFT on synthetic expert traces."""
+    from flows.bootstrap import bootstrap as bootstrap_flow
+
+    console.print(bootstrap_flow(family=family, difficulty=difficulty, workdir=_workdir(workdir),
+                                 seed=seed))
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="SQL to run read-only on the work dir's DuckDB file."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
+    max_rows: int = typer.Option(50, help="Rows shown in table format."),
+) -> None:
+    """Query the rollout trees with SQL (read-only; works while a train run is writing)."""
+    from trace_rl.storage.store import TreeStore
+
+    db = Path(_workdir(workdir)) / "trace.duckdb"
+    if not db.exists():
+        console.print(f"[red]no database at {db}[/]: run `trace train` first or pass --workdir")
+        raise typer.Exit(2)
+    try:
+        result = TreeStore(db, create=False).query(query)
+    except Exception as exc:  # show DuckDB's own message (syntax, read-only refusal) plainly
+        console.print(f"[red]query failed:[/] {exc}")
+        raise typer.Exit(1)
+    if fmt == "json":
+        print(json.dumps(result.to_pylist(), default=str))
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(result, sys.stdout.buffer)
+    elif fmt == "table":
+        table = Table(*result.column_names)
+        for row in result.slice(0, max_rows).to_pylist():
+            table.add_row(*[_cell(v) for v in row.values()])
+        console.print(table)
+        if result.num_rows > max_rows:
+            console.print(f"... {result.num_rows - max_rows} more rows (use --max-rows or --format csv)")
+    else:
+        raise typer.BadParameter(f"--format {fmt!r}: choose table, csv or json")
+
+
+def _cell(v: object) -> str:
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def score(ctx: typer.Context) -> None:
+    """Grade a JSONL of predictions with the training verifiers:
+    trace score --task FAMILY --data FILE --predictions FILE."""
+    from trace_rl.score import main as score_main
+
+    raise typer.Exit(score_main(list(ctx.args)))
+
+
+@app.command()
+def export(
+    run_id: str = typer.Argument(..., help="Run to export."),
+    out: Path = typer.Option(Path("export"), help="Output folder for the Parquet files."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Export a run's tables (runs, steps, nodes, allocations, ledger) to Parquet."""
+    from trace_rl.storage.store import TreeStore
+
+    written = TreeStore(Path(_workdir(workdir)) / "trace.duckdb", create=False).export_parquet(run_id, out)
+    for name, path in written.items():
+        console.print(f"{name}: {path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
