@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import string
+import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,8 +229,9 @@ class HotpotQAEnv(Environment):
         self.config = config or HotpotConfig(**kwargs)
         self.max_turns = self.config.max_turns
         self.data_dir = Path(self.config.data_dir or default_data_dir())
-        self._per_question: OrderedDict[str, BM25Index] = OrderedDict()
+        self._per_question: OrderedDict[tuple[str, str], BM25Index] = OrderedDict()
         self._pooled: dict[str, BM25Index] = {}
+        self._lock = threading.Lock()  # the ReAct loop runs tools from worker threads
 
     def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
         """A split of ``SPLITS`` or a file path; items remember their pooled corpus file."""
@@ -252,6 +254,10 @@ class HotpotQAEnv(Environment):
         return system_prompt(INSTRUCTIONS, self.tools())
 
     def _index(self, item: TaskItem) -> BM25Index:
+        with self._lock:
+            return self._index_locked(item)
+
+    def _index_locked(self, item: TaskItem) -> BM25Index:
         if self.config.corpus == "pooled":
             corpus = item.meta.get("corpus")
             if not corpus:
@@ -259,16 +265,17 @@ class HotpotQAEnv(Environment):
             if corpus not in self._pooled:
                 self._pooled[corpus] = BM25Index(load_corpus(corpus))
             return self._pooled[corpus]
-        cached = self._per_question.get(item.id)
+        key = (item.id, item.question)  # ids alone may repeat across files
+        cached = self._per_question.get(key)
         if cached is not None:
-            self._per_question.move_to_end(item.id)
+            self._per_question.move_to_end(key)
             return cached
         paragraphs = item.meta.get("paragraphs") or []
         if not paragraphs:
             raise ToolError(f"item {item.id} has no paragraphs to search (a question/answer-only "
                             "file)")
         index = BM25Index(paragraphs)
-        self._per_question[item.id] = index
+        self._per_question[key] = index
         if len(self._per_question) > self.config.cache_size:
             self._per_question.popitem(last=False)
         return index
