@@ -1,0 +1,413 @@
+"""The turn format and the ReAct loop: parsing, token layout, error paths, caps, continuation, JSON.
+
+Loop tests drive the loop with ``ScriptedEngine`` (tests/scripted_engine.py), a test double that
+writes chosen turns and tokenises them with the project's real tiny tokenizer: these tests are
+about the loop, so its inputs are picked exactly. The tests at the end run the loop on the real
+transformers engine and the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import pytest
+
+from scripted_engine import ScriptedEngine
+from trace_rl.envs.base import ToolError
+from trace_rl.envs.registry import families, make_env, register
+from trace_rl.envs.synthetic import SynthArith, SynthConfig
+from trace_rl.rollout.format import (PLAIN_GLUE, STOP, TurnFormat, derive_glue, parse_action,
+                                     render_action)
+from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,
+                                    expert_episode, run_episodes, run_steps)
+from trace_rl.rollout.types import Action, SamplingSettings, Episode
+from trace_rl.envs.base import StepResult
+
+SAMPLING = SamplingSettings(max_tokens=96, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from trace_rl.policy.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def plain_tok(tok):
+    from trace_rl.policy.tiny import build_tokenizer
+
+    t = build_tokenizer()
+    t.chat_template = None
+    return t
+
+
+def gold_texts(env, item) -> list[str]:
+    return [render_action(a, thought="step") for a in env.expert_actions(item)]
+
+
+def scripted(tok, env, scripts: Mapping[str, list[str] | Callable[[int, int], str]]) -> ScriptedEngine:
+    """An engine that plays, for the item whose question is in the context, turn ``t`` of its
+    script (t = observations seen so far); a callable script gets (t, copy index)."""
+    fmt = TurnFormat(tok)
+
+    def respond(context: str, j: int) -> str:
+        question = next(q for q in scripts if q in context)
+        t = context.count(fmt.glue.before_obs)
+        script = scripts[question]
+        return script(t, j) if callable(script) else script[t]
+
+    return ScriptedEngine(tok, respond)
+
+
+# ---------------------------------------------------------------------------------- parse_action
+@pytest.mark.parametrize("text, expected", [
+    ('<think>a</think>\n<tool_call>{"name": "search", "arguments": {"query": "Kalo"}}</tool_call>',
+     Action(kind="tool", tool="search", arguments={"query": "Kalo"})),
+    ('<tool_call>{"name": "f"}</tool_call>', Action(kind="tool", tool="f", arguments={})),
+    ("<think>so</think><answer> 42 </answer>", Action(kind="answer", answer="42")),
+    ("prose first <answer>x</answer> trailing", Action(kind="answer", answer="x")),
+])
+def test_parse_valid(text, expected):
+    assert parse_action(text) == expected
+
+
+@pytest.mark.parametrize("text, why", [
+    ("just words", "no <tool_call> or <answer>"),
+    ("<think>never closed <answer>1</answer>", "<think> is never closed"),
+    ("<think>a</think><tool_call>{\"name\": \"f\"}", "<tool_call> is never closed"),
+    ("<think>a</think><answer>1", "<answer> is never closed"),
+    ("<tool_call>{name: f}</tool_call>", "not valid JSON"),
+    ("<tool_call>[1, 2]</tool_call>", "must be a JSON object"),
+    ('<tool_call>{"arguments": {}}</tool_call>', "non-empty string 'name'"),
+    ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "'arguments' must be an object"),
+    ('<tool_call>{"name": "f", "args": {}}</tool_call>', "unexpected keys ['args']"),
+])
+def test_parse_invalid(text, why):
+    action = parse_action(text)
+    assert action.kind == "invalid" and why in action.error
+
+
+@pytest.mark.parametrize("action", [
+    Action(kind="tool", tool="calculator", arguments={"expression": "3 * (4 + 1)"}),
+    Action(kind="answer", answer="Kalo"),
+])
+def test_render_parse_roundtrip(action):
+    text = render_action(action, thought="t")
+    assert parse_action(text) == action and text.endswith(STOP)
+
+
+# -------------------------------------------------------------------------------- token layout
+def test_glue_matches_chat_template(tok):
+    """prompt_ids + turn + obs_ids decodes to exactly the template's own rendering."""
+    fmt = TurnFormat(tok)
+    assert fmt.templated
+    turn, obs = render_action(Action(kind="tool", tool="search", arguments={"query": "x"})), "x: a b"
+    ids = fmt.prompt_ids("SYS", "Q?") + fmt.turn_ids(turn) + fmt.obs_ids(obs)
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": "SYS"}, {"role": "user", "content": "Q?"},
+         {"role": "assistant", "content": turn}, {"role": "tool", "content": obs}],
+        tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ids, skip_special_tokens=False) == rendered
+
+
+def test_plain_fallbacks(tok, plain_tok):
+    assert derive_glue(plain_tok) is None and not TurnFormat(plain_tok).templated
+    assert TurnFormat(plain_tok).glue == PLAIN_GLUE
+    # A template that is not prefix-stable (drops earlier assistant turns) falls back too.
+    from trace_rl.policy.tiny import build_tokenizer
+
+    unstable = build_tokenizer()
+    unstable.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
+                              "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                              "{% endif %}{% endfor %}<|im_start|>assistant\n")
+    assert derive_glue(unstable) is None
+    # A template that rejects the tool role falls back too.
+    strict = build_tokenizer()
+    strict.chat_template = tok.chat_template.replace("'assistant', 'tool'", "'assistant'")
+    assert derive_glue(strict) is None
+
+
+# ---------------------------------------------------------------------------------- the loop
+def test_gold_episodes_score_one_and_ledger(tok):
+    env = SynthArith(SynthConfig(difficulty=2, seed=3))
+    items = env.load("train", limit=3)
+    engine = scripted(tok, env, {it.question: gold_texts(env, it) for it in items})
+    eps = run_episodes(engine, env, [Start(it, k=2) for it in items], sampling=SAMPLING, seed=7)
+    assert [e.item_id for e in eps] == [it.id for it in items for _ in range(2)]
+    assert all(e.done and e.reward == 1.0 and e.metrics == {"em": 1.0} for e in eps)
+    for ep in eps:
+        assert len(ep.turns) == 3 and ep.turns[-1].obs_text is None and ep.turns[-1].obs_ids == []
+        assert ep.ledger.tool_calls == 2 and ep.ledger.trajectories == 1
+        assert ep.ledger.generated_tokens == sum(len(t.gen_ids) for t in ep.turns)
+        assert ep.ledger.prompt_tokens == sum(len(ep.token_ids(d)) for d in range(3))
+        assert ep.ledger.wall_seconds > 0
+    # First round: one request per start with n = K; then one per episode and turn.
+    assert [r.n for r in engine.requests[:3]] == [2, 2, 2]
+    assert all(r.n == 1 for r in engine.requests[3:]) and len(engine.requests) == 3 + 2 * 6
+    # Every request fed exactly the episode's stored prefix tokens, and carried the stop strings.
+    fed = {r.prompt_ids for r in engine.requests}
+    for ep in eps:
+        for depth in range(3):
+            assert tuple(ep.token_ids(depth)) in fed
+    assert all(set(STOP) <= set(r.sampling.stop) for r in engine.requests)
+
+
+def test_prompt_tokens_count_each_context(tok):
+    env = SynthArith(SynthConfig(difficulty=1))
+    item = env.load("train", limit=1)[0]
+    engine = scripted(tok, env, {item.question: gold_texts(env, item)})
+    ep, = run_episodes(engine, env, [Start(item)], sampling=SAMPLING)
+    assert ep.ledger.prompt_tokens == len(ep.token_ids(0)) + len(ep.token_ids(1))
+
+
+def test_seeds_are_per_request_and_reproducible(tok):
+    env = SynthArith(SynthConfig(difficulty=1))
+    item = env.load("train", limit=1)[0]
+
+    def seeds(seed):
+        engine = scripted(tok, env, {item.question: gold_texts(env, item)})
+        run_episodes(engine, env, [Start(item, k=3)], sampling=SAMPLING, seed=seed)
+        return [r.sampling.seed for r in engine.requests]
+
+    a = seeds(11)
+    assert a == seeds(11) and a != seeds(12)
+    assert len(set(a)) == len(a) == 4  # one group request, then one per copy
+    assert seeds(None) == [None] * 4
+
+
+class FaultyArith(SynthArith):
+    """synth_arith plus two broken tools, for the error paths: ``explode`` raises, ``hang`` blocks
+    until released."""
+
+    def __init__(self):
+        super().__init__(SynthConfig(difficulty=1))
+        self.release = threading.Event()
+
+    def call_tool(self, state: Any, name: str, arguments: Mapping[str, Any]) -> str:
+        if name == "explode":
+            raise RuntimeError("boom")
+        if name == "hang":
+            self.release.wait(60)
+            return "too late"
+        return super().call_tool(state, name, arguments)
+
+
+def _call(name: str, **args) -> str:
+    return render_action(Action(kind="tool", tool=name, arguments=args))
+
+
+FAILURES = {
+    "malformed": ("<think>x</think><tool_call>{\"name\": calc}</tool_call>", "Error: invalid action: tool call is not valid JSON"),
+    "no_action": ("<think>x</think> I am done", "Error: invalid action: no <tool_call> or <answer>"),
+    "unknown_tool": (_call("browser", url="x"), "Error: ToolError: unknown tool 'browser'"),
+    "missing_arg": (_call("calculator"), "Error: ToolError: calculator: missing required argument 'expression'"),
+    "bad_arg_type": (_call("calculator", expression=3), "Error: ToolError: calculator: argument 'expression' must be string"),
+    "extra_arg": (_call("calculator", expression="1", x=1), "Error: ToolError: calculator: unexpected argument 'x'"),
+    "bad_expression": (_call("calculator", expression="__import__('os')"), "Error: ToolError: unsupported expression element Call"),
+    "raising_tool": (_call("explode"), "Error: RuntimeError: boom"),
+    "hanging_tool": (_call("hang"), "Error: tool timed out after 0.3s"),
+}
+
+
+def test_error_paths_in_one_batch(tok):
+    """Every failure in one batch: the batch finishes, each failing turn gets its error
+    observation and counts as a turn, and each episode then recovers and answers correctly."""
+    env = FaultyArith()
+    items = env.load("train", limit=len(FAILURES) + 1)
+    scripts = {}
+    for item, (bad, _) in zip(items, FAILURES.values()):
+        scripts[item.question] = [bad] + gold_texts(env, item)
+    healthy = items[-1]
+    scripts[healthy.question] = gold_texts(env, healthy)
+    engine = scripted(tok, env, scripts)
+    t0 = time.monotonic()
+    try:
+        eps = run_episodes(engine, env, [Start(it) for it in items], sampling=SAMPLING,
+                           tool_timeout_s=0.3)
+    finally:
+        env.release.set()
+    assert time.monotonic() - t0 < 10
+    for ep, (name, (_, expected)) in zip(eps, FAILURES.items()):
+        first = ep.turns[0]
+        assert first.error and first.obs_text.startswith(expected), (name, first.obs_text)
+        assert first.obs_ids == TurnFormat(tok).obs_ids(first.obs_text)
+        assert len(ep.turns) == 3 and ep.done and ep.reward == 1.0, name
+        assert ep.ledger.tool_calls == 1 + first.tool_called, name
+    assert [t.error for t in eps[-1].turns] == [False, False] and eps[-1].reward == 1.0
+
+
+def test_error_observation_tokens_are_fed_back(tok):
+    env = SynthArith(SynthConfig(difficulty=1))
+    item = env.load("train", limit=1)[0]
+    engine = scripted(tok, env, {item.question: ["<think>x</think>oops"] + gold_texts(env, item)})
+    ep, = run_episodes(engine, env, [Start(item)], sampling=SAMPLING)
+    assert ep.turns[0].action.kind == "invalid" and not ep.turns[0].tool_called
+    assert engine.requests[1].prompt_ids == tuple(ep.token_ids(1))
+    assert "Error: invalid action" in tok.decode(list(engine.requests[1].prompt_ids))
+
+
+def test_turn_cap_ends_with_reward_zero(tok):
+    env = SynthArith(SynthConfig(difficulty=1))
+    item = env.load("train", limit=1)[0]
+    engine = scripted(tok, env, {item.question: lambda t, j: _call("calculator", expression="1+1")})
+    ep, = run_episodes(engine, env, [Start(item)], sampling=SAMPLING, max_turns=4)
+    assert ep.done and ep.reward == 0.0 and ep.metrics == {"turn_cap": 1.0}
+    assert len(ep.turns) == 4 and ep.turns[-1].obs_text is None and ep.ledger.tool_calls == 3
+    assert len(engine.requests) == 4
+
+
+def test_max_tokens_ends_with_reward_zero(tok):
+    env = SynthArith(SynthConfig(difficulty=1))
+    item = env.load("train", limit=1)[0]
+    engine = scripted(tok, env, {item.question: lambda t, j: "<think>" + "la " * 200})
+    ep, = run_episodes(engine, env, [Start(item)], sampling=SamplingSettings(max_tokens=16))
+    assert ep.done and ep.reward == 0.0 and ep.metrics == {"truncated": 1.0}
+    assert len(ep.turns) == 1 and len(ep.turns[0].gen_ids) == 16 and ep.turns[0].error
+    assert "max_tokens" in ep.turns[0].action.error
+
+
+def test_max_context_shrinks_turns_then_stops(tok):
+    env = SynthArith(SynthConfig(difficulty=3))
+    item = env.load("train", limit=1)[0]
+    engine = scripted(tok, env, {item.question: gold_texts(env, item)})
+    full, = run_episodes(scripted(tok, env, {item.question: gold_texts(env, item)}), env,
+                         [Start(item)], sampling=SAMPLING)
+    limit = len(full.token_ids(2)) + 5
+    ep, = run_episodes(engine, env, [Start(item)], sampling=SAMPLING, max_context=limit)
+    assert ep.done and ep.reward == 0.0 and ep.metrics == {"truncated": 1.0}
+    assert len(ep.turns) == 3 and len(ep.turns[2].gen_ids) == 5 and ep.turns[2].error
+    assert all(len(r.prompt_ids) + r.sampling.max_tokens <= limit for r in engine.requests)
+
+
+def test_run_steps_timeout_is_shared_and_bounded():
+    release = threading.Event()
+    jobs = [lambda: StepResult("fast", False, True), lambda: (release.wait(30), StepResult("slow", False, True))[1]]
+    t0 = time.monotonic()
+    out = run_steps(jobs, timeout_s=0.2)
+    release.set()
+    assert time.monotonic() - t0 < 2
+    assert out[0].observation == "fast" and out[1].error and "timed out after 0.2s" in out[1].observation
+
+
+def test_plain_format_episode(plain_tok):
+    env = make_env("synth_lookup", difficulty=2)
+    item = env.load("train", limit=1)[0]
+    engine = scripted(plain_tok, env, {item.question: gold_texts(env, item)})
+    ep, = run_episodes(engine, env, [Start(item)], sampling=SAMPLING)
+    assert ep.reward == 1.0
+    text = plain_tok.decode(ep.token_ids(), skip_special_tokens=False)
+    assert f"Question: {item.question}\n" in text and text.count("\nObservation: ") == 2
+
+
+# ------------------------------------------------------------------------------ continuation
+def test_prefix_validation(tok):
+    env = SynthArith(SynthConfig(difficulty=1))
+    item = env.load("train", limit=1)[0]
+    gold = expert_episode(env, item, tok)
+    engine = scripted(tok, env, {item.question: gold_texts(env, item)})
+    with pytest.raises(ValueError, match="final answer"):
+        continue_from(engine, env, item, gold.turns, 2)
+    with pytest.raises(ValueError, match="turn cap"):
+        continue_from(engine, env, item, gold.turns[:1], 2, max_turns=1)
+    bad = episode_from_json(episode_to_json(gold)).turns[:1]
+    bad[0].gen_ids = []
+    with pytest.raises(ValueError, match="no gen_ids"):
+        continue_from(engine, env, item, bad, 1)
+    with pytest.raises(ValueError, match="k=0"):
+        run_episodes(engine, env, [Start(item, k=0)])
+    assert engine.requests == []
+
+
+def test_missing_observation_is_recomputed(tok):
+    env = SynthArith(SynthConfig(difficulty=3))
+    item = env.load("train", limit=1)[0]
+    stored = run_episodes(scripted(tok, env, {item.question: gold_texts(env, item)}), env,
+                          [Start(item)], sampling=SAMPLING)[0]
+    prefix = episode_from_json(episode_to_json(stored)).turns[:2]
+    prefix[1].obs_text, prefix[1].obs_ids = None, []
+    engine = scripted(tok, env, {item.question: gold_texts(env, item)})
+    ep, = continue_from(engine, env, item, prefix, 1, sampling=SAMPLING)
+    assert ep.turns[1].obs_text == stored.turns[1].obs_text
+    assert ep.token_ids(2) == stored.token_ids(2) == list(engine.requests[0].prompt_ids)
+    assert ep.ledger.tool_calls == 1 + 1  # the re-run + the one call left
+    assert ep.reward == 1.0
+
+
+def test_episode_json_roundtrip(tok):
+    env = make_env("synth_fncall", difficulty=2)
+    item = env.load("train", limit=1)[0]
+    ep = run_episodes(scripted(tok, env, {item.question: gold_texts(env, item)}), env,
+                      [Start(item)], sampling=SAMPLING)[0]
+    back = episode_from_json(json.loads(json.dumps(episode_to_json(ep))))
+    assert back == ep
+
+
+def test_registry():
+    assert {"synth_lookup", "synth_arith", "synth_fncall"} <= set(families())
+    env = make_env("synth_lookup", difficulty=3, seed=1)
+    assert env.config == SynthConfig(difficulty=3, seed=1)
+    with pytest.raises(KeyError, match="unknown task family 'nope'"):
+        make_env("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register("synth_arith", lambda **kw: SynthArith())
+    with pytest.raises(ValueError, match="difficulty=9"):
+        make_env("synth_arith", difficulty=9)
+
+
+# ------------------------------------------------------------------------ real engine, tiny model
+@pytest.fixture(scope="module")
+def hf_engine(tiny_model_dir):
+    from trace_rl.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_model_dir, device="cpu")
+    yield engine
+    engine.close()
+
+
+@pytest.mark.slow
+def test_hf_engine_episodes(hf_engine):
+    """Fresh episodes on the real engine end with a reward; tokens, log-probs and ledger agree."""
+    env = make_env("synth_arith", difficulty=1)
+    items = env.load("train", limit=2)
+    eps = run_episodes(hf_engine, env, [Start(it, k=2) for it in items],
+                       sampling=SamplingSettings(max_tokens=48, temperature=1.0), max_turns=3, seed=0)
+    assert len(eps) == 4 and all(e.done and e.reward in (0.0, 1.0) for e in eps)
+    for ep in eps:
+        assert ep.ledger.generated_tokens == sum(len(t.gen_ids) for t in ep.turns) > 0
+        assert ep.ledger.prompt_tokens >= len(ep.prompt_ids) * len(ep.turns)
+        for t in ep.turns:
+            assert len(t.gen_logprobs) == len(t.gen_ids) and all(lp <= 0.0 for lp in t.gen_logprobs)
+            assert t.action == parse_action(t.text) or t.error
+
+
+@pytest.mark.slow
+def test_hf_engine_greedy_continuation_reproduces_episode(hf_engine):
+    """A greedy continuation from a stored node re-feeds the exact prefix and, being greedy,
+    reproduces the rest of the stored episode token for token (here batched with K=2 copies)."""
+    env = make_env("synth_arith", difficulty=2)
+    item = env.load("train", limit=1)[0]
+    greedy = SamplingSettings(max_tokens=48, temperature=0.0)
+    gold = expert_episode(env, item, hf_engine.tokenizer)
+    orig, = continue_from(hf_engine, env, item, gold.turns[:1], 1, sampling=greedy, max_turns=4)
+    stored = episode_from_json(json.loads(json.dumps(episode_to_json(orig))))
+    depth = len(stored.turns) - 1  # the node just before the last turn (>= 1: the gold turn)
+    cont = continue_from(hf_engine, env, item, stored.turns[:depth], 2, sampling=greedy, max_turns=4)
+    for c in cont:
+        assert c.prefix_turns == depth and c.turns[:depth] == stored.turns[:depth]
+        assert c.token_ids() == orig.token_ids() and c.reward == orig.reward
+
+
+@pytest.mark.slow
+def test_hf_engine_sampled_continuations_diverge_after_prefix(hf_engine):
+    env = make_env("synth_lookup", difficulty=2)
+    item = env.load("train", limit=1)[0]
+    gold = expert_episode(env, item, hf_engine.tokenizer)
+    hot = SamplingSettings(max_tokens=12, temperature=1.0)
+    cont = continue_from(hf_engine, env, item, gold.turns[:1], 4, sampling=hot, seed=5, max_turns=2)
+    assert all(c.token_ids(1) == gold.token_ids(1) for c in cont)
+    new = {tuple(c.turns[1].gen_ids) for c in cont}
+    assert len(new) > 1  # distinct samples after the shared prefix
