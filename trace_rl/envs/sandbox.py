@@ -55,10 +55,11 @@ _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked chil
 class SandboxLimits:
     """Limits for one sandboxed call."""
 
-    cpu_seconds: int = 10
+    cpu_seconds: int = 5
     """RLIMIT_CPU: CPU seconds per process before SIGXCPU/SIGKILL."""
-    wall_seconds: float = 15.0
-    """Wall-clock timeout for the whole call (sleeping or blocked code included)."""
+    wall_seconds: float = 8.0
+    """Wall-clock timeout for the whole call (sleeping or blocked code included); below the ReAct
+    loop's default ``tool_timeout_s`` (10 s), so the sandbox, not the loop, ends a slow call."""
     memory_bytes: int = 1 << 30
     """RLIMIT_AS: address space per process."""
     max_processes: int = 32
