@@ -1,0 +1,235 @@
+"""Register TRACE's work pools and deployments with the Prefect server in ``PREFECT_API_URL``.
+
+    python -m deployments.deploy                     # both pools, every deployment
+    python -m deployments.deploy --pools trace-cpu   # CPU only
+
+Pools are ``process`` pools: a worker on the same machine starts each flow run as a subprocess of
+its own Python (so start the worker from the project's virtual environment). The code is not
+copied anywhere: each deployment's pull step sets the working directory to this checkout
+(``flow.from_source(source=<repo root>, ...)``, Prefect's local storage), so a worker runs the
+code as it is on disk when the run starts. No docker, no remote storage.
+
+Deployments (``<flow>/<pool without the trace- prefix>``):
+
+* ``train/cpu``, ``train/gpu``: the train flow; parameters ``config`` (TrainConfig fields) and
+  ``workdir``; defaults are the embedded default config.
+* ``evaluate/cpu``, ``evaluate/gpu``: a checkpoint on a held-out split (``policy_dir`` is required).
+* ``retrain-predictor/cpu``: refit the predictor over a run's stored trees (CPU work only).
+* ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the newest checkpoint of a lineage
+  (deployments/retrain.py), on a cron schedule. The schedule is created **paused**: a schedule
+  that starts hours of training on its own would surprise whoever just deployed. Resume it in the
+  UI (deployment page, the schedule toggle), with ``prefect deployment schedule resume``, or
+  deploy with ``--activate-schedules``.
+
+Existing pools are left as they are (a user may have edited them); existing deployments are updated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CPU_POOL = "trace-cpu"
+GPU_POOL = "trace-gpu"
+DEFAULT_CRON = "0 3 * * *"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A process work pool."""
+
+    name: str
+    """Pool name that workers pass to ``prefect worker start --pool``."""
+    description: str
+    """Shown in the UI's work pool list."""
+    env: Mapping[str, str]
+    """Default environment of every flow run from this pool (a deployment may override keys)."""
+    concurrency_limit: int | None = 1
+    """Flow runs of this pool at once; 1 because a TRACE run fills a CPU box or its GPU."""
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """One flow, deployed once per pool in ``pools``."""
+
+    flow_name: str
+    """Prefect flow name (the ``name=`` of its ``@flow``), for messages."""
+    entrypoint: str
+    """``<path relative to the repo root>:<function>``."""
+    pools: tuple[str, ...]
+    """Pools this flow is deployed to; the deployment is named after the pool."""
+    description: str
+    """Shown on the deployment's page."""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    """Default parameters (the UI's Run form starts from them)."""
+    cron: str | None = None
+    """Cron schedule, or None for trigger-only deployments."""
+
+
+_RUN_ENV = {"TOKENIZERS_PARALLELISM": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def pool_specs(gpu_devices: str = "0") -> dict[str, PoolSpec]:
+    """The CPU and GPU pools; ``gpu_devices`` is the GPU pool's ``CUDA_VISIBLE_DEVICES``."""
+    return {
+        CPU_POOL: PoolSpec(CPU_POOL, "TRACE flow runs on CPUs (tiny policy, synthetic families).",
+                           # an empty CUDA_VISIBLE_DEVICES hides every GPU, so a CPU run on a GPU
+                           # host cannot grab one by accident
+                           {**_RUN_ENV, "CUDA_VISIBLE_DEVICES": ""}),
+        GPU_POOL: PoolSpec(GPU_POOL, f"TRACE flow runs on GPU(s) {gpu_devices} (vLLM engine).",
+                           {**_RUN_ENV, "CUDA_VISIBLE_DEVICES": gpu_devices}),
+    }
+
+
+def deployment_specs(workdir: str | None = None, retrain_config: Mapping[str, Any] | None = None,
+                     cron: str = DEFAULT_CRON) -> list[DeploymentSpec]:
+    """Every deployment; ``workdir`` (None: the flows' default, relative to the repo root) becomes
+    each one's default ``workdir`` parameter, ``retrain_config`` the scheduled run's config."""
+    wd = {"workdir": workdir} if workdir else {}
+    both = (CPU_POOL, GPU_POOL)
+    return [
+        DeploymentSpec("train", "flows/train.py:train", both,
+                       "Train a policy with TRACE or a baseline allocator (config: TrainConfig "
+                       "fields; empty = the embedded tiny CPU default).", {"config": {}, **wd}),
+        DeploymentSpec("evaluate", "flows/evaluate.py:evaluate", both,
+                       "Accuracy and contrast metrics of a policy checkpoint on a held-out split.",
+                       dict(wd)),
+        DeploymentSpec("retrain-predictor", "flows/retrain_predictor.py:retrain_predictor",
+                       (CPU_POOL,), "Refit the predictor over a run's stored trees.", dict(wd)),
+        DeploymentSpec("retrain-latest", "deployments/retrain.py:retrain_latest", both,
+                       "Scheduled retraining: train from the newest checkpoint of the config's "
+                       "run_name lineage.", {"config": dict(retrain_config or {}), **wd}, cron),
+    ]
+
+
+def deployment_name(pool: str) -> str:
+    """A deployment is named after its pool: ``trace-cpu`` -> ``cpu``."""
+    return pool.removeprefix("trace-")
+
+
+def base_job_template(env: Mapping[str, str]) -> dict[str, Any]:
+    """The process worker's default job template with ``env`` as the default environment."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    template["variables"]["properties"]["env"]["default"] = dict(env)
+    return template
+
+
+def ensure_pools(pools: Sequence[PoolSpec]) -> dict[str, bool]:
+    """Create each pool that the server lacks; returns pool name -> whether it was created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    created = {}
+    with get_client(sync_client=True) as client:
+        for p in pools:
+            try:
+                client.read_work_pool(p.name)
+                created[p.name] = False
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(
+                    name=p.name, type="process", description=p.description,
+                    base_job_template=base_job_template(p.env),
+                    concurrency_limit=p.concurrency_limit))
+                created[p.name] = True
+    return created
+
+
+def register(specs: Sequence[DeploymentSpec], pools: Sequence[str], *, source: Path = REPO_ROOT,
+             paused: bool = True) -> list[str]:
+    """Create or update each spec's deployment on each of its pools that is in ``pools``; returns
+    the ``<flow>/<deployment>`` names."""
+    from prefect import Flow
+    from prefect.schedules import Cron
+
+    names = []
+    for spec in specs:
+        targets = [p for p in spec.pools if p in pools]
+        if not targets:
+            continue
+        # Loads the flow from the checkout (imports its module) and records a pull step that sets
+        # the working directory to it: what a process worker on this machine needs.
+        flow = Flow.from_source(source=str(source), entrypoint=spec.entrypoint)
+        for pool in targets:
+            deployment = flow.to_deployment(
+                name=deployment_name(pool), description=spec.description,
+                parameters=dict(spec.parameters), tags=["trace"], work_pool_name=pool,
+                # the schedule itself is inactive (not the deployment paused), so the UI's
+                # schedule toggle and `prefect deployment schedule resume` switch it on
+                schedules=[Cron(spec.cron, timezone="UTC", active=not paused, slug="cron")]
+                if spec.cron else None)
+            deployment.apply()
+            names.append(f"{flow.name}/{deployment.name}")
+    return names
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m deployments.deploy",
+        description="Create TRACE's work pools (if missing) and register its deployments with "
+                    "the Prefect server in PREFECT_API_URL.")
+    ap.add_argument("--pools", nargs="+", choices=(CPU_POOL, GPU_POOL), default=[CPU_POOL, GPU_POOL],
+                    help="pools to create and deploy to (default: both)")
+    ap.add_argument("--gpu-devices", default="0",
+                    help="CUDA_VISIBLE_DEVICES of flow runs from trace-gpu (default: 0)")
+    ap.add_argument("--workdir", default=None,
+                    help="default workdir parameter of every deployment (default: the flows' own "
+                         "default, trace_runs/ under the repo root, where runs start)")
+    ap.add_argument("--retrain-config", type=Path, default=None,
+                    help="YAML of TrainConfig fields for the scheduled retrain-latest runs "
+                         "(default: the embedded default config)")
+    ap.add_argument("--cron", default=DEFAULT_CRON,
+                    help=f"schedule of retrain-latest (default: {DEFAULT_CRON!r}, 03:00 UTC daily)")
+    ap.add_argument("--activate-schedules", action="store_true",
+                    help="create the retrain-latest schedules active (default: paused)")
+    ap.add_argument("--source", type=Path, default=REPO_ROOT,
+                    help="checkout the workers run from (default: this one)")
+    return ap.parse_args(argv)
+
+
+def _retrain_config(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    from trace_rl.config import config_from_mapping
+
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--retrain-config {path}: must hold a mapping of TrainConfig field: value")
+    config_from_mapping(data, str(path))  # unknown or invalid fields fail here, not at 03:00
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:
+        print("PREFECT_API_URL is not set: start a server (prefect server start --host 127.0.0.1) "
+              "and export PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
+        return 2
+    pools = pool_specs(args.gpu_devices)
+    created = ensure_pools([pools[p] for p in args.pools])
+    specs = deployment_specs(args.workdir, _retrain_config(args.retrain_config), args.cron)
+    names = register(specs, args.pools, source=args.source.resolve(),
+                     paused=not args.activate_schedules)
+    for pool, new in created.items():
+        print(f"work pool {pool}: {'created' if new else 'exists, left as is'}")
+    for name in names:
+        print(f"deployment {name}")
+    state = "active" if args.activate_schedules else "paused"
+    print(f"retrain-latest schedule {args.cron!r} ({state}). Server: {api}\n"
+          f"Start a worker from this checkout: prefect worker start --pool {args.pools[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
