@@ -341,3 +341,34 @@ def test_toolkit_env_adapter():
 
 def test_category_list_is_complete():
     assert set(CATEGORIES) == set(SINGLE_TURN) | set(IRRELEVANCE) | {"multi_turn_base"}
+
+
+# ---- every real family through the real ReAct loop, and continuation from a stored prefix ----
+
+@needs_data
+@needs_bfcl_eval
+@pytest.mark.parametrize("family, split, index", [("bfcl", "multi_turn_base", 0),
+                                                  ("hotpotqa", "dev", 1), ("math", "test", 0)])
+def test_react_loop_and_continuation_from_stored_prefix(family, split, index):
+    from scripted_engine import ScriptedEngine
+
+    from trace_rl.envs.registry import make_env
+    from trace_rl.policy.tiny import build_tokenizer
+    from trace_rl.rollout.format import TurnFormat, render_action
+    from trace_rl.rollout.react import Start, continue_from, run_episodes
+    from trace_rl.rollout.types import SamplingSettings
+
+    tok = build_tokenizer()
+    env = make_env(family)
+    item = env.load(split, limit=index + 1)[index]
+    script = [render_action(a, thought="step") for a in env.expert_actions(item)]
+    glue = TurnFormat(tok).glue.before_obs
+    engine = ScriptedEngine(tok, lambda context, j: script[context.count(glue)])
+    sampling = SamplingSettings(max_tokens=4096)
+    live = run_episodes(engine, env, [Start(item)], sampling=sampling)[0]
+    assert live.done and live.reward == 1.0 and len(live.turns) == len(script)
+    for k in sorted({1, len(script) // 2, len(script) - 1}):  # first, middle and last prefix
+        cont = continue_from(engine, env, item, live.turns[:k], 1, sampling=sampling)[0]
+        assert cont.reward == 1.0
+        assert [t.obs_text for t in cont.turns] == [t.obs_text for t in live.turns]
+        assert cont.token_ids() == live.token_ids()
