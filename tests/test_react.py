@@ -250,6 +250,21 @@ def test_error_observation_tokens_are_fed_back(tok):
     assert "Error: invalid action" in tok.decode(list(engine.requests[1].prompt_ids))
 
 
+def test_eos_ended_turn_is_not_closed_twice(tok):
+    """A turn that ends on EOS (ChatML's <|im_end|>) without an action: the glue does not repeat
+    the EOS, so the context reads like the template's own rendering of that conversation."""
+    env = SynthArith(SynthConfig(difficulty=1))
+    item = env.load("train", limit=1)[0]
+    engine = scripted(tok, env, {item.question: ["<think>x</think>hmm<|im_end|>"] + gold_texts(env, item)})
+    ep, = run_episodes(engine, env, [Start(item)], sampling=SAMPLING)
+    first = ep.turns[0]
+    assert first.gen_ids[-1] == tok.eos_token_id and first.action.kind == "invalid"
+    context = tok.decode(list(engine.requests[1].prompt_ids), skip_special_tokens=False)
+    assert context.endswith("hmm<|im_end|>\n<|im_start|>tool\n" + first.obs_text
+                            + "<|im_end|>\n<|im_start|>assistant\n")
+    assert ep.reward == 1.0
+
+
 def test_turn_cap_ends_with_reward_zero(tok):
     env = SynthArith(SynthConfig(difficulty=1))
     item = env.load("train", limit=1)[0]

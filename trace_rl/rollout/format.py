@@ -176,12 +176,19 @@ class TurnFormat:
         """Tokens of the rendered (system, user) conversation ending in the generation prompt."""
         return self._encode(self.prompt_text(system, user))
 
-    def obs_text(self, observation: str) -> str:
-        return f"{self.glue.before_obs}{observation}{self.glue.after_obs}"
+    def obs_text(self, observation: str, gen_ids: Sequence[int] = ()) -> str:
+        before = self.glue.before_obs
+        eos = getattr(self.tokenizer, "eos_token", None)
+        # A turn that ended on EOS (no stop string) has already closed its message: a template
+        # whose glue starts with that EOS would otherwise repeat it.
+        if gen_ids and eos and gen_ids[-1] == self.tokenizer.eos_token_id and before.startswith(eos):
+            before = before[len(eos):]
+        return f"{before}{observation}{self.glue.after_obs}"
 
-    def obs_ids(self, observation: str) -> list[int]:
-        """Tokens of the glue + ``observation``, to append right after a turn's generated tokens."""
-        return self._encode(self.obs_text(observation))
+    def obs_ids(self, observation: str, gen_ids: Sequence[int] = ()) -> list[int]:
+        """Tokens of the glue + ``observation``, to append right after a turn whose generated
+        tokens are ``gen_ids`` (only their last token matters: see ``obs_text``)."""
+        return self._encode(self.obs_text(observation, gen_ids))
 
     def turn_ids(self, text: str) -> list[int]:
         """Tokens of a turn written by hand (expert traces only; sampled turns keep the engine's

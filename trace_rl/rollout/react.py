@@ -157,7 +157,7 @@ def _materialise_prefix(env: Environment, item: TaskItem, prefix: Sequence[Turn]
     for turn in turns:
         if not turn.obs_ids:
             # Observations are not sampled, so tokenising them anew keeps the layout exact.
-            turn.obs_ids = fmt.obs_ids(turn.obs_text or "")
+            turn.obs_ids = fmt.obs_ids(turn.obs_text or "", turn.gen_ids)
     return state, turns, calls
 
 
@@ -253,7 +253,7 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
                             tool_timeout_s)
         for (live, turn), result in zip(pending, results):
             turn.obs_text = result.observation or ""
-            turn.obs_ids = fmt.obs_ids(turn.obs_text)
+            turn.obs_ids = fmt.obs_ids(turn.obs_text, turn.gen_ids)
             turn.tool_called, turn.error = result.tool_called, result.error
             live.episode.ledger.tool_calls += int(result.tool_called)
             live.ids += turn.obs_ids
