@@ -1,0 +1,201 @@
+"""Deployments against a real Prefect server on 127.0.0.1 (issue 5's acceptance item), and the
+latest-checkpoint lookup behind the scheduled retraining deployment.
+
+The integration test starts ``prefect server start`` (its own PREFECT_HOME, so its own SQLite
+database) and ``prefect worker start --pool trace-cpu`` as subprocesses in their own process
+groups, registers the deployments with ``python -m deployments.deploy``, triggers ``train/cpu`` and
+then ``retrain-latest/cpu`` through the API, and checks the flow runs and the DuckDB rows they
+left. Only the process groups it started are stopped, always.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from deployments.deploy import CPU_POOL, DEFAULT_CRON
+from deployments.retrain import latest_checkpoint
+from tasks.runtime import Paths
+from trace_rl.storage.store import TreeStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _lineage_store(workdir: Path) -> TreeStore:
+    store = TreeStore(workdir)
+    for run_id, name in (("a-1", "a"), ("a-2", "a"), ("b-1", "b")):
+        store.init_run(run_id, {"run_name": name})
+    return store
+
+
+def test_latest_checkpoint_picks_newest_complete_step_of_the_lineage(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path, "a") is None  # no database yet: the first firing
+    store = _lineage_store(tmp_path)
+    paths = Paths(tmp_path)
+    for run_id, step in (("a-1", 0), ("a-1", 1), ("a-2", 0), ("b-1", 0)):
+        paths.policy_dir(run_id, step).mkdir(parents=True)
+    assert latest_checkpoint(tmp_path, "a") is None  # runs exist, no step is complete
+    store.mark_step("a-1", 0, "complete")
+    store.mark_step("a-1", 1, "complete")
+    assert latest_checkpoint(tmp_path, "a") == str(paths.policy_dir("a-1", 1))
+    store.mark_step("a-2", 0, "complete")  # finished later than a-1's step 1, though lower
+    store.mark_step("a-1", 2, "running")  # not complete: ignored
+    store.mark_step("b-1", 0, "complete")  # another lineage: ignored
+    assert latest_checkpoint(tmp_path, "a") == str(paths.policy_dir("a-2", 0))
+    assert latest_checkpoint(tmp_path, "b") == str(paths.policy_dir("b-1", 0))
+    assert latest_checkpoint(tmp_path, "c") is None
+
+
+def test_latest_checkpoint_skips_a_deleted_checkpoint(tmp_path: Path) -> None:
+    store = _lineage_store(tmp_path)
+    store.mark_step("a-1", 0, "complete")
+    assert latest_checkpoint(tmp_path, "a") is None
+
+
+def test_retrain_latest_refuses_a_pinned_run_id(tmp_path: Path) -> None:
+    from deployments.retrain import retrain_latest
+
+    with pytest.raises(ValueError, match="run_id"):
+        retrain_latest.fn(config={"run_id": "pinned"}, workdir=str(tmp_path))
+
+
+# ------------------------------------------------------------------ a real server and worker
+
+TINY = {"engine": "hf", "steps": 1, "root_budget": 4, "pool_size": 4, "max_turns": 2,
+        "max_new_tokens": 16, "multiplier": 1}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    out = log.open("wb")
+    # own session = own process group, so stopping it reaches its children (uvicorn, flow runs)
+    return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+    try:  # children left behind in the group
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(log: Path, n: int = 4000) -> str:
+    return log.read_text(errors="replace")[-n:] if log.exists() else "(no log)"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str], Path]]:
+    """A Prefect server on 127.0.0.1 with its own PREFECT_HOME; yields (api url, env, log dir)."""
+    home = tmp_path_factory.mktemp("prefect_home")
+    api = f"http://127.0.0.1:{_free_port()}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "MLFLOW_DISABLE_TELEMETRY": "true",
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    log = home / "server.log"
+    port = api.split(":")[-1].split("/")[0]
+    proc = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                   "--port", port], env, log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+                    if json.load(r) is True:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, f"prefect server exited:\n{_tail(log)}"
+            assert time.monotonic() < deadline, f"prefect server not healthy in 120 s:\n{_tail(log)}"
+            time.sleep(0.5)
+        yield api, env, home
+    finally:
+        _stop(proc, signal.SIGTERM)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str], Path],
+                                              tiny_model_dir: Path, tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api, env, logs = server
+    deployed = subprocess.run([sys.executable, "-m", "deployments.deploy", "--pools", CPU_POOL],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert "work pool trace-cpu: created" in deployed.stdout
+    assert "deployment retrain-latest/cpu" in deployed.stdout
+    assert "gpu" not in deployed.stdout  # only the pool asked for
+
+    worker_log = logs / "worker.log"
+    worker = _start([sys.executable, "-m", "prefect", "worker", "start", "--pool", CPU_POOL],
+                    env, worker_log)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            with get_client(sync_client=True) as client:
+                pool = client.read_work_pool(CPU_POOL)
+                assert pool.type == "process" and pool.concurrency_limit == 1
+                assert pool.base_job_template["variables"]["properties"]["env"]["default"][
+                    "CUDA_VISIBLE_DEVICES"] == ""
+                scheduled = client.read_deployment_by_name("retrain-latest/cpu")
+                assert [(s.schedule.cron, s.active) for s in scheduled.schedules] == [
+                    (DEFAULT_CRON, False)]  # paused until someone resumes it
+                assert scheduled.pull_steps == [{"prefect.deployments.steps.set_working_directory":
+                                                 {"directory": str(REPO)}}]
+            workdir = str(tmp_path / "wd")
+            config = {**TINY, "policy": str(tiny_model_dir)}
+            run = run_deployment("train/cpu", parameters={"config": config, "workdir": workdir},
+                                 timeout=300, poll_interval=2)
+            assert run.state is not None and run.state.is_completed(), (
+                f"train/cpu ended {run.state}:\n{_tail(worker_log)}")
+            store = TreeStore(workdir, create=False)
+            first = store.query("SELECT run_id FROM runs").column("run_id").to_pylist()
+            assert len(first) == 1
+            levels = store.query("SELECT level, count(*) AS n FROM nodes WHERE run_id = $r "
+                                 "GROUP BY level ORDER BY level", {"r": first[0]}).to_pylist()
+            assert [r["level"] for r in levels] == [0, 1] and all(r["n"] > 0 for r in levels)
+            assert store.get_run(first[0])["status"] == "complete"
+
+            # the scheduled deployment, triggered by hand: it must start from train's checkpoint
+            again = run_deployment("retrain-latest/cpu",
+                                   parameters={"config": config, "workdir": workdir},
+                                   timeout=300, poll_interval=2)
+            assert again.state is not None and again.state.is_completed(), (
+                f"retrain-latest/cpu ended {again.state}:\n{_tail(worker_log)}")
+        runs = {r["run_id"]: json.loads(r["config_json"]) for r in
+                store.query("SELECT run_id, config_json FROM runs").to_pylist()}
+        (second,) = set(runs) - set(first)
+        assert runs[second]["policy"] == str(Paths(Path(workdir)).policy_dir(first[0], 0))
+        levels = store.query("SELECT DISTINCT level FROM nodes WHERE run_id = $r ORDER BY level",
+                             {"r": second}).column("level").to_pylist()
+        assert levels == [0, 1]
+    finally:
+        _stop(worker, signal.SIGINT)  # a worker shuts down on SIGINT; SIGTERM left it waiting
