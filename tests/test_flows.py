@@ -102,13 +102,13 @@ def test_sigkill_mid_step_then_resume(tiny_model_dir, tmp_path):
 
     cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 3}
     proc = _spawn_train(cfg, tmp_path, tmp_path / "first.log")
-    store = TreeStore(tmp_path / "trace.duckdb", create=False, read_timeout_s=60)
     deadline = time.time() + 400
     before: set[str] = set()
     try:
         while time.time() < deadline:
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             if (tmp_path / "trace.duckdb").exists():
+                store = TreeStore(tmp_path / "trace.duckdb", create=False, read_timeout_s=60)
                 ids = store.query("SELECT node_id FROM nodes WHERE step = 1 AND level = 0")
                 if ids.num_rows:
                     before = set(store.query("SELECT node_id FROM nodes").column("node_id").to_pylist())
