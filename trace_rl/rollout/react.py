@@ -18,8 +18,10 @@ missing, or, for a stateful family, to replay its effect.
 Failure policy (bad input never crashes a batch): an unparseable turn, an unknown tool, bad
 arguments or a raising tool give an ``Error: …`` observation and count as a turn; a tool that
 outlives ``tool_timeout_s`` gives ``Error: tool timed out after Xs`` and the batch goes on (its
-thread is a daemon and is abandoned). Failed calls are left out when a state is replayed, so a
-stateful family's tools must validate before they mutate (a failed call changes nothing). A turn
+thread is a daemon and is abandoned; a stateful family's state is then rebuilt by replay, since
+the abandoned call may still write to the old one). Failed calls are left out when a state is
+replayed, so a stateful family's tools must validate before they mutate (a failed call changes
+nothing). A turn
 that hits ``max_tokens`` before its action closes, or an episode that reaches the turn cap (or
 ``max_context``) without answering, ends with reward 0.
 
@@ -86,11 +88,11 @@ def _timed_out(timeout_s: float) -> StepResult:
                       tool_called=True, error=True)
 
 
-def run_steps(jobs: Sequence[Callable[[], StepResult]], timeout_s: float) -> list[StepResult]:
+def run_steps(jobs: Sequence[Callable[[], StepResult]], timeout_s: float) -> list[StepResult | None]:
     """Run environment steps concurrently, each on a daemon thread, under one shared deadline.
 
-    A step still running at the deadline becomes a timed-out error result; its thread is left
-    behind (Python cannot kill a thread) and, being a daemon, never blocks interpreter exit.
+    A step still running at the deadline gives None; its thread is left behind (Python cannot
+    kill a thread) and, being a daemon, never blocks interpreter exit.
     """
     results: list[StepResult | None] = [None] * len(jobs)
 
@@ -107,8 +109,7 @@ def run_steps(jobs: Sequence[Callable[[], StepResult]], timeout_s: float) -> lis
     deadline = time.monotonic() + timeout_s
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
-    return [r if r is not None and not t.is_alive() else _timed_out(timeout_s)
-            for r, t in zip(results, threads)]
+    return [None if t.is_alive() else r for r, t in zip(results, threads)]
 
 
 def _replayable(turn: Turn) -> bool:
@@ -146,11 +147,15 @@ def _materialise_prefix(env: Environment, item: TaskItem, prefix: Sequence[Turn]
     for t, turn in enumerate(turns[first_missing:], start=first_missing):
         if turn.obs_text is None:
             result = run_steps([lambda a=turn.action: env.step(state, a)], timeout_s)[0]
+            if result is None and env.stateful:
+                # The abandoned call may still mutate the old state from its thread: start afresh.
+                turn.error = True
+                state = _restore(env, item, turns[:t + 1])
+                calls += sum(map(_replayable, turns[:t + 1]))
+            result = result or _timed_out(timeout_s)
             turn.obs_text, turn.tool_called, turn.error = result.observation, result.tool_called, result.error
             turn.obs_ids = []
             calls += int(result.tool_called)
-            if result.error and result.tool_called and env.stateful:
-                state = _restore(env, item, turns[:t + 1])
         elif env.stateful and _replayable(turn):
             env.step(state, turn.action)
             calls += 1
@@ -252,14 +257,17 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
         results = run_steps([lambda lv=lv, t=t: env.step(lv.state, t.action) for lv, t in pending],
                             tool_timeout_s)
         for (live, turn), result in zip(pending, results):
+            timed_out = result is None
+            result = result or _timed_out(tool_timeout_s)
             turn.obs_text = result.observation or ""
             turn.obs_ids = fmt.obs_ids(turn.obs_text, turn.gen_ids)
             turn.tool_called, turn.error = result.tool_called, result.error
             live.episode.ledger.tool_calls += int(result.tool_called)
             live.ids += turn.obs_ids
-            if env.stateful and result.error and result.tool_called:
-                # A timed-out call may still mutate the old state from its thread: start afresh.
+            if timed_out and env.stateful:
+                # The abandoned call may still mutate the old state from its thread: start afresh.
                 live.state = _restore(env, live.item, live.episode.turns)
+                live.episode.ledger.tool_calls += sum(map(_replayable, live.episode.turns))
         rounds = [[live] for live, _ in pending]
     return episodes
 
