@@ -198,4 +198,4 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                              {"r": second}).column("level").to_pylist()
         assert levels == [0, 1]
     finally:
-        _stop(worker, signal.SIGINT)  # a worker shuts down on SIGINT; SIGTERM left it waiting
+        _stop(worker, signal.SIGINT)  # Ctrl-C; a SIGTERM once left it running for over 8 s
