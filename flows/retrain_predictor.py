@@ -44,8 +44,7 @@ def refit(run_id: str, workdir: str, epochs: int) -> dict[str, Any]:
     known = runtime.store(workdir).get_run(run_id)
     if known is None:
         raise ValueError(f"retrain_predictor: no run {run_id!r} in {workdir}")
-    import json
-    cfg = config_from_mapping(json.loads(known["config_json"]), f"run {run_id} config")
+    cfg = config_from_mapping(known["config"], f"run {run_id} config")
     steps = runtime.store(workdir).query(
         "SELECT DISTINCT step FROM nodes WHERE run_id = $r AND value IS NOT NULL ORDER BY step",
         {"r": run_id}).column("step").to_pylist()

@@ -89,6 +89,13 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
     assert any("tree_step" in f for f in figures)
     assert client.search_model_versions("name = 'trace-policy'")
 
+    # The predictor refit over the stored trees, with the last step held out.
+    from flows.retrain_predictor import retrain_predictor
+
+    refit = retrain_predictor(run_id=summary["run_id"], workdir=str(tmp_path), epochs=2)
+    assert refit["held_out_step"] == TINY["steps"] - 1 and Path(refit["path"]).exists()
+    assert 0.0 <= refit["brier"] <= 1.0
+
     # The same config again resumes the finished run: nothing is rolled out twice.
     again = train(config=cfg, workdir=str(tmp_path))
     assert again["steps_run"] == 0
