@@ -52,7 +52,7 @@ class Featurizer(Protocol):
     dim: int
 
     def __call__(self, histories: Sequence[str]) -> torch.Tensor:
-        """[B, dim] float32 features."""
+        """[B, dim] float32 features, dense or sparse COO."""
         ...
 
 
@@ -89,11 +89,18 @@ class HashedNgramFeaturizer:
         self._sparse = lru_cache(maxsize=200_000)(self._sparse_uncached)
 
     def __call__(self, histories: Sequence[str]) -> torch.Tensor:
-        out = torch.zeros(len(histories), self.dim)  # [B, F]
+        # Sparse COO [B, F]: a history has a few dozen n-grams out of F buckets, and repeated
+        # dense [B, F] buffers fragment the allocator's heap over a long online run.
+        rows, cols, vals = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0)]
         for row, text in enumerate(histories):
             idx, val = self._sparse(text)
-            out[row, idx] = val
-        return out
+            rows.append(torch.full_like(idx, row))
+            cols.append(idx)
+            vals.append(val)
+        indices = torch.stack([torch.cat(rows), torch.cat(cols)])  # [2, nnz]
+        shape = (len(histories), self.dim)
+        # Indices are unique per row (np.unique), so the tensor is valid without the check.
+        return torch.sparse_coo_tensor(indices, torch.cat(vals), shape, check_invariants=False).coalesce()
 
     def _sparse_uncached(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         words = text.split()
@@ -152,12 +159,13 @@ class FeaturePredictor:
         torch_state = torch.random.get_rng_state()
         torch.manual_seed(config.seed)  # nn.Linear draws its init from the global generator
         try:
-            if config.hidden:
-                self.head = torch.nn.Sequential(
-                    torch.nn.Linear(featurizer.dim, config.hidden), torch.nn.ReLU(), torch.nn.Linear(config.hidden, 1)
-                )
-            else:
-                self.head = torch.nn.Linear(featurizer.dim, 1)
+            first = torch.nn.Linear(featurizer.dim, config.hidden or 1)
+            rest = (
+                torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(config.hidden, 1))
+                if config.hidden
+                else torch.nn.Identity()
+            )
+            self.head = torch.nn.ModuleDict({"first": first, "rest": rest})
         finally:
             torch.random.set_rng_state(torch_state)
         self.optimizer = torch.optim.Adam(self.head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -207,7 +215,10 @@ class FeaturePredictor:
         return {"loss": float(np.mean(losses[-max(1, len(losses) // self.config.epochs) :])), "examples": float(len(hist))}
 
     def _forward(self, histories: Sequence[str]) -> torch.Tensor:
-        return torch.sigmoid(self.head(self.featurizer(histories)).squeeze(-1))  # [B]
+        x = self.featurizer(histories)  # [B, F]
+        first = self.head["first"]
+        z = (torch.sparse.mm(x, first.weight.t()) if x.is_sparse else x @ first.weight.t()) + first.bias  # [B, H]
+        return torch.sigmoid(self.head["rest"](z).squeeze(-1))  # [B]
 
     def state_dict(self) -> dict[str, Any]:
         # A snapshot: torch's state dicts hold live references to parameters and Adam moments.

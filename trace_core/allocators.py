@@ -1,0 +1,325 @@
+"""Rollout-budget allocators behind one interface: TRACE and the baselines of DESIGN.md section 1.
+
+Every allocator answers two questions, so the same objects drive the simulator (bench/allocation.py)
+and, later, real rollouts in the pipeline:
+
+1. Root stage. Given a candidate pool (predicted V~(x_i), steps since each prompt was last sampled,
+   and, for the oracle only, the true V(x_i)), how many bare rollouts m_i each prompt gets.
+   ``refill`` lets a method ask for another wave after seeing outcomes (DAPO).
+2. Prefix stage, per tree. Given the tree's non-leaf prefixes on its bare rollouts (observed
+   outcome r of the rollout through each, V~ of each, true V for the oracle) and a leaf budget,
+   how many continuations K each prefix gets.
+
+Equal cost (the ledger): every method spends the same number of leaves (trajectories) per step,
+``Budget.total = M + M N``; bare rollouts and continuations are both leaves. Tree methods spend
+M at the root and m_i N continuations in tree i (so M N in all); flat methods (grpo, dapo,
+prompt_only) spend all M (1 + N) at the root. A tree with no non-leaf prefix (every bare rollout
+ended on its first turn) cannot branch; the driver then spends its continuation budget as more
+bare rollouts of the same prompt, so the ledger still balances (``LeafLedger`` checks it).
+
+Methods (the registry ``ALLOCATORS`` maps a name to a factory taking ``AllocatorConfig``):
+
+* ``grpo``: n rollouts for each of total / n prompts drawn uniformly; no prefix stage.
+* ``dapo``: dynamic sampling: groups of n in waves; a group whose outcomes are all 0 or all 1 is
+  dropped from the training batch; waves refill the missing mixed groups until the batch target
+  is met or the leaf budget is spent. Every generated trajectory is counted.
+* ``prompt_only`` (PCL-like): Stage 1 (``allocate_roots`` on explored predictions) with the whole
+  budget at the root; no Stage 2.
+* ``random_prefix`` (Tree-GRPO/TreePO-like): TRACE's root/prefix budget split, but roots uniform
+  (``tree_group`` bare rollouts for each of M / tree_group prompts) and each continuation's branch
+  point drawn uniformly from the tree's non-leaf prefixes.
+* ``trace``: Stage 1 ``allocate_roots`` on explored predictions with budget M, then Stage 2
+  ``allocate_prefixes`` on predicted prefix values with budget m_i N per active prompt.
+* ``oracle``: TRACE's two stages on the true V, without exploration (simulation only).
+
+Departure from the paper: the exploration rule (trace_core.allocation.explore) is this project's
+addition; DESIGN.md does not say how the paper avoids starving prompts the predictor calls certain.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from trace_core.allocation import allocate_prefixes, allocate_roots, explore
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The per-step sampling budget, in leaves (complete trajectories)."""
+
+    roots: int
+    """M: bare rollouts at the root for tree methods."""
+    multiplier: int
+    """N: continuations per bare rollout, spent inside the trees."""
+
+    def __post_init__(self) -> None:
+        if self.roots < 2 or self.multiplier < 0:
+            raise ValueError(f"Budget: roots must be >= 2 and multiplier >= 0, got {self.roots}, {self.multiplier}")
+
+    @property
+    def total(self) -> int:
+        """Leaves per step, the same for every method: M + M N."""
+        return self.roots * (1 + self.multiplier)
+
+
+@dataclass(frozen=True)
+class RootPool:
+    """The candidate prompts of one step."""
+
+    predicted: np.ndarray  # [P] V~(x_i)
+    staleness: np.ndarray  # [P] steps since the prompt was last sampled
+    true_value: np.ndarray | None = None  # [P] V(x_i), known only in simulation
+
+    def __post_init__(self) -> None:
+        if self.predicted.ndim != 1 or self.staleness.shape != self.predicted.shape:
+            raise ValueError("RootPool: predicted and staleness must be 1-D arrays of equal length")
+        if self.true_value is not None and self.true_value.shape != self.predicted.shape:
+            raise ValueError("RootPool: true_value must match predicted in length")
+
+    @property
+    def size(self) -> int:
+        return self.predicted.shape[0]
+
+
+@dataclass(frozen=True)
+class PrefixSet:
+    """One tree's non-leaf prefixes on its bare rollouts."""
+
+    predicted: np.ndarray  # [K] V~(H_ijt)
+    observed: np.ndarray  # [K] r_ij of the bare rollout through the prefix, in {0, 1}
+    true_value: np.ndarray | None = None  # [K] V(H_ijt), known only in simulation
+
+    def __post_init__(self) -> None:
+        if self.predicted.ndim != 1 or self.observed.shape != self.predicted.shape:
+            raise ValueError("PrefixSet: predicted and observed must be 1-D arrays of equal length")
+        if self.true_value is not None and self.true_value.shape != self.predicted.shape:
+            raise ValueError("PrefixSet: true_value must match predicted in length")
+
+    @property
+    def size(self) -> int:
+        return self.predicted.shape[0]
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """Knobs of all allocators (each reads the ones it needs)."""
+
+    group_size: int = 8
+    """n: rollouts per prompt for grpo and dapo."""
+    tree_group: int = 4
+    """Bare rollouts per prompt for random_prefix's uniform roots."""
+    min_per_root: int = 2
+    """Stage 1: an active prompt gets at least this many bare rollouts (one can never be mixed)."""
+    max_per_root: int | None = None
+    """Stage 1: cap on bare rollouts per prompt; None = no cap."""
+    max_per_prefix: int | None = None
+    """Stage 2: cap on continuations per prefix; None = no cap."""
+    explore_strength: float = 0.01
+    """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it)."""
+    dapo_batch_groups: int | None = None
+    """DAPO's target number of mixed groups; None = total leaves // group_size (GRPO's batch)."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2 or self.tree_group < 2 or self.min_per_root < 2:
+            raise ValueError("AllocatorConfig: group_size, tree_group and min_per_root must be >= 2")
+        if self.explore_strength < 0:
+            raise ValueError(f"AllocatorConfig.explore_strength must be >= 0, got {self.explore_strength}")
+
+
+class LeafLedger:
+    """Counts leaves spent in one step against the budget; overspending is an error."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.spent = 0
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.spent
+
+    def spend(self, leaves: int, what: str) -> None:
+        if leaves < 0 or leaves > self.left:
+            raise ValueError(f"ledger: {what} asks for {leaves} leaves but {self.left} of {self.budget} are left")
+        self.spent += leaves
+
+
+class Allocator(ABC):
+    """Base: a flat method with no refill and no prefix stage. Subclasses override the stages."""
+
+    name = "base"
+    uses_predictor = False
+    """Whether the method reads ``RootPool.predicted`` / ``PrefixSet.predicted``."""
+
+    def __init__(self, config: AllocatorConfig):
+        self.config = config
+
+    def root_leaves(self, budget: Budget) -> int:
+        """Leaves the root stage may spend (the rest, if any, goes to the prefix stage)."""
+        return budget.total
+
+    @abstractmethod
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        """[P] bare rollouts per candidate prompt; sums to at most ``leaves``."""
+
+    def refill(
+        self, pool: RootPool, counts: np.ndarray, mixed: np.ndarray, leaves: int, rng: np.random.Generator
+    ) -> np.ndarray | None:
+        """Another wave after outcomes are known: [P] extra counts, or None to stop.
+
+        ``counts`` [P] rollouts so far, ``mixed`` [P] whether a prompt's rollouts hold both outcomes,
+        ``leaves`` what the root stage may still spend."""
+        return None
+
+    def tree_leaves(self, bare: int, budget: Budget) -> int:
+        """Continuation leaves for a tree with ``bare`` bare rollouts."""
+        return 0
+
+    def allocate_prefixes(self, prefixes: PrefixSet, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        """[K] continuations per prefix of a non-empty set; sums to ``leaves``."""
+        raise NotImplementedError(f"{self.name} has no prefix stage")
+
+
+def _uniform_groups(pool_size: int, group: int, leaves: int, rng: np.random.Generator) -> np.ndarray:
+    """``group`` rollouts for each of leaves // group prompts drawn without replacement; a remainder
+    of at least 2 becomes one smaller group, so the whole budget is spent when possible."""
+    n_full, rest = divmod(leaves, group)
+    sizes = [group] * n_full + ([rest] if rest >= 2 else [])
+    if len(sizes) > pool_size:
+        raise ValueError(f"pool of {pool_size} prompts is too small for {len(sizes)} groups; enlarge the pool")
+    counts = np.zeros(pool_size, dtype=np.int64)
+    counts[rng.choice(pool_size, size=len(sizes), replace=False)] = sizes
+    return counts
+
+
+class Grpo(Allocator):
+    name = "grpo"
+
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        return _uniform_groups(pool.size, self.config.group_size, leaves, rng)
+
+
+class Dapo(Allocator):
+    """Dynamic sampling. Waves draw fresh prompts for the mixed groups still missing."""
+
+    name = "dapo"
+
+    def __init__(self, config: AllocatorConfig):
+        super().__init__(config)
+        self._target = 0
+
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        n = self.config.group_size
+        self._target = self.config.dapo_batch_groups or leaves // n
+        return self._wave(np.zeros(pool.size, dtype=bool), self._target, leaves, rng)
+
+    def refill(
+        self, pool: RootPool, counts: np.ndarray, mixed: np.ndarray, leaves: int, rng: np.random.Generator
+    ) -> np.ndarray | None:
+        missing = self._target - int(mixed.sum())
+        if missing <= 0 or leaves < 2:
+            return None
+        extra = self._wave(counts > 0, missing, leaves, rng)
+        return extra if extra.sum() else None
+
+    def _wave(self, used: np.ndarray, groups: int, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        n = self.config.group_size
+        free = np.flatnonzero(~used)
+        wave = _uniform_groups(free.size, n, min(groups * n, leaves), rng)
+        counts = np.zeros(used.size, dtype=np.int64)
+        counts[free] = wave
+        return counts
+
+
+class PromptOnly(Allocator):
+    """PCL-like: Stage 1 with the predictor over the whole budget."""
+
+    name = "prompt_only"
+    uses_predictor = True
+
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        v = explore(pool.predicted, pool.staleness, strength=self.config.explore_strength)
+        return allocate_roots(
+            v, leaves, min_per_root=self.config.min_per_root, max_per_root=self.config.max_per_root
+        )
+
+
+class Trace(Allocator):
+    """Stage 1 on V~ (explored) with budget M, Stage 2 on V~ with budget m_i N per tree."""
+
+    name = "trace"
+    uses_predictor = True
+
+    def root_leaves(self, budget: Budget) -> int:
+        return budget.roots
+
+    def root_values(self, pool: RootPool) -> np.ndarray:
+        return explore(pool.predicted, pool.staleness, strength=self.config.explore_strength)
+
+    def prefix_values(self, prefixes: PrefixSet) -> np.ndarray:
+        return prefixes.predicted
+
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        return allocate_roots(
+            self.root_values(pool), leaves, min_per_root=self.config.min_per_root, max_per_root=self.config.max_per_root
+        )
+
+    def tree_leaves(self, bare: int, budget: Budget) -> int:
+        return bare * budget.multiplier
+
+    def allocate_prefixes(self, prefixes: PrefixSet, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        return allocate_prefixes(
+            self.prefix_values(prefixes), prefixes.observed, leaves, max_per_prefix=self.config.max_per_prefix
+        )
+
+
+class Oracle(Trace):
+    """TRACE's stages on the true V (no exploration: the truth needs none)."""
+
+    name = "oracle"
+    uses_predictor = False
+
+    def root_values(self, pool: RootPool) -> np.ndarray:
+        if pool.true_value is None:
+            raise ValueError("oracle: RootPool.true_value is required")
+        return pool.true_value
+
+    def prefix_values(self, prefixes: PrefixSet) -> np.ndarray:
+        if prefixes.true_value is None:
+            raise ValueError("oracle: PrefixSet.true_value is required")
+        return prefixes.true_value
+
+
+class RandomPrefix(Allocator):
+    """Tree-GRPO/TreePO-like: uniform roots, uniformly random branch points, TRACE's budget split."""
+
+    name = "random_prefix"
+
+    def root_leaves(self, budget: Budget) -> int:
+        return budget.roots
+
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        return _uniform_groups(pool.size, self.config.tree_group, leaves, rng)
+
+    def tree_leaves(self, bare: int, budget: Budget) -> int:
+        return bare * budget.multiplier
+
+    def allocate_prefixes(self, prefixes: PrefixSet, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        if prefixes.size == 0:
+            raise ValueError("random_prefix: a tree with no prefixes cannot branch")
+        return np.bincount(rng.integers(0, prefixes.size, size=leaves), minlength=prefixes.size).astype(np.int64)
+
+
+ALLOCATORS: dict[str, Callable[[AllocatorConfig], Allocator]] = {
+    cls.name: cls for cls in (Grpo, Dapo, PromptOnly, RandomPrefix, Trace, Oracle)
+}
+"""The one registry at the config edge: method name -> factory."""
+
+
+def make_allocator(name: str, config: AllocatorConfig = AllocatorConfig()) -> Allocator:
+    if name not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {name!r}; choose one of {sorted(ALLOCATORS)}")
+    return ALLOCATORS[name](config)
