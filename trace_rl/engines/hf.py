@@ -1,7 +1,7 @@
 """Transformers rollout engine: the reference engine in tests, and a CPU fallback for tiny models.
 
 A hand-written incremental decode over a left-padded batch with a KV cache (``DynamicCache``):
-every row (request x sample) is prefetched once, then decoded one token per step; rows that end
+every row (request x sample) is prefilled once, then decoded one token per step; rows that end
 (EOS, a stop string, or ``max_tokens``) are dropped from the cache so the batch shrinks.
 
 Semantics are chosen to match ``VLLMEngine`` token for token on a greedy decode:
