@@ -1,0 +1,1 @@
+"""Benchmarks that measure and print figures (not pass/fail timing tests)."""

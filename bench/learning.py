@@ -1,0 +1,202 @@
+"""TRACE against the baselines at equal leaf budget, end to end on a CPU (issue 6).
+
+Every method is the same ``train`` flow with another ``allocator``: grpo, dapo, prompt_only,
+random_prefix, trace. Each (method, seed) run starts from the same bootstrapped tiny policy, spends
+the same number of trajectories (leaves) per step, and is evaluated on held-out items of the family
+at a few checkpoints (greedy, so the accuracy of a checkpoint is exact on its items). Printed per
+method (mean and spread over seeds): final and best held-out accuracy, the area under accuracy
+versus cumulative leaf budget (normalised to [0, 1]), the mean effective ratio over steps, tokens
+and tool calls spent, and wall time. A plot of accuracy against cumulative budget is saved.
+
+    python -m bench.learning                 # the full benchmark (see --help)
+    python -m bench.learning --quick         # a small configuration (what the test suite runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+METHODS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
+
+
+@dataclass
+class RunResult:
+    method: str
+    seed: int
+    eval_steps: list[int]  # -1 = the starting policy
+    accuracy: list[float]
+    effective_ratio: list[float]
+    leaves: list[float]
+    generated_tokens: float
+    tool_calls: float
+    wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int) -> float:
+    from flows.evaluate import evaluate_rollouts
+
+    from trace_rl.config import config_from_mapping
+
+    cfg = config_from_mapping(cfg_dict, "bench.learning")
+    out = evaluate_rollouts.fn(cfg.to_dict(), policy_dir, cfg.eval_split, items, 1, 0.0)
+    return out["accuracy"]
+
+
+def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
+            eval_steps: Sequence[int], eval_items: int, start_accuracy: float) -> RunResult:
+    from flows.train import train
+    from tasks.runtime import Paths
+    from trace_rl.storage.store import TreeStore
+
+    config = {**base, "allocator": method, "seed": seed, "policy": policy,
+              "run_name": f"learn-{method}-s{seed}"}
+    t0 = time.perf_counter()
+    summary = train(config=config, workdir=str(workdir))
+    wall = time.perf_counter() - t0
+    run_id = summary["run_id"]
+    store = TreeStore(workdir / "trace.duckdb", create=False)
+    steps = store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r AND status = 'complete' "
+                        "ORDER BY step", {"r": run_id}).to_pylist()
+    metrics = [json.loads(s["metrics_json"]) for s in steps]
+    acc = [start_accuracy]
+    eval_cfg = {**config, "run_id": "learn-eval"}  # one evaluation engine, weights reloaded
+    for s in eval_steps:
+        acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), eval_items))
+    return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
+                     effective_ratio=[m["tree/effective_ratio"] for m in metrics],
+                     leaves=[m["rollout/leaves"] for m in metrics],
+                     generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
+                     tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
+                     extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics]))})
+
+
+def area_under_curve(budget: Sequence[float], accuracy: Sequence[float]) -> float:
+    """Trapezoid area under accuracy vs cumulative budget, divided by the budget span: the mean
+    accuracy over the budget, in [0, 1]."""
+    x, y = np.asarray(budget, dtype=float), np.asarray(accuracy, dtype=float)
+    return float(np.trapezoid(y, x) / (x[-1] - x[0])) if x[-1] > x[0] else float(y[-1])
+
+
+def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for method in dict.fromkeys(r.method for r in results):
+        rs = [r for r in results if r.method == method]
+        budget = [(s + 1) * leaves_per_step for s in rs[0].eval_steps]
+        final = [r.accuracy[-1] for r in rs]
+        best = [max(r.accuracy[1:]) for r in rs]
+        auc = [area_under_curve(budget, r.accuracy) for r in rs]
+        table[method] = {
+            "final": (float(np.mean(final)), float(np.std(final))),
+            "best": (float(np.mean(best)), float(np.std(best))),
+            "auc": (float(np.mean(auc)), float(np.std(auc))),
+            "effective_ratio": float(np.mean([np.mean(r.effective_ratio) for r in rs])),
+            "generated_tokens": float(np.mean([r.generated_tokens for r in rs])),
+            "tool_calls": float(np.mean([r.tool_calls for r in rs])),
+            "wall_s": float(np.mean([r.wall_s for r in rs])),
+            "leaves": float(np.mean([sum(r.leaves) for r in rs])),
+            "curve_budget": budget,
+            "curve": np.mean([r.accuracy for r in rs], axis=0).tolist(),
+        }
+    return table
+
+
+def print_table(table: dict[str, dict[str, Any]], seeds: int) -> None:
+    head = (f"{'method':<14}{'final acc':>14}{'best acc':>14}{'AUC':>14}{'eff.ratio':>10}"
+            f"{'leaves':>8}{'gen tokens':>12}{'tool calls':>11}{'wall s':>8}")
+    print(f"held-out accuracy: mean ± std over {seeds} seed(s)")
+    print(head)
+    print("-" * len(head))
+    for m, t in table.items():
+        pm = lambda v: f"{100 * v[0]:5.1f} ± {100 * v[1]:4.1f}"  # noqa: E731
+        print(f"{m:<14}{pm(t['final']):>14}{pm(t['best']):>14}{pm(t['auc']):>14}"
+              f"{t['effective_ratio']:>10.2f}{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}"
+              f"{t['tool_calls']:>11.0f}{t['wall_s']:>8.0f}")
+
+
+def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, t in table.items():
+        ax.plot(t["curve_budget"], [100 * a for a in t["curve"]], marker="o", label=m,
+                linewidth=2.5 if m == "trace" else 1.2)
+    ax.set_xlabel("cumulative budget (trajectories)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title("accuracy vs sampling budget (mean over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", default="synth_arith")
+    ap.add_argument("--difficulty", type=int, default=2)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--eval-every", type=int, default=4)
+    ap.add_argument("--eval-items", type=int, default=100)
+    ap.add_argument("--root-budget", type=int, default=16)
+    ap.add_argument("--multiplier", type=int, default=1)
+    ap.add_argument("--pool-size", type=int, default=32)
+    ap.add_argument("--workdir", default=None, help="default: a new temporary folder")
+    ap.add_argument("--plot", default="docs/learning.png")
+    ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.eval_every, args.eval_items = 1, 2, 2, 8
+        args.root_budget, args.pool_size = 4, 8
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="trace-learning-"))
+    from flows.bootstrap import bootstrap
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    policy = bootstrap(family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
+                       preset="test" if args.quick else "tiny")
+    base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
+            "root_budget": args.root_budget, "multiplier": args.multiplier,
+            "pool_size": args.pool_size, "plot_every": 0, "engine": "hf"}
+    eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
+    start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items)
+    results = [run_one(m, s, base, policy, workdir, eval_steps, args.eval_items, start)
+               for s in range(args.seeds) for m in methods]
+    leaves_per_step = args.root_budget * (1 + args.multiplier)
+    table = summarise(results, leaves_per_step)
+    print(f"\nfamily {args.family} (difficulty {args.difficulty}), {args.steps} steps x "
+          f"{leaves_per_step} leaves, starting accuracy {100 * start:.1f}%, workdir {workdir}")
+    print_table(table, args.seeds)
+    if args.plot:
+        plot(table, Path(args.plot))
+        print(f"plot: {args.plot}")
+    if "trace" in table and len(table) > 1:
+        others = {m: t for m, t in table.items() if m != "trace"}
+        best = max(others, key=lambda m: others[m]["final"][0])
+        delta = 100 * (table["trace"]["final"][0] - others[best]["final"][0])
+        ratio = (table["trace"]["effective_ratio"] / table["grpo"]["effective_ratio"]
+                 if table.get("grpo", {}).get("effective_ratio") else float("nan"))
+        print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
+              f"effective ratio {ratio:.2f}x GRPO")
+    return {"table": table, "results": [r.__dict__ for r in results]}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The learning benchmark's small configuration runs every method through the real train flow."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_learning_benchmark(tmp_path, capsys):
+    from bench.learning import METHODS, main
+
+    out = main(["--quick", "--workdir", str(tmp_path / "wd"), "--plot", str(tmp_path / "curve.png")])
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"TRACE vs best baseline: [+-]\d+\.\d points held-out accuracy; "
+                        r"effective ratio (\d+\.\d+|nan)x GRPO", printed[-1])
+    assert set(out["table"]) == set(METHODS)
+    for t in out["table"].values():
+        # Equal sampling cost: every method spent the same number of trajectories.
+        assert t["leaves"] == out["table"]["grpo"]["leaves"] > 0
+        assert 0.0 <= t["final"][0] <= 1.0
+    assert (tmp_path / "curve.png").stat().st_size > 0
