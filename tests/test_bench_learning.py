@@ -17,8 +17,13 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert re.fullmatch(r"TRACE vs best baseline: [+-]\d+\.\d points held-out accuracy; "
                         r"effective ratio (\d+\.\d+|nan)x GRPO", printed[-1])
     assert set(out["table"]) == set(METHODS)
-    for t in out["table"].values():
-        # Equal sampling cost: every method spent the same number of trajectories.
-        assert t["leaves"] == out["table"]["grpo"]["leaves"] > 0
+    budget = out["table"]["grpo"]["leaves"]
+    for method, t in out["table"].items():
+        # Equal sampling cost: every method spends the same trajectories; DAPO stops early once
+        # its batch holds enough mixed groups, so it may spend less, never more.
+        if method == "dapo":
+            assert 0 < t["leaves"] <= budget
+        else:
+            assert t["leaves"] == budget > 0
         assert 0.0 <= t["final"][0] <= 1.0
     assert (tmp_path / "curve.png").stat().st_size > 0
