@@ -8,6 +8,7 @@ transformers engine and the tiny model.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -36,13 +37,16 @@ def tok():
     return build_tokenizer()
 
 
+def with_template(tok, template: str | None):
+    """A copy of ``tok`` with another chat template (None: no template)."""
+    t = copy.deepcopy(tok)
+    t.chat_template = template
+    return t
+
+
 @pytest.fixture(scope="module")
 def plain_tok(tok):
-    from trace_rl.policy.tiny import build_tokenizer
-
-    t = build_tokenizer()
-    t.chat_template = None
-    return t
+    return with_template(tok, None)
 
 
 def gold_texts(env, item) -> list[str]:
@@ -118,17 +122,14 @@ def test_plain_fallbacks(tok, plain_tok):
     assert derive_glue(plain_tok) is None and not TurnFormat(plain_tok).templated
     assert TurnFormat(plain_tok).glue == PLAIN_GLUE
     # A template that is not prefix-stable (drops earlier assistant turns) falls back too.
-    from trace_rl.policy.tiny import build_tokenizer
-
-    unstable = build_tokenizer()
-    unstable.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
-                              "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                              "{% endif %}{% endfor %}<|im_start|>assistant\n")
+    unstable = with_template(tok, "{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
+                                  "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                                  "{% endif %}{% endfor %}<|im_start|>assistant\n")
     assert derive_glue(unstable) is None
     # A template that rejects the tool role falls back too.
-    strict = build_tokenizer()
-    strict.chat_template = tok.chat_template.replace("'assistant', 'tool'", "'assistant'")
-    assert derive_glue(strict) is None
+    strict = with_template(tok, tok.chat_template.replace("'assistant', 'tool'", "'assistant'"))
+    assert strict.chat_template != tok.chat_template and derive_glue(strict) is None
+    assert derive_glue(tok) is not None
 
 
 # ---------------------------------------------------------------------------------- the loop
