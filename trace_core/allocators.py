@@ -21,8 +21,9 @@ Methods (the registry ``ALLOCATORS`` maps a name to a factory taking ``Allocator
 
 * ``grpo``: n rollouts for each of total / n prompts drawn uniformly; no prefix stage.
 * ``dapo``: dynamic sampling: groups of n in waves; a group whose outcomes are all 0 or all 1 is
-  dropped from the training batch; waves refill the missing mixed groups until the batch target
-  is met or the leaf budget is spent. Every generated trajectory is counted.
+  dropped from the training batch; waves of fresh prompts refill the missing mixed groups until
+  the batch target is met or the leaf budget is spent (so DAPO may spend less than the budget,
+  never more). Every generated trajectory is counted.
 * ``prompt_only`` (PCL-like): Stage 1 (``allocate_roots`` on explored predictions) with the whole
   budget at the root; no Stage 2.
 * ``random_prefix`` (Tree-GRPO/TreePO-like): TRACE's root/prefix budget split, but roots uniform
@@ -121,7 +122,9 @@ class AllocatorConfig:
     explore_strength: float = 0.01
     """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it)."""
     dapo_batch_groups: int | None = None
-    """DAPO's target number of mixed groups; None = total leaves // group_size (GRPO's batch)."""
+    """DAPO's target number of mixed groups (its first wave's size); None = half of the groups the
+    leaf budget affords, so the other half is left for refills (a full first wave would make DAPO
+    exactly GRPO at equal leaf budget)."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2 or self.tree_group < 2 or self.min_per_root < 2:
@@ -213,7 +216,7 @@ class Dapo(Allocator):
 
     def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
         n = self.config.group_size
-        self._target = self.config.dapo_batch_groups or leaves // n
+        self._target = self.config.dapo_batch_groups or max(1, leaves // n // 2)
         return self._wave(np.zeros(pool.size, dtype=bool), self._target, leaves, rng)
 
     def refill(
