@@ -23,7 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="TRACE: tree rollout allocation for sample-efficient agentic RL.")
-console = Console()
+console = Console(soft_wrap=True, highlight=False)  # commands it prints must stay copy-pastable
 WORKDIR_HELP = "Work dir holding trace.duckdb, the MLflow store and checkpoints."
 DEFAULT_WORKDIR = "trace_runs"
 
