@@ -31,10 +31,10 @@ import copy
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+import transformers
 from transformers import DynamicCache
 
 from trace_rl.engines.hf import HFEngine
@@ -52,6 +53,8 @@ from trace_rl.policy.tiny import PRESETS, build_model, build_tokenizer, save_pol
 from trace_rl.rollout.format import render_action
 from trace_rl.rollout.react import Start, expert_episode, run_episodes
 from trace_rl.rollout.types import Action, Episode, SamplingSettings
+
+log = logging.getLogger(__name__)
 
 RECORD = "bootstrap.json"
 """Name of the record written next to the weights."""
@@ -311,7 +314,7 @@ def _tokenizer_texts(env: Environment, items: Sequence[TaskItem]) -> list[str]:
             texts.append(render_action(action))
             result = env.step(state, action)
             if result.observation:
-                texts.append(f"<tool_response>{result.observation}</tool_response>")
+                texts.append(result.observation)
     return texts
 
 
@@ -455,7 +458,8 @@ def _train(config: BootstrapConfig, env: Environment, train: list[TaskItem],
         success = measure(eval_items, 1.0, epoch)
         history.append({"epoch": epoch, "loss": sum(losses) / len(losses), "eval_success": success,
                         "seconds": time.perf_counter() - t_sft})
-        print("EPOCH", history[-1], flush=True)
+        log.info("bootstrap %s epoch %d: loss %.4f, held-out success %.3f (%.0fs)", config.family,
+                 epoch, history[-1]["loss"], success, history[-1]["seconds"])
         gap = _distance(success, lo, hi)
         if best is None or gap < best[0]:
             best = (gap, epoch, copy.deepcopy(model.state_dict()))
@@ -497,6 +501,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--target", type=float, nargs=2, default=(0.3, 0.7), metavar=("LOW", "HIGH"))
     p.add_argument("--noise", type=float, default=0.25)
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    transformers.utils.logging.disable_progress_bar()
     t0 = time.perf_counter()
     out = bootstrap_policy(args.family, args.out, difficulty=args.difficulty, preset=args.preset,
                            seed=args.seed, sft_examples=args.sft_examples,
