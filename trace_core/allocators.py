@@ -119,8 +119,9 @@ class AllocatorConfig:
     """Stage 1: cap on bare rollouts per prompt; None = no cap."""
     max_per_prefix: int | None = None
     """Stage 2: cap on continuations per prefix; None = no cap."""
-    explore_strength: float = 0.01
-    """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it)."""
+    explore_strength: float = 0.003
+    """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it).
+    Small by default: in a stationary process exploration only costs (docs/results.md)."""
     dapo_batch_groups: int | None = None
     """DAPO's target number of mixed groups (its first wave's size); None = half of the groups the
     leaf budget affords, so the other half is left for refills (a full first wave would make DAPO

@@ -1,0 +1,417 @@
+"""Allocation benchmark: every allocator at equal leaf budget on the simulator.
+
+    python -m bench.allocation [--steps S] [--seed 0] [--roots 128] [--multiplier 2] [--pool 512] [--explore X]
+
+Per step, all methods see the same candidate pool (common random numbers); each method that reads
+predictions owns a HashedNgramPredictor that learns online from its own trees (targets V^ and
+weights n from trace_core.tree.backup). Printed: one table (effective ratio, mixed-anchor share,
+sibling contrast pairs per 100 leaves, simulated tokens per step, each with its ratio to the
+oracle) and the learned predictor's Brier score against a constant predictor on held-out
+rollouts. The last line reads ``TRACE effective ratio: <x>x GRPO, <y>x oracle``.
+
+Definitions (docs/algorithm.md, "Allocation benchmark"):
+* effective ratio: share of active roots (prompts that got >= 1 rollout) whose tree holds a
+  success and a failure, pooled over all steps (and, beside it, over the second half only, after
+  the predictors' warm-up);
+* mixed-anchor share: share of internal nodes y (root included) with 0 < V^(y) < 1;
+* sibling contrast pairs: over every internal node, the unordered pairs of its children whose
+  backed-up values differ (V^(a) != V^(b)); per 100 leaves;
+* simulated tokens: generated tokens per step (a continuation generates only its new turns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from trace_core.allocators import ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet, RootPool
+from trace_core.predictor import ConstantPredictor, HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
+from trace_core.simulator import Prompt, SimConfig, Simulator, render
+from trace_core.tree import NO_PARENT, Tree, backup
+
+METHODS = ("grpo", "dapo", "prompt_only", "random_prefix", "trace", "oracle")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark run."""
+
+    steps: int = 150
+    """Training steps per method."""
+    seed: int = 0
+    """Seeds the dataset, the pools, every method's sampling and the predictors."""
+    roots: int = 128
+    """M: root budget of the tree methods."""
+    multiplier: int = 2
+    """N: continuation multiplier (total leaves per step = M (1 + N) for every method)."""
+    dataset_size: int = 2000
+    """Prompts in the fixed training set."""
+    pool_size: int = 512
+    """Candidate prompts drawn (uniformly, without replacement) per step."""
+    eval_prompts: int = 400
+    """Held-out rollouts (one per prompt drawn from the dataset) for the predictor's Brier score."""
+    methods: tuple[str, ...] = METHODS
+    """Allocators to run (names in trace_core.allocators.ALLOCATORS)."""
+    allocator: AllocatorConfig = AllocatorConfig()
+    """Shared allocator knobs."""
+    head: HeadConfig = HeadConfig()
+    """Predictor head and online training."""
+    sim: SimConfig = SimConfig()
+    """The synthetic task process."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.methods) - set(ALLOCATORS)
+        if unknown:
+            raise ValueError(f"BenchConfig.methods: unknown {sorted(unknown)}; choose from {sorted(ALLOCATORS)}")
+        if self.pool_size > self.dataset_size:
+            raise ValueError("BenchConfig: pool_size must be <= dataset_size")
+        if self.steps < 1:
+            raise ValueError("BenchConfig.steps must be >= 1")
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.roots, self.multiplier)
+
+
+@dataclass
+class TreeBuilder:
+    """One prompt's rollout tree as growing arrays (node ids in creation order, so parent < child)."""
+
+    prompt: Prompt
+    parent: list[int] = field(default_factory=lambda: [NO_PARENT])
+    prefix: list[tuple[str, ...]] = field(default_factory=lambda: [()])  # turns up to each node
+    reward: list[float] = field(default_factory=lambda: [np.nan])  # NaN at internal nodes
+    bare_leaves: list[int] = field(default_factory=list)
+    tokens: int = 0
+
+    def add_rollout(self, at: int, turns: tuple[str, ...], reward: int, tokens: int, bare: bool) -> None:
+        """Attach a rollout's new turns as a chain below node ``at``."""
+        node = at
+        for turn in turns:
+            self.parent.append(node)
+            self.prefix.append(self.prefix[node] + (turn,))
+            self.reward.append(np.nan)
+            node = len(self.parent) - 1
+        if node == at:
+            raise ValueError("a rollout must generate at least one turn")
+        self.reward[node] = float(reward)
+        self.tokens += tokens
+        if bare:
+            self.bare_leaves.append(node)
+
+    def prefixes(self) -> tuple[list[int], np.ndarray]:
+        """Non-leaf prefixes (depth >= 1) on the bare rollouts, with the bare outcome through each."""
+        nodes, observed = [], []
+        for leaf in self.bare_leaves:
+            node = self.parent[leaf]
+            while node > 0:
+                nodes.append(node)
+                observed.append(self.reward[leaf])
+                node = self.parent[node]
+        return nodes, np.asarray(observed, dtype=np.float64)
+
+    def tree(self) -> Tree:
+        parent = np.asarray(self.parent, dtype=np.int64)
+        depth = np.asarray([len(p) for p in self.prefix], dtype=np.int64)
+        return Tree(parent=parent, depth=depth, leaf_reward=np.asarray(self.reward, dtype=np.float64))
+
+
+@dataclass
+class Totals:
+    """Running sums of one method's figures."""
+
+    roots: int = 0
+    mixed_roots: int = 0
+    internal: int = 0
+    mixed_internal: int = 0
+    contrast_pairs: int = 0
+    leaves: int = 0
+    tokens: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    per_step: list[tuple[int, int]] = field(default_factory=list)  # (mixed roots, active roots)
+
+    def add(self, builders: list[TreeBuilder]) -> None:
+        self.steps += 1
+        mixed_before, roots_before = self.mixed_roots, self.roots
+        for b in builders:
+            tree = b.tree()
+            value, _ = backup(tree.parent, tree.leaf_reward)
+            internal = ~tree.is_leaf
+            mixed = internal & (value > 0) & (value < 1)
+            self.roots += 1
+            self.mixed_roots += int(mixed[0])
+            self.internal += int(internal.sum())
+            self.mixed_internal += int(mixed.sum())
+            self.contrast_pairs += sibling_contrast_pairs(tree.parent, value)
+            self.leaves += int(tree.is_leaf.sum())
+            self.tokens += b.tokens
+        self.per_step.append((self.mixed_roots - mixed_before, self.roots - roots_before))
+
+    def figures(self) -> dict[str, float]:
+        late = np.asarray(self.per_step[len(self.per_step) // 2 :]).reshape(-1, 2)  # [S/2, 2]
+        return {
+            "effective_ratio": self.mixed_roots / max(self.roots, 1),
+            "effective_ratio_late": late[:, 0].sum() / max(late[:, 1].sum(), 1),
+            "mixed_anchor_share": self.mixed_internal / max(self.internal, 1),
+            "contrast_per_100_leaves": 100.0 * self.contrast_pairs / max(self.leaves, 1),
+            "tokens_per_step": self.tokens / max(self.steps, 1),
+            "leaves_per_step": self.leaves / max(self.steps, 1),
+            "roots_per_step": self.roots / max(self.steps, 1),
+        }
+
+
+def sibling_contrast_pairs(parent: np.ndarray, value: np.ndarray) -> int:
+    """Unordered pairs of siblings (children of one node) whose backed-up values differ."""
+    children = parent[1:]  # [n - 1] parent of each non-root node
+    # Values are leaf-count ratios; rounding makes equal ratios compare equal.
+    keys = np.round(value[1:], 9)
+    pairs = 0
+    for p in np.unique(children):
+        _, counts = np.unique(keys[children == p], return_counts=True)
+        k = counts.sum()
+        pairs += int(k * (k - 1) // 2 - (counts * (counts - 1) // 2).sum())
+    return pairs
+
+
+class MethodRun:
+    """One allocator's state across steps: its predictor, staleness, sampling stream and totals."""
+
+    def __init__(self, name: str, config: BenchConfig, sim: Simulator, index: int):
+        self.name = name
+        self.config = config
+        self.sim = sim
+        self.allocator: Allocator = ALLOCATORS[name](config.allocator)
+        self.predictor: Predictor | None = (
+            HashedNgramPredictor(head=config.head) if self.allocator.uses_predictor else None
+        )
+        self.rng = np.random.default_rng([config.seed, 1 + index])
+        self.last_sampled = np.full(config.dataset_size, -1, dtype=np.int64)
+        self.totals = Totals()
+        self.fit_stats: dict[str, float] = {}
+
+    def predict(self, histories: list[str]) -> np.ndarray:
+        if self.predictor is None:
+            return np.full(len(histories), 0.5)
+        return self.predictor.predict(histories)
+
+    def step(self, step: int, pool_idx: np.ndarray, prompts: list[Prompt]) -> None:
+        start = time.perf_counter()
+        budget = self.config.budget
+        alloc = self.allocator
+        ledger = LeafLedger(budget.total)
+        pool_prompts = [prompts[i] for i in pool_idx]
+        last = self.last_sampled[pool_idx]
+        pool = RootPool(
+            predicted=self.predict([p.text for p in pool_prompts]),
+            # Steps since last rolled out; a never-sampled prompt counts every step so far.
+            staleness=np.where(last >= 0, step - last, step).astype(np.float64),
+            true_value=np.array([self.sim.true_value(p) for p in pool_prompts]),
+        )
+        # Root stage (with DAPO's refill waves).
+        builders: dict[int, TreeBuilder] = {}
+        root_leaves = alloc.root_leaves(budget)
+        counts = alloc.allocate_roots(pool, root_leaves, self.rng)
+        wave = counts
+        while wave is not None:
+            ledger.spend(int(wave.sum()), f"{self.name} root stage")
+            for j in np.flatnonzero(wave):
+                b = builders.setdefault(int(j), TreeBuilder(pool_prompts[j]))
+                for _ in range(int(wave[j])):
+                    self._roll(b, 0, bare=True)
+            mixed = np.zeros(pool.size, dtype=bool)
+            for j, b in builders.items():
+                outcomes = [b.reward[leaf] for leaf in b.bare_leaves]
+                mixed[j] = 0 < sum(outcomes) < len(outcomes)
+            wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), self.rng)
+            if wave is not None:
+                counts = counts + wave
+        # Prefix stage, per tree.
+        for j, b in builders.items():
+            leaves = alloc.tree_leaves(int(counts[j]), budget)
+            if leaves == 0:
+                continue
+            ledger.spend(leaves, f"{self.name} prefix stage")
+            nodes, observed = b.prefixes()
+            if not nodes:  # every bare rollout ended on its first turn: nothing to branch from
+                for _ in range(leaves):
+                    self._roll(b, 0, bare=False)
+                continue
+            histories = [render(b.prompt, b.prefix[n]) for n in nodes]
+            prefixes = PrefixSet(
+                predicted=self.predict(histories),
+                observed=observed,
+                true_value=np.array([self.sim.true_value(b.prompt, b.prefix[n]) for n in nodes]),
+            )
+            k = alloc.allocate_prefixes(prefixes, leaves, self.rng)
+            if int(k.sum()) != leaves:
+                raise AssertionError(f"{self.name}: prefix stage spent {int(k.sum())} of {leaves} leaves")
+            for node, times in zip(nodes, k):
+                for _ in range(int(times)):
+                    self._roll(b, node, bare=False)
+        trees = list(builders.values())
+        self.totals.add(trees)
+        self.last_sampled[pool_idx[list(builders)]] = step
+        if self.predictor is not None:
+            self.fit_stats = self._fit(trees)
+        self.totals.seconds += time.perf_counter() - start
+
+    def _roll(self, b: TreeBuilder, node: int, bare: bool) -> None:
+        r = self.sim.rollout(b.prompt, b.prefix[node], self.rng)
+        b.add_rollout(node, r.turns, r.reward, r.tokens, bare)
+
+    def _fit(self, trees: list[TreeBuilder]) -> dict[str, float]:
+        histories, targets, weights = [], [], []
+        for b in trees:
+            tree = b.tree()
+            value, n_leaves = backup(tree.parent, tree.leaf_reward)
+            for node in np.flatnonzero(~tree.is_leaf):
+                histories.append(render(b.prompt, b.prefix[node]))
+                targets.append(value[node])
+                weights.append(n_leaves[node])
+        return self.predictor.fit(histories, np.asarray(targets), np.asarray(weights, dtype=np.float64))
+
+
+def evaluate_predictor(
+    predictor: Predictor, sim: Simulator, prompts: list[Prompt], n: int, rng: np.random.Generator
+) -> dict[str, float]:
+    """Held-out check: one fresh rollout per prompt; every non-terminal prefix on it (root included)
+    is scored against the rollout's outcome and against the exact V. The constant predictor is the
+    held-out base rate itself (the best constant in hindsight)."""
+    histories, outcome, truth = [], [], []
+    for i in rng.choice(len(prompts), size=n, replace=False):
+        p = prompts[i]
+        r = sim.rollout(p, (), rng)
+        for t in range(len(r.turns)):  # turns[:t] for t < len is non-terminal
+            prefix = r.turns[:t]
+            histories.append(render(p, prefix))
+            outcome.append(float(r.reward))
+            truth.append(sim.true_value(p, prefix))
+    y, v = np.asarray(outcome), np.asarray(truth)
+    pred = predictor.predict(histories)
+    const = np.full_like(y, y.mean())
+    return {
+        "examples": float(len(y)),
+        "brier": brier(pred, y),
+        "brier_constant": brier(const, y),
+        "mse_true_v": brier(pred, v),
+        "mse_true_v_constant": brier(const, v),
+        "ece": ece(pred, y),
+        "auc": auc(pred, y),
+    }
+
+
+@dataclass
+class BenchResult:
+    figures: dict[str, dict[str, float]]
+    predictor: dict[str, dict[str, float]]
+    seconds: dict[str, float]
+
+
+def run_bench(config: BenchConfig) -> BenchResult:
+    sim = Simulator(config.sim)
+    prompts = sim.sample_prompts(config.dataset_size, np.random.default_rng([config.seed, 0]))
+    runs = [MethodRun(name, config, sim, i) for i, name in enumerate(config.methods)]
+    pool_rng = np.random.default_rng([config.seed, 10_000])
+    for step in range(config.steps):
+        pool_idx = pool_rng.choice(config.dataset_size, size=config.pool_size, replace=False)
+        for run in runs:
+            run.step(step, pool_idx, prompts)
+    predictor_stats = {}
+    for run in runs:
+        if run.predictor is not None:
+            eval_rng = np.random.default_rng([config.seed, 20_000])  # the same held-out rollouts for every predictor
+            predictor_stats[run.name] = evaluate_predictor(run.predictor, sim, prompts, config.eval_prompts, eval_rng)
+    return BenchResult(
+        figures={run.name: run.totals.figures() for run in runs},
+        predictor=predictor_stats,
+        seconds={run.name: run.totals.seconds for run in runs},
+    )
+
+
+def format_table(result: BenchResult) -> str:
+    cols = [
+        ("effective_ratio", "eff. ratio", "{:.3f}"),
+        ("effective_ratio_late", "eff. ratio, 2nd half", "{:.3f}"),
+        ("mixed_anchor_share", "mixed anchors", "{:.3f}"),
+        ("contrast_per_100_leaves", "contrast/100 leaves", "{:.1f}"),
+        ("tokens_per_step", "tokens/step", "{:.0f}"),
+    ]
+    oracle = result.figures.get("oracle")
+    header = ["method", "roots/step", "leaves/step"]
+    for _, label, _ in cols:
+        header += [label] + (["x oracle"] if oracle else [])
+    rows = [header]
+    for name, fig in result.figures.items():
+        row = [name, f"{fig['roots_per_step']:.1f}", f"{fig['leaves_per_step']:.0f}"]
+        for key, _, fmt in cols:
+            row.append(fmt.format(fig[key]))
+            if oracle:
+                row.append(f"{fig[key] / oracle[key]:.2f}" if oracle[key] else "n/a")
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(r, widths)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def format_predictor(result: BenchResult) -> str:
+    lines = []
+    for name, s in result.predictor.items():
+        lines.append(
+            f"predictor ({name}): Brier {s['brier']:.4f} vs constant {s['brier_constant']:.4f}; "
+            f"MSE to true V {s['mse_true_v']:.4f} vs constant {s['mse_true_v_constant']:.4f}; "
+            f"ECE {s['ece']:.3f}; AUC {s['auc']:.3f} ({s['examples']:.0f} held-out prefixes)"
+        )
+    return "\n".join(lines)
+
+
+def headline(result: BenchResult) -> str:
+    trace = result.figures["trace"]["effective_ratio"]
+    return (
+        f"TRACE effective ratio: {trace / result.figures['grpo']['effective_ratio']:.2f}x GRPO, "
+        f"{trace / result.figures['oracle']['effective_ratio']:.2f}x oracle"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.allocation", description=__doc__.split("\n\n")[0])
+    d = BenchConfig()
+    parser.add_argument("--steps", type=int, default=d.steps, help="training steps per method")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of the whole run")
+    parser.add_argument("--roots", type=int, default=d.roots, help="root budget M of the tree methods")
+    parser.add_argument("--multiplier", type=int, default=d.multiplier, help="continuation multiplier N")
+    parser.add_argument("--pool", type=int, default=d.pool_size, help="candidate prompts per step")
+    parser.add_argument(
+        "--explore", type=float, default=d.allocator.explore_strength, help="exploration strength (trace, prompt_only)"
+    )
+    args = parser.parse_args(argv)
+    # The predictor's small matmuls and Adam updates run fastest single-threaded; extra intra-op
+    # threads only contend on a shared CPU.
+    torch.set_num_threads(1)
+    config = BenchConfig(
+        steps=args.steps,
+        seed=args.seed,
+        roots=args.roots,
+        multiplier=args.multiplier,
+        pool_size=args.pool,
+        allocator=replace(d.allocator, explore_strength=args.explore),
+    )
+    print(
+        f"allocation bench: steps={config.steps} seed={config.seed} M={config.roots} N={config.multiplier} "
+        f"leaves/step={config.budget.total} pool={config.pool_size} dataset={config.dataset_size} "
+        f"explore={config.allocator.explore_strength}"
+    )
+    result = run_bench(config)
+    print(format_table(result))
+    print(format_predictor(result))
+    print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in result.seconds.items()))
+    print(headline(result))
+
+
+if __name__ == "__main__":
+    main()
