@@ -118,6 +118,19 @@ def test_glue_matches_chat_template(tok):
     assert tok.decode(ids, skip_special_tokens=False) == rendered
 
 
+def test_glue_of_a_qwen_style_template(tok):
+    """Qwen-style: tool results go into a user message wrapped in <tool_response> tags."""
+    qwen_like = with_template(tok, (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}"
+        "<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+        "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+    fmt = TurnFormat(qwen_like)
+    assert fmt.templated
+    assert fmt.glue.before_obs == "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+    assert fmt.glue.after_obs == "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_plain_fallbacks(tok, plain_tok):
     assert derive_glue(plain_tok) is None and not TurnFormat(plain_tok).templated
     assert TurnFormat(plain_tok).glue == PLAIN_GLUE
