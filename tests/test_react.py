@@ -17,15 +17,14 @@ from typing import Any, Callable, Mapping
 import pytest
 
 from scripted_engine import ScriptedEngine
-from trace_rl.envs.base import ToolError
+from trace_rl.envs.base import StepResult
 from trace_rl.envs.registry import families, make_env, register
 from trace_rl.envs.synthetic import SynthArith, SynthConfig
 from trace_rl.rollout.format import (PLAIN_GLUE, STOP, TurnFormat, derive_glue, parse_action,
                                      render_action)
 from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,
                                     expert_episode, run_episodes, run_steps)
-from trace_rl.rollout.types import Action, SamplingSettings, Episode
-from trace_rl.envs.base import StepResult
+from trace_rl.rollout.types import Action, SamplingSettings
 
 SAMPLING = SamplingSettings(max_tokens=96, temperature=1.0)
 
@@ -214,14 +213,19 @@ def _call(name: str, **args) -> str:
     return render_action(Action(kind="tool", tool=name, arguments=args))
 
 
-FAILURES = {
-    "malformed": ("<think>x</think><tool_call>{\"name\": calc}</tool_call>", "Error: invalid action: tool call is not valid JSON"),
+FAILURES = {  # name: (the bad turn, the start of its error observation)
+    "malformed": ('<think>x</think><tool_call>{"name": calc}</tool_call>',
+                  "Error: invalid action: tool call is not valid JSON"),
     "no_action": ("<think>x</think> I am done", "Error: invalid action: no <tool_call> or <answer>"),
     "unknown_tool": (_call("browser", url="x"), "Error: ToolError: unknown tool 'browser'"),
-    "missing_arg": (_call("calculator"), "Error: ToolError: calculator: missing required argument 'expression'"),
-    "bad_arg_type": (_call("calculator", expression=3), "Error: ToolError: calculator: argument 'expression' must be string"),
-    "extra_arg": (_call("calculator", expression="1", x=1), "Error: ToolError: calculator: unexpected argument 'x'"),
-    "bad_expression": (_call("calculator", expression="__import__('os')"), "Error: ToolError: unsupported expression element Call"),
+    "missing_arg": (_call("calculator"),
+                    "Error: ToolError: calculator: missing required argument 'expression'"),
+    "bad_arg_type": (_call("calculator", expression=3),
+                     "Error: ToolError: calculator: argument 'expression' must be string"),
+    "extra_arg": (_call("calculator", expression="1", x=1),
+                  "Error: ToolError: calculator: unexpected argument 'x'"),
+    "bad_expression": (_call("calculator", expression="__import__('os')"),
+                       "Error: ToolError: unsupported expression element Call"),
     "raising_tool": (_call("explode"), "Error: RuntimeError: boom"),
     "hanging_tool": (_call("hang"), "Error: tool timed out after 0.3s"),
 }
@@ -343,9 +347,13 @@ def test_max_context_shrinks_turns_then_stops(tok):
 
 def test_run_steps_timeout_is_shared_and_bounded():
     release = threading.Event()
-    jobs = [lambda: StepResult("fast", False, True), lambda: (release.wait(30), StepResult("slow", False, True))[1]]
+
+    def slow() -> StepResult:
+        release.wait(30)
+        return StepResult("slow", False, True)
+
     t0 = time.monotonic()
-    out = run_steps(jobs, timeout_s=0.2)
+    out = run_steps([lambda: StepResult("fast", False, True), slow], timeout_s=0.2)
     release.set()
     assert time.monotonic() - t0 < 2
     assert out[0].observation == "fast" and out[1] is None

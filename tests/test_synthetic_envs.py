@@ -19,7 +19,7 @@ import pytest
 from scripted_engine import ScriptedEngine
 from trace_rl.envs.base import DatasetError, TaskItem, ToolError
 from trace_rl.envs.registry import make_env
-from trace_rl.envs.synthetic import SynthConfig, calculate, check_arguments
+from trace_rl.envs.synthetic import calculate, check_arguments
 from trace_rl.envs.synthetic.fncall import DOORS, FUNCTIONS, ROOMS
 from trace_rl.rollout.format import TurnFormat, render_action
 from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,

@@ -60,7 +60,8 @@ def load_jsonl(path: str | Path, parse_row: Callable[[dict[str, Any]], T],
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DatasetError(str(path), lineno, f"invalid JSON: {exc.msg} at column {exc.colno}") from exc
+                why = f"invalid JSON: {exc.msg} at column {exc.colno}"
+                raise DatasetError(str(path), lineno, why) from exc
             if not isinstance(row, dict):
                 raise DatasetError(str(path), lineno, f"expected a JSON object, got {type(row).__name__}")
             try:

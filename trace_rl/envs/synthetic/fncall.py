@@ -148,7 +148,8 @@ class SynthFncall(SyntheticEnv):
     def check_item(self, item: TaskItem) -> None:
         keys = {"light", "temp", "lock", "volume", "reminders"}
         for what, value in (("gold", item.gold), ("meta.initial", item.meta.get("initial"))):
-            need(isinstance(value, dict) and set(value) == keys, f"{what} must be a state with keys {sorted(keys)}")
+            need(isinstance(value, dict) and set(value) == keys,
+                 f"{what} must be a state with keys {sorted(keys)}")
         calls = item.meta.get("calls")
         need(isinstance(calls, list) and all(isinstance(c, dict) and c.get("name") in _BY_NAME
                                              and isinstance(c.get("arguments"), dict) for c in calls),
