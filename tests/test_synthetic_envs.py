@@ -343,3 +343,20 @@ def test_malformed_row_names_file_and_line(tmp_path, line, why):
 def test_load_rejects_unknown_split():
     with pytest.raises(ValueError, match="split must be one of"):
         make_env("synth_arith").load("validation")
+
+
+def test_row_field_and_load_jsonl_helpers(tmp_path):
+    from trace_rl.envs.io import load_jsonl, row_field
+
+    assert row_field({"n": 3}, "n", int) == 3 and row_field({}, "m", int, default=7) == 7
+    with pytest.raises(ValueError, match="field 'n' must be an integer, got bool"):
+        row_field({"n": True}, "n", int)
+    with pytest.raises(ValueError, match="missing field 'n'"):
+        row_field({"n": None}, "n", int)
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2}\n{"b": 3}\n')
+    assert load_jsonl(path, lambda r: r["a"], limit=2) == [1, 2]
+    with pytest.raises(DatasetError, match=r"rows.jsonl:4: missing field 'a'"):
+        load_jsonl(path, lambda r: r["a"])
+    with pytest.raises(FileNotFoundError, match="dataset file not found"):
+        load_jsonl(tmp_path / "absent.jsonl", dict)
