@@ -231,3 +231,13 @@ def test_vllm_load_weights_changes_and_restores(vllm_engine, tiny_model_dir, tmp
     assert greedy(ref, prompts[:2]) == after
     vllm_engine.load_weights(tiny_model_dir)
     assert greedy(vllm_engine, prompts[:2]) == before
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_greedy_with_n_above_one(vllm_engine, hf, prompts):
+    """vLLM itself refuses n > 1 at temperature 0; the engine splits the request instead."""
+    out = vllm_engine.generate([GenRequest(prompts[0], 3, GREEDY), GenRequest(prompts[1], 1, GREEDY)])
+    ref = hf.generate([GenRequest(prompts[0], 1, GREEDY)])[0][0]
+    assert [len(o) for o in out] == [3, 1]
+    assert all(c.token_ids == ref.token_ids for c in out[0])

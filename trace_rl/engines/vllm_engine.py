@@ -123,24 +123,30 @@ class VLLMEngine:
         validate_requests(requests, self._vocab_size)
         if not requests:
             return []
-        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]) for r in requests]
-        params = [SamplingParams(n=r.n, temperature=r.sampling.temperature, top_p=r.sampling.top_p,
-                                 max_tokens=r.sampling.max_tokens, stop=list(r.sampling.stop),
-                                 include_stop_str_in_output=True, logprobs=0,
-                                 seed=r.sampling.seed)
-                  for r in requests]
+        # vLLM refuses n > 1 with greedy sampling; a greedy request becomes n copies of n = 1
+        # (identical prompts, so all but the first are served from the prefix cache).
+        owner: list[int] = []
+        prompts, params = [], []
+        for i, r in enumerate(requests):
+            greedy = r.sampling.temperature == 0
+            for _ in range(r.n if greedy else 1):
+                owner.append(i)
+                prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]))
+                params.append(SamplingParams(
+                    n=1 if greedy else r.n, temperature=r.sampling.temperature,
+                    top_p=r.sampling.top_p, max_tokens=r.sampling.max_tokens,
+                    stop=list(r.sampling.stop), include_stop_str_in_output=True, logprobs=0,
+                    seed=r.sampling.seed))
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        result = []
-        for i, out in enumerate(outputs):
-            comps = []
+        result: list[list[Completion]] = [[] for _ in requests]
+        for i, out in zip(owner, outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 if c.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM request {i} finished with {c.finish_reason!r}")
                 ids = list(c.token_ids)
-                comps.append(Completion(
+                result[i].append(Completion(
                     token_ids=ids, logprobs=[lp[t].logprob for t, lp in zip(ids, c.logprobs)],
                     text=c.text, finish_reason=c.finish_reason))
-            result.append(comps)
         return result
 
     def load_weights(self, model_dir: str | Path) -> float:
