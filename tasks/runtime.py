@@ -131,9 +131,8 @@ def budget_for(cfg: TrainConfig) -> Budget:
 
 def allocator_for(cfg: TrainConfig) -> Allocator:
     """The configured allocator (one registry, at this edge)."""
-    # DAPO at equal leaf budget: its first wave fills half the batch's groups, so the other half
-    # of the budget is left for refill waves that replace all-0/all-1 groups (with a full first
-    # wave it would be exactly GRPO).
+    # DAPO's batch target (half the groups the leaf budget affords, as the allocator's default)
+    # is passed explicitly: refill runs in another task, on a fresh allocator object.
     dapo_groups = max(1, cfg.leaf_budget // cfg.group_size // 2)
     return make_allocator(cfg.allocator, AllocatorConfig(
         group_size=cfg.group_size, tree_group=cfg.tree_group, min_per_root=cfg.min_per_root,

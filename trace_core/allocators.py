@@ -223,7 +223,9 @@ class Dapo(Allocator):
     def refill(
         self, pool: RootPool, counts: np.ndarray, mixed: np.ndarray, leaves: int, rng: np.random.Generator
     ) -> np.ndarray | None:
-        missing = self._target - int(mixed.sum())
+        # The configured target when given: a pipeline task may refill with a fresh allocator
+        # object that never ran this step's first wave.
+        missing = (self.config.dapo_batch_groups or self._target) - int(mixed.sum())
         if missing <= 0 or leaves < 2:
             return None
         extra = self._wave(counts > 0, missing, leaves, rng)
