@@ -80,11 +80,10 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
         extra = allocator.refill(rootpool, counts, mixed, left, rng) if left > 0 else None
         if extra is None or int(np.sum(extra)) == 0:
             break
-        offset = wave * cfg.pool_size
         refill = scored.append_column("m", pa.array(np.asarray(extra, dtype=np.int64)))
-        more = p["expand_roots"](cfg, run_id, step, 0, policy_dir, refill, offset)
-        p["persist_level"](workdir, run_id, step, 0, more)
-        c2, m2 = _mixed(more, cfg.pool_size, offset)
+        more = p["expand_roots"](cfg, run_id, step, 0, policy_dir, refill, wave)
+        p["persist_level"](workdir, run_id, step, 0, more, wave)
+        c2, m2 = _mixed(more, cfg.pool_size, wave * cfg.pool_size)
         counts, mixed, spent = counts + c2, mixed | m2, spent + int(c2.sum())
         wave += 1
     # Stage 2: continuations from the most informative prefixes of each tree.

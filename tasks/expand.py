@@ -42,14 +42,16 @@ def _ledger_dict(method: str, ledger: Ledger) -> dict[str, Any]:
 
 @task(name="expand-roots", cache_policy=runtime.PHASE_KEY, retries=1)
 def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_dir: str,
-                 allocation: pa.Table, tree_offset: int = 0) -> dict[str, Any]:
+                 allocation: pa.Table, wave: int = 0) -> dict[str, Any]:
     """Bare rollouts: m_i complete episodes for every candidate with m_i > 0 (one tree each).
-    ``tree_offset`` numbers the trees of a refill wave after the earlier waves' trees."""
+    Trees of refill wave ``wave`` (DAPO) are numbered after the earlier waves' trees."""
+    tree_offset = wave * cfg.pool_size
     items = runtime.items_for(cfg, cfg.train_split)
     rows_ = allocation.to_pylist()
     active = [(t, r) for t, r in enumerate(rows_) if r["m"] > 0]
     starts = [Start(items[r["item_id"]], (), int(r["m"])) for _, r in active]
-    episodes, ledger = _rollout(cfg, policy_dir, starts, seed=cfg.seed * 100_003 + step * 17 + level)
+    episodes, ledger = _rollout(cfg, policy_dir, starts,
+                                seed=cfg.seed * 100_003 + step * 17 + level + 7919 * wave)
     fmt_rows: list[dict[str, Any]] = []
     allocs: list[dict[str, Any]] = []
     pos = 0
@@ -64,8 +66,9 @@ def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_di
         fmt_rows += tree.rows
         allocs.append({"tree_id": tree_offset + t, "local_index": 0, "allocator": cfg.allocator,
                        "k": int(r["m"]), "item_id": r["item_id"], "predicted_v": r["predicted_v"]})
-    return {"nodes": to_table(fmt_rows), "allocations": allocs,
-            "ledger": _ledger_dict(cfg.allocator, ledger)}
+    # The ledger is keyed by (run, step, level, method): a refill wave is its own row.
+    method = cfg.allocator if wave == 0 else f"{cfg.allocator}:refill{wave}"
+    return {"nodes": to_table(fmt_rows), "allocations": allocs, "ledger": _ledger_dict(method, ledger)}
 
 
 @task(name="expand-prefixes", cache_policy=runtime.PHASE_KEY, retries=1)
@@ -102,9 +105,11 @@ def expand_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int, leve
 
 
 @task(name="persist-level", cache_policy=runtime.PHASE_KEY, retries=2, retry_delay_seconds=2)
-def persist_level(workdir: str, run_id: str, step: int, level: int, expansion: dict[str, Any]) -> int:
+def persist_level(workdir: str, run_id: str, step: int, level: int, expansion: dict[str, Any],
+                  wave: int = 0) -> int:
     """Write the level's nodes, allocation decisions and ledger in ONE transaction; idempotent
-    (deterministic node ids), so a retry after a crash leaves exactly one copy."""
+    (deterministic node ids), so a retry after a crash leaves exactly one copy. ``wave`` tells
+    DAPO's refill waves of level 0 apart (part of the cache key)."""
     allocs = expansion["allocations"]
     alloc_table = None
     if allocs:

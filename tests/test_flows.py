@@ -167,3 +167,24 @@ def test_trace_sql_answers_while_training_writes(tiny_model_dir, tmp_path):
     # Several answers while the run was alive, seeing the tree grow between them.
     assert len(answers) >= 3
     assert answers[-1] > answers[0]
+
+
+def test_dapo_refills_through_the_flow(tiny_model_dir, tmp_path):
+    """DAPO's first wave fills half its groups; groups that are not mixed are refilled with fresh
+    prompts in later waves, never past the leaf budget."""
+    from flows.train import train
+
+    cfg = {**TINY, "policy": str(tiny_model_dir), "allocator": "dapo", "steps": 1,
+           "group_size": 2, "pool_size": 8, "plot_every": 0}
+    summary = train(config=cfg, workdir=str(tmp_path))
+    m = summary["last_metrics"]
+    store = TreeStore(tmp_path / "trace.duckdb", create=False)
+    trees = store.query("SELECT DISTINCT tree_id FROM nodes").column("tree_id").to_pylist()
+    leaves = TINY["root_budget"] * (1 + TINY["multiplier"])
+    assert m["rollout/leaves"] <= leaves
+    if m["tree/effective_ratio"] < 1.0:  # some group was not mixed: a refill wave followed
+        assert m["alloc/refill_waves"] >= 1
+        assert max(trees) >= cfg["pool_size"]  # refill trees are numbered after the first wave's
+        waves = store.query("SELECT method, trajectories FROM ledger ORDER BY method").to_pylist()
+        assert waves[0]["method"] == "dapo" and waves[1]["method"] == "dapo:refill1"
+        assert sum(w["trajectories"] for w in waves) == m["ledger/trajectories"] == m["rollout/leaves"]
