@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 RECORD = "bootstrap.json"
 """Name of the record written next to the weights."""
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 """Part of the input hash: bump when the recipe changes so cached policies are rebuilt."""
 IGNORE_INDEX = -100
 """Label of a token that carries no loss (transformers' convention)."""
@@ -487,7 +487,7 @@ def _train(config: BootstrapConfig, env: Environment, train: list[TaskItem],
         log.info("bootstrap %s epoch %d: loss %.4f, held-out success %.3f (%.0fs)", config.family,
                  epoch, history[-1]["loss"], success, history[-1]["seconds"])
         gap = _distance(success, lo, hi)
-        if best is None or gap < best[0]:
+        if best is None or gap <= best[0]:  # on a tie the later, better-fit epoch wins
             best = (gap, epoch, copy.deepcopy(model.state_dict()))
         if gap == 0.0:
             break
