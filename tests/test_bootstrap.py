@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trace_rl.engines import make_engine
 from trace_rl.envs.registry import make_env
 from trace_rl.policy.bootstrap import (CORRUPTIONS, IGNORE_INDEX, RECORD, _tokenizer_texts,
-                                       bootstrap_policy, episode_example, measure_success,
+                                       arith_thoughts, bootstrap_policy, episode_example, measure_success,
                                        read_record, sft_batch, sft_loss, shared_prefix_len,
                                        stop_early, trace_actions, wrong_final, wrong_step)
 from trace_rl.policy.tiny import build_model, build_tokenizer, save_policy
@@ -113,6 +113,22 @@ def test_trace_actions_noise_fraction(arith):
     assert {kind for _, _, kind in noisy} == {"expert", *CORRUPTIONS}
 
 
+def test_arith_thoughts_restate_each_step(arith):
+    env, items, _ = arith
+    item = items[0]
+    actions = list(env.expert_actions(item))
+    thoughts = arith_thoughts(item, actions)
+    assert len(thoughts) == len(actions) == 3 and thoughts[-1] == ""
+    # Each step's sentence is in the question, in order, and names the number the call uses.
+    assert item.question.index(thoughts[0]) < item.question.index(thoughts[1])
+    for thought, action in zip(thoughts[:2], actions[:2]):
+        operand = action.arguments["expression"].split()[-1]
+        assert operand in thought or ("doubled" in thought and operand == "2") or \
+            ("tripled" in thought and operand == "3")
+    # A premature answer gets no thought; a script longer than the question's steps gets "".
+    assert arith_thoughts(item, [actions[0], actions[-1]]) == [thoughts[0], ""]
+
+
 def test_bad_settings_are_named():
     with pytest.raises(TypeError, match="known settings"):
         bootstrap_policy("synth_arith", "/nonexistent/x", learning_rat=1e-3)
@@ -131,8 +147,8 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
 
 
 # A real bootstrap small enough for the suite: difficulty 1 (one calculator call, then answer).
-# Clean traces and an unreachable target, so all epochs run (~150 steps, ~10-30 s on 1 thread).
-SMALL = dict(difficulty=1, preset="test", seed=0, sft_examples=800, sft_epochs=3,
+# Clean traces and an unreachable target, so all epochs run (225 steps, ~15-40 s on 1 thread).
+SMALL = dict(difficulty=1, preset="test", seed=0, sft_examples=1200, sft_epochs=3,
              target_success=(0.99, 1.0), eval_items=16, report_items=32, batch_size=16,
              learning_rate=1e-2, noise=0.0, vocab_size=600, threads=1)
 
@@ -187,7 +203,7 @@ def test_sft_raises_held_out_success_over_the_untrained_model(small_policy, tmp_
         engine = make_engine("hf", path, seed=0)
         rates[name] = measure_success(engine, env, items, temperature=0.0, seed=0,
                                       max_turn_tokens=read_record(out)["max_turn_tokens"])
-    # Measured: untrained 0/32 (it never writes a parseable turn); after SFT 7/32 greedy.
+    # Measured: untrained 0/32 (it never writes a parseable turn); after SFT 9/32 greedy.
     assert rates["untrained"] == 0.0
     assert rates["sft"] >= 3 / 32, rates
     assert json.loads((out / RECORD).read_text())["success_greedy"] > 0.0
