@@ -52,6 +52,7 @@ def evaluate(policy_dir: str, config: dict[str, Any] | None = None, split: str |
     """Accuracy and contrast metrics of ``policy_dir`` on ``split`` (default: the config's
     eval split)."""
     resolve_workdir(workdir)
+    runtime.configure_threads()
     cfg = config_from_mapping(config or {}, "evaluate(config=...)")
     result = evaluate_rollouts(cfg.to_dict(), policy_dir, split or cfg.eval_split, limit, samples,
                                temperature)

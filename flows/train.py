@@ -120,6 +120,7 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
     the DuckDB file, MLflow store and checkpoints live.
     """
     logger = get_run_logger()
+    runtime.configure_threads()
     cfg = config_from_mapping(config or {}, "train(config=...)")
     workdir = resolve_workdir(workdir)
     run_id = cfg.resolved_run_id

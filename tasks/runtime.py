@@ -8,6 +8,7 @@ here by reference (a path, a config), so a cache key never depends on a live obj
 from __future__ import annotations
 
 import hashlib
+import os
 import inspect
 from dataclasses import dataclass
 from functools import lru_cache
@@ -123,6 +124,15 @@ def _items(family: str, difficulty: int, extra: tuple[tuple[str, Any], ...], spl
 def items_for(cfg: TrainConfig, split: str) -> dict[str, TaskItem]:
     """Items of a split by id (loaded once per process)."""
     return _items(cfg.family, cfg.difficulty, tuple(sorted(cfg.extra.items())), split)
+
+
+def configure_threads() -> int:
+    """Torch threads for this worker: ``$TRACE_TORCH_THREADS``, default 1. The tiny CPU policy gains
+    nothing from a second thread, and OpenMP spin-waiting against the rollout engine and other
+    processes made a step 7x slower here (25 s vs 3.3 s per step, docs/results.md)."""
+    n = int(os.environ.get("TRACE_TORCH_THREADS", "1"))
+    torch.set_num_threads(n)
+    return n
 
 
 def budget_for(cfg: TrainConfig) -> Budget:
