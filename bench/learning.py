@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,23 +149,26 @@ def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", default="synth_arith")
-    ap.add_argument("--difficulty", type=int, default=2)
+    ap.add_argument("--difficulty", type=int, default=1)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--eval-every", type=int, default=4)
-    ap.add_argument("--eval-items", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-items", type=int, default=200)
+    ap.add_argument("--learning-rate", type=float, default=None,
+                    help="policy learning rate for every method (default: the config's)")
     ap.add_argument("--root-budget", type=int, default=16)
     ap.add_argument("--multiplier", type=int, default=1)
     ap.add_argument("--pool-size", type=int, default=32)
-    ap.add_argument("--workdir", default=None, help="default: a new temporary folder")
+    ap.add_argument("--workdir", default="bench_runs/learning",
+                    help="keeps the bootstrapped policy (cached) and every run's trees and metrics")
     ap.add_argument("--plot", default="docs/learning.png")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.eval_items = 1, 2, 2, 8
         args.root_budget, args.pool_size = 4, 8
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="trace-learning-"))
+    workdir = Path(args.workdir)
     from flows.bootstrap import bootstrap
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -175,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
             "root_budget": args.root_budget, "multiplier": args.multiplier,
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf"}
+    if args.learning_rate is not None:
+        base["learning_rate"] = args.learning_rate
     eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
     start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items)
     results = [run_one(m, s, base, policy, workdir, eval_steps, args.eval_items, start)
