@@ -21,7 +21,7 @@ from trace_rl.policy.bootstrap import (CORRUPTIONS, IGNORE_INDEX, RECORD, _token
                                        stop_early, trace_actions, wrong_final, wrong_step)
 from trace_rl.policy.tiny import build_model, build_tokenizer, save_policy
 from trace_rl.rollout.react import expert_episode
-from trace_rl.rollout.types import Action, GenRequest, SamplingSettings
+from trace_rl.rollout.types import GenRequest, SamplingSettings
 
 
 @pytest.fixture(scope="module")
