@@ -14,29 +14,12 @@ from prefect import flow, task
 from flows.common import resolve_workdir
 from tasks import runtime
 from trace_core.predictor import auc, brier, ece
-from trace_core.tree import NO_PARENT
 from trace_rl.config import config_from_mapping
-from trace_rl.rollout.treeio import history_text, turns_from_rows
+from trace_rl.rollout.treeio import group_trees, predictor_examples
 
 
 def _examples(workdir: str, run_id: str, step: int) -> tuple[list[str], np.ndarray, np.ndarray]:
-    rows = runtime.store(workdir).read_step(run_id, step).to_pylist()
-    trees: dict[int, list[dict]] = {}
-    for r in rows:
-        trees.setdefault(r["tree_id"], []).append(r)
-    hist, y, w = [], [], []
-    for tree in trees.values():
-        for r in tree:
-            if r["is_leaf"] or r["value"] is None:
-                continue
-            path, i = [], r["local_index"]
-            while tree[i]["parent_index"] != NO_PARENT:
-                path.append(tree[i])
-                i = tree[i]["parent_index"]
-            hist.append(history_text(tree[0]["text"], turns_from_rows(path[::-1])))
-            y.append(r["value"])
-            w.append(r["n_leaves"])
-    return hist, np.asarray(y, dtype=np.float64), np.asarray(w, dtype=np.float64)
+    return predictor_examples(group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist()).values())
 
 
 @task(name="refit-predictor")

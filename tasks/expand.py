@@ -11,10 +11,9 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
-from trace_core.tree import NO_PARENT
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.react import Start, run_episodes
-from trace_rl.rollout.treeio import TreeRows, to_table, turns_from_rows
+from trace_rl.rollout.treeio import TreeRows, prefix_rows, to_table, turns_from_rows
 from trace_rl.rollout.types import Ledger, SamplingSettings
 
 
@@ -81,12 +80,8 @@ def expand_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int, leve
     trees = {t: store.read_tree(run_id, step, t).to_pylist() for t in sorted({r["tree_id"] for r in picks})}
     starts = []
     for r in picks:
-        rows = trees[r["tree_id"]]
-        path, i = [], r["local_index"]
-        while rows[i]["parent_index"] != NO_PARENT:
-            path.append(rows[i])
-            i = rows[i]["parent_index"]
-        starts.append(Start(items[r["item_id"]], tuple(turns_from_rows(path[::-1])), int(r["k"])))
+        prefix = turns_from_rows(prefix_rows(trees[r["tree_id"]], r["local_index"]))
+        starts.append(Start(items[r["item_id"]], tuple(prefix), int(r["k"])))
     episodes, ledger = _rollout(cfg, policy_dir, starts, seed=cfg.seed * 100_003 + step * 17 + level)
     builders = {t: TreeRows(tree_id=t, item_id=rows[0]["item_id"], family=cfg.family,
                             allocator=cfg.allocator, rows=[], first_index=len(rows))

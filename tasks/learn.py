@@ -13,14 +13,13 @@ import torch
 from prefect import task
 
 from tasks import runtime
-from trace_core.tree import NO_PARENT
 from trace_core import advantages as adv
 from trace_core.predictor import auc, brier
 from trace_core.tree import backup as tree_backup
 from trace_core.tree import root_to_leaf_paths
 from trace_rl.config import TrainConfig
 from trace_rl.policy.update import PathSample, PolicyTrainer, UpdateSettings
-from trace_rl.rollout.treeio import history_text, parent_array, turns_from_rows
+from trace_rl.rollout.treeio import group_trees, parent_array, predictor_examples
 
 ESTIMATORS = {"treepo": adv.treepo, "tree_grpo": adv.tree_grpo, "segment": adv.segment,
               "grpo": adv.grpo}
@@ -29,11 +28,7 @@ ESTIMATORS = {"treepo": adv.treepo, "tree_grpo": adv.tree_grpo, "segment": adv.s
 
 def _trees(workdir: str, run_id: str, step: int) -> dict[int, list[dict[str, Any]]]:
     """The step's trees, each as rows in local-index order (= trace_core.tree arrays)."""
-    rows = runtime.store(workdir).read_step(run_id, step).to_pylist()
-    trees: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        trees[r["tree_id"]].append(r)
-    return dict(sorted(trees.items()))
+    return group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist())
 
 
 def _arrays(tree: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -65,27 +60,14 @@ def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None)
 def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> dict[str, float]:
     """Regress V~(H_y) onto V^(y) (weights n_y) on this step's roots and prefixes; the metrics
     are those of the predictions made BEFORE the fit (what allocation actually used)."""
-    histories, targets, weights = [], [], []
-    for tree in _trees(workdir, run_id, step).values():
-        question = tree[0]["text"]
-        for r in tree:
-            if r["is_leaf"]:
-                continue
-            path, i = [], r["local_index"]
-            while tree[i]["parent_index"] != NO_PARENT:
-                path.append(tree[i])
-                i = tree[i]["parent_index"]
-            histories.append(history_text(question, turns_from_rows(path[::-1])))
-            targets.append(r["value"])
-            weights.append(r["n_leaves"])
+    histories, y, weights = predictor_examples(_trees(workdir, run_id, step).values())
     predictor = runtime.load_predictor(cfg, workdir, run_id, step - 1)
-    y = np.asarray(targets, dtype=np.float64)
     before = predictor.predict(histories)
     stats = {"predictor/brier": brier(before, y), "predictor/examples": float(len(y))}
     hard = (y == 0) | (y == 1)
     if hard.any() and 0 < y[hard].mean() < 1:
         stats["predictor/auc"] = auc(before[hard], y[hard])
-    fit = predictor.fit(histories, y, np.asarray(weights, dtype=np.float64))
+    fit = predictor.fit(histories, y, weights)
     stats.update({f"predictor/fit_{k}": float(v) for k, v in fit.items()})
     runtime.save_predictor(predictor, workdir, run_id, step)
     return stats

@@ -24,3 +24,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return make_tiny_policy(tmp_path_factory.mktemp("tiny_model"), preset="test",
                             pretrain_steps=150)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect server (with its own database) for every in-process flow run of the
+    session, instead of an ephemeral server started and stopped around each flow call."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

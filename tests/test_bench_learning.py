@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 def test_quick_learning_benchmark(tmp_path, capsys):

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
         "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
         "plot_every": 1}
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 def _env() -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -113,3 +113,41 @@ def parent_array(table: pa.Table) -> np.ndarray:
         raise ValueError(f"tree {table.column('tree_id')[0]}: rows must be ordered by local_index "
                          "without gaps")
     return np.asarray(table.column("parent_index").to_pylist(), dtype=np.int64)
+
+
+def group_trees(rows: Iterable[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
+    """A step's rows as trees: tree id -> rows in local-index order (trace_core's arrays)."""
+    trees: dict[int, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        trees.setdefault(r["tree_id"], []).append(r)
+    for tree in trees.values():
+        tree.sort(key=lambda r: r["local_index"])
+    return dict(sorted(trees.items()))
+
+
+def prefix_rows(tree: Sequence[Mapping[str, Any]], index: int) -> list[Mapping[str, Any]]:
+    """The turn rows from below the root down to node ``index``, root first."""
+    path = []
+    while tree[index]["parent_index"] != NO_PARENT:
+        path.append(tree[index])
+        index = tree[index]["parent_index"]
+    return path[::-1]
+
+
+def node_history(tree: Sequence[Mapping[str, Any]], index: int) -> str:
+    """The predictor's input for node ``index``: the question and the turns up to it."""
+    return history_text(tree[0]["text"], turns_from_rows(prefix_rows(tree, index)))
+
+
+def predictor_examples(trees: Iterable[Sequence[Mapping[str, Any]]]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(histories, targets V^, weights n) of every backed-up internal node (roots and prefixes):
+    what the predictor is fit on."""
+    hist, y, w = [], [], []
+    for tree in trees:
+        for r in tree:
+            if r["is_leaf"] or r["value"] is None:
+                continue
+            hist.append(node_history(tree, r["local_index"]))
+            y.append(r["value"])
+            w.append(r["n_leaves"])
+    return hist, np.asarray(y, dtype=np.float64), np.asarray(w, dtype=np.float64)
