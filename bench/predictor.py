@@ -8,7 +8,7 @@ each fit over steps >= 1 (step 0 is predicted by an untrained head). Every featu
 own head settings (predictor_lr, predictor_epochs) and the same head seeds.
 
 Printed per featuriser (mean +- std over head seeds): Brier and ECE against V^, AUC on the nodes
-whose leaves all agree (V^ in {0, 1}), the feature cost per prefix in ms (wall time of the
+whose leaves all agree (V^ in {0, 1}) pooled and within each step, the feature cost per prefix in ms (wall time of the
 featuriser on each step's histories the first time they are seen, cache included, as the pipeline
 pays it), the fit cost per step, and the one-off load time. The constant predictor (running
 weighted base rate) is the reference.
@@ -117,7 +117,7 @@ def online(predictor: Predictor, steps: Sequence[StepData],
     """The pipeline's protocol: predict step s, then fit on it. Returns the predictions of
     steps >= 1 with their targets, seconds spent in the featuriser (on histories as they first
     arrive) and per fit."""
-    preds, targets, feat_s, fit_s = [], [], 0.0, []
+    preds, targets, step_of, feat_s, fit_s = [], [], [], 0.0, []
     for s, data in enumerate(steps):
         if featurizer is not None:
             t0 = time.perf_counter()
@@ -127,20 +127,33 @@ def online(predictor: Predictor, steps: Sequence[StepData],
         if s >= 1:
             preds.append(p)
             targets.append(data.targets)
+            step_of.append(np.full(len(p), s))
         t0 = time.perf_counter()
         predictor.fit(data.histories, data.targets, data.weights)
         fit_s.append(time.perf_counter() - t0)
-    return {"p": np.concatenate(preds), "y": np.concatenate(targets), "feature_s": feat_s,
+    return {"p": np.concatenate(preds), "y": np.concatenate(targets),
+            "step": np.concatenate(step_of), "feature_s": feat_s,
             "fit_s": float(np.mean(fit_s))}
 
 
-def scores(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """Brier and ECE against V^; AUC on pure nodes (V^ in {0, 1}) when both outcomes occur."""
-    out = {"brier": brier(p, y), "ece": ece(p, y), "auc": float("nan")}
+def _pure_auc(p: np.ndarray, y: np.ndarray) -> float:
     hard = (y == 0) | (y == 1)
-    if hard.any() and 0 < y[hard].mean() < 1:
-        out["auc"] = auc(p[hard], y[hard])
-    return out
+    return auc(p[hard], y[hard]) if hard.any() and 0 < y[hard].mean() < 1 else float("nan")
+
+
+def scores(p: np.ndarray, y: np.ndarray, step: np.ndarray) -> dict[str, float]:
+    """Brier and ECE against V^; AUC on pure nodes (V^ in {0, 1}) when both outcomes occur,
+    pooled over steps and within each step (mean over steps weighted by their pure nodes). The
+    pooled AUC also rewards tracking the base rate's drift across steps (a running constant
+    scores above 0.5 when the policy improves); the within-step AUC ranks prefixes only."""
+    within, weight = [], []
+    for s in np.unique(step):
+        a = _pure_auc(p[step == s], y[step == s])
+        if not np.isnan(a):
+            within.append(a)
+            weight.append(int(((y[step == s] == 0) | (y[step == s] == 1)).sum()))
+    return {"brier": brier(p, y), "ece": ece(p, y), "auc": _pure_auc(p, y),
+            "auc_step": float(np.average(within, weights=weight)) if within else float("nan")}
 
 
 def study(steps: Sequence[StepData], head: HeadConfig, names: Sequence[str], policy_dir: str,
@@ -148,7 +161,7 @@ def study(steps: Sequence[StepData], head: HeadConfig, names: Sequence[str], pol
     """Per featuriser (plus ``constant``): metrics per seed and costs."""
     results: dict[str, dict[str, Any]] = {}
     const = online(ConstantPredictor(), steps)
-    results["constant"] = {"dim": 0, "runs": [scores(const["p"], const["y"])], "feature_ms": 0.0,
+    results["constant"] = {"dim": 0, "runs": [scores(const["p"], const["y"], const["step"])], "feature_ms": 0.0,
                            "fit_s": const["fit_s"], "load_s": 0.0}
     n_hist = sum(len(d.histories) for d in steps)
     for name in names:
@@ -166,7 +179,7 @@ def study(steps: Sequence[StepData], head: HeadConfig, names: Sequence[str], pol
             out = online(predictor, steps, featurizer if feature_ms is None else None)
             if feature_ms is None:
                 feature_ms = 1000.0 * out["feature_s"] / n_hist
-            runs.append(scores(out["p"], out["y"]))
+            runs.append(scores(out["p"], out["y"], out["step"]))
             fit_s.append(out["fit_s"])
         results[name] = {"dim": featurizer.dim, "runs": runs, "feature_ms": feature_ms,
                          "fit_s": float(np.mean(fit_s)), "load_s": load_s}
@@ -181,14 +194,14 @@ def _cell(runs: list[dict[str, float]], key: str) -> str:
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
-    head = f"{'predictor':<14} {'dim':>5} {'Brier':>17} {'ECE':>17} {'AUC (pure)':>17} {'feat ms/prefix':>15} {'fit s/step':>11} {'load s':>7}"
+    head = f"{'predictor':<14} {'dim':>5} {'Brier':>17} {'ECE':>17} {'AUC (pure)':>17} {'AUC in-step':>17} {'feat ms/prefix':>15} {'fit s/step':>11} {'load s':>7}"
     lines = [head, "-" * len(head)]
     for name, r in results.items():
         if "skipped" in r:
             lines.append(f"{name:<14} skipped: {r['skipped']}")
             continue
         lines.append(f"{name:<14} {r['dim']:>5} {_cell(r['runs'], 'brier'):>17} {_cell(r['runs'], 'ece'):>17} "
-                     f"{_cell(r['runs'], 'auc'):>17} {r['feature_ms']:>15.3f} {r['fit_s']:>11.3f} {r['load_s']:>7.1f}")
+                     f"{_cell(r['runs'], 'auc'):>17} {_cell(r['runs'], 'auc_step'):>17} {r['feature_ms']:>15.3f} {r['fit_s']:>11.3f} {r['load_s']:>7.1f}")
     return "\n".join(lines)
 
 

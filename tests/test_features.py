@@ -98,7 +98,10 @@ def test_online_protocol_scores_predictions_made_before_each_fit():
     out = online(ConstantPredictor(), [step([1, 1]), step([0, 0, 0, 0]), step([1, 0])])
     np.testing.assert_allclose(out["p"], [1, 1, 1, 1, 1 / 3, 1 / 3])
     np.testing.assert_allclose(out["y"], [0, 0, 0, 0, 1, 0])
-    s = scores(out["p"], out["y"])
+    np.testing.assert_array_equal(out["step"], [1, 1, 1, 1, 2, 2])
+    s = scores(out["p"], out["y"], out["step"])
     assert s["brier"] == pytest.approx((4 + (2 / 3) ** 2 + (1 / 3) ** 2) / 6)
     # The one success (p = 1/3) ranks below four failures (p = 1) and ties the fifth.
     assert s["auc"] == pytest.approx(0.5 / 5)
+    # Within a step a constant cannot rank: step 2 ties (0.5), step 1 holds one class (skipped).
+    assert s["auc_step"] == pytest.approx(0.5)
