@@ -28,9 +28,8 @@ import numpy as np
 
 from trace_core.predictor import (ConstantPredictor, FeaturePredictor, Featurizer,
                                   HashedNgramFeaturizer, HeadConfig, Predictor, auc, brier, ece)
-from trace_core.tree import NO_PARENT
 from trace_rl.config import TrainConfig
-from trace_rl.rollout.treeio import history_text, turns_from_rows
+from trace_rl.rollout.treeio import group_trees, predictor_examples
 from trace_rl.storage.store import TreeStore
 
 
@@ -67,28 +66,9 @@ FEATURIZERS: dict[str, Callable[[str], Featurizer]] = {
 
 
 def step_examples(store: TreeStore, run_id: str, step: int) -> StepData:
-    """(history, V^, n) of every internal node, built as tasks/learn.py::fit_predictor does."""
-    rows = store.read_step(run_id, step).to_pylist()
-    trees: dict[int, list[dict[str, Any]]] = {}
-    for r in rows:
-        trees.setdefault(r["tree_id"], []).append(r)
-    histories, targets, weights = [], [], []
-    for _, tree in sorted(trees.items()):
-        question = tree[0]["text"]
-        for r in tree:
-            if r["is_leaf"]:
-                continue
-            if r["value"] is None:
-                raise ValueError(f"run {run_id} step {step} tree {r['tree_id']} node "
-                                 f"{r['local_index']}: no backed-up value (step not complete?)")
-            path, i = [], r["local_index"]
-            while tree[i]["parent_index"] != NO_PARENT:
-                path.append(tree[i])
-                i = tree[i]["parent_index"]
-            histories.append(history_text(question, turns_from_rows(path[::-1])))
-            targets.append(r["value"])
-            weights.append(r["n_leaves"])
-    return StepData(histories, np.asarray(targets, dtype=np.float64), np.asarray(weights, dtype=np.float64))
+    """(history, V^, n) of every backed-up internal node: exactly what fit_predictor fits on."""
+    trees = group_trees(store.read_step(run_id, step).to_pylist())
+    return StepData(*predictor_examples(trees.values()))
 
 
 def load_run(workdir: str | Path, run_id: str | None) -> tuple[str, dict[str, Any], list[StepData]]:
