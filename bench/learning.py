@@ -160,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--root-budget", type=int, default=16)
     ap.add_argument("--multiplier", type=int, default=1)
     ap.add_argument("--pool-size", type=int, default=32)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="further TrainConfig fields for every method (e.g. loss_agg=seq-mean-token-mean)")
     ap.add_argument("--workdir", default="bench_runs/learning",
                     help="keeps the bootstrapped policy (cached) and every run's trees and metrics")
     ap.add_argument("--plot", default="docs/learning.png")
@@ -179,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf"}
     if args.learning_rate is not None:
         base["learning_rate"] = args.learning_rate
+    for kv in args.set:
+        key, _, value = kv.partition("=")
+        base[key] = type(getattr(_defaults(), key))(value)
     eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
     start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items)
     results = [run_one(m, s, base, policy, workdir, eval_steps, args.eval_items, start)
@@ -200,6 +205,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
               f"effective ratio {ratio:.2f}x GRPO")
     return {"table": table, "results": [r.__dict__ for r in results]}
+
+
+def _defaults() -> Any:
+    from trace_rl.config import TrainConfig
+
+    return TrainConfig()
 
 
 if __name__ == "__main__":

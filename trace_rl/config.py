@@ -83,6 +83,9 @@ class TrainConfig:
     """PPO ratio clip above 1 (DAPO clip-higher)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
+    loss_agg: str = "token-mean"
+    """How token losses are averaged (trace_core.loss.AGGREGATIONS): token-mean,
+    seq-mean-token-sum, seq-mean-token-mean."""
     ppo_epochs: int = 1
     """Passes over a step's paths."""
     micro_batch: int = 8
@@ -129,6 +132,8 @@ class TrainConfig:
         need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r}; choose one of {ADVANTAGES}")
         need(self.engine in ENGINES, f"engine={self.engine!r}; choose one of {ENGINES}")
         need(self.steps >= 1, f"steps={self.steps}; must be >= 1")
+        need(self.loss_agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+             f"loss_agg={self.loss_agg!r}; choose token-mean, seq-mean-token-sum or seq-mean-token-mean")
         need(self.min_per_root >= 1, f"min_per_root={self.min_per_root}; must be >= 1")
         need(self.max_per_root >= self.min_per_root,
              f"max_per_root={self.max_per_root} < min_per_root={self.min_per_root}")

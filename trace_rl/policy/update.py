@@ -37,6 +37,7 @@ class UpdateSettings:
     kl_coef: float
     epochs: int
     micro_batch: int
+    agg: str = "token-mean"
     max_grad_norm: float = 1.0
 
 
@@ -109,7 +110,8 @@ class PolicyTrainer:
                 b, old, ref = olds[j]
                 logp = token_logprobs(self.model, b["ids"], b["attn"])
                 loss, st = policy_loss(logp, old, b["adv"], b["mask"], clip_low=s.clip_low,
-                                       clip_high=s.clip_high, ref_logp=ref, kl_coef=s.kl_coef)
+                                       clip_high=s.clip_high, ref_logp=ref, kl_coef=s.kl_coef,
+                                       agg=s.agg)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
