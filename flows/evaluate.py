@@ -21,10 +21,11 @@ from trace_rl.rollout.types import SamplingSettings
 
 @task(name="evaluate-rollouts")
 def evaluate_rollouts(config: dict[str, Any], policy_dir: str, split: str, limit: int | None,
-                      samples: int, temperature: float) -> dict[str, Any]:
+                      samples: int, temperature: float, skip: int = 0) -> dict[str, Any]:
+    """``limit`` items of ``split`` after the first ``skip`` (e.g. those a bootstrap selected on)."""
     cfg = config_from_mapping(config, "evaluate(config=...)")
     env = runtime.env_for(cfg)
-    items = list(runtime.items_for(cfg, split).values())[: limit or None]
+    items = list(runtime.items_for(cfg, split).values())[skip:][: limit or None]
     if not items:
         raise ValueError(f"evaluate: split {split!r} of {cfg.family} has no items")
     engine = runtime.engine_for(cfg, policy_dir)
@@ -48,14 +49,14 @@ def evaluate_rollouts(config: dict[str, Any], policy_dir: str, split: str, limit
 @flow(name="evaluate", log_prints=True)
 def evaluate(policy_dir: str, config: dict[str, Any] | None = None, split: str | None = None,
              limit: int | None = 64, samples: int = 4, temperature: float = 1.0,
-             workdir: str | None = None) -> dict[str, Any]:
+             workdir: str | None = None, skip: int = 0) -> dict[str, Any]:
     """Accuracy and contrast metrics of ``policy_dir`` on ``split`` (default: the config's
     eval split)."""
     resolve_workdir(workdir)
     runtime.configure_threads()
     cfg = config_from_mapping(config or {}, "evaluate(config=...)")
     result = evaluate_rollouts(cfg.to_dict(), policy_dir, split or cfg.eval_split, limit, samples,
-                               temperature)
+                               temperature, skip)
     print(f"accuracy {result['accuracy']:.3f} on {result['items']} items x {samples} samples; "
           f"mixed share {result['mixed_share']:.2f}")
     return result
