@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trace_core.allocators import ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet, RootPool
-from trace_core.predictor import ConstantPredictor, HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
+from trace_core.predictor import HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
 from trace_core.simulator import Prompt, SimConfig, Simulator, render
 from trace_core.tree import NO_PARENT, Tree, backup
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
-import pyarrow as pa
 from prefect import task
 
 from tasks import runtime

@@ -274,7 +274,6 @@ def test_multi_turn_live_episode_and_restore_by_replay():
         assert step.done and observations[-1] is None
         assert env.verify_final(it, state, actions[-1].answer).reward == 1.0
         # user turns arrive as the observations of next_request
-        n_user_turns = len(it.meta["turns"])
         asks = [o for a, o in zip(actions, observations) if a.tool == "next_request"]
         assert asks == [t[0]["content"] for t in it.meta["turns"][1:]]
         assert sum(a.kind == "answer" for a in actions) == 1

@@ -9,6 +9,7 @@ forward pass, as verl does), so the first epoch has ratio 1 and later epochs are
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,6 @@ class PolicyTrainer:
         self.tokenizer.save_pretrained(tmp)
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         if out.exists():
-            import shutil
             shutil.rmtree(out)
         tmp.rename(out)  # a kill mid-save never leaves a half-written checkpoint under `out`
         return out

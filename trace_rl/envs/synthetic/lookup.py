@@ -45,7 +45,7 @@ class SynthLookup(SyntheticEnv):
     def make_item(self, rng: random.Random, item_id: str) -> TaskItem:
         n_entities = self.hops + 1 + self.distractors
         names = rng.sample([(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES], n_entities)
-        chain, others = names[: self.hops + 1], names[self.hops + 1:]
+        chain = names[: self.hops + 1]  # the rest are distractors
         path = [rng.choice(RELATIONS) for _ in range(self.hops)]
         kb: dict[str, dict[str, str]] = {name: {} for name in names}
         for i, rel in enumerate(path):
