@@ -14,7 +14,7 @@ from trace_rl.policy.tiny import (MARKERS, PRESETS, build_model, build_tokenizer
 
 def test_tokenizer_is_deterministic_and_round_trips():
     a, b = build_tokenizer(vocab_size=600), build_tokenizer(vocab_size=600)
-    assert a.get_vocab() == b.get_vocab() and len(a) == 600
+    assert a.get_vocab() == b.get_vocab() and 400 < len(a) <= 600
     text = '<think>sum 17</think>\n<tool_call>{"name": "calculator"}</tool_call> é ✓'
     ids = a.encode(text, add_special_tokens=False)
     assert a.decode(ids) == text  # byte-level: any text survives
@@ -66,3 +66,17 @@ def test_smollm2_gguf_is_found():
 
     path = find_smollm2_gguf()
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+
+
+def test_digits_are_single_tokens_wherever_they_stand():
+    tok = build_tokenizer(vocab_size=600)
+    for text in ("has 17 shells", '"17 + 8"', "<answer>17</answer>", "x17y"):
+        ids = tok(text)["input_ids"]
+        assert tok.decode(ids) == text
+        digit_ids = [i for i in ids if tok.decode([i]).isdigit()]
+        assert [tok.decode([i]) for i in digit_ids] == ["1", "7"] + (["8"] if "8" in text else [])
+    one = tok("1")["input_ids"]
+    assert len(one) == 1 and one[0] in tok(" 1 ")["input_ids"]
+    merged = build_tokenizer(vocab_size=600, split_digits=False)
+    assert any(len(merged.decode([i]).strip()) > 1 and merged.decode([i]).strip().isdigit()
+               for i in merged(" ".join(str(n) for n in range(100, 200)))["input_ids"])

@@ -100,10 +100,16 @@ def react_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
-                    markers: Iterable[str] = MARKERS) -> PreTrainedTokenizerFast:
+                    markers: Iterable[str] = MARKERS,
+                    split_digits: bool = True) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` (default: ``react_corpus()``) with chat special tokens.
 
     Deterministic for the same inputs. Every byte is in the base alphabet, so any text encodes.
+    With ``split_digits`` every digit is its own token, whatever precedes it: "17" in a question,
+    in a tool call and in an observation is then the same two tokens, so carrying a number from
+    one place to another is a plain token copy. With merged number tokens (" 17", "17", "7")
+    the tiny policy wrote well-formed calls with the wrong numbers after 500 SFT steps
+    (docs/results.md, "Tiny policy bootstrap").
     """
     markers = tuple(markers)
     n_fixed = len(SPECIAL_TOKENS) + len(markers) + 256
@@ -114,7 +120,9 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
     if not texts:
         raise ValueError("build_tokenizer: no training text given")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                  byte_level]) if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(markers),
                                   special_tokens=list(SPECIAL_TOKENS),
