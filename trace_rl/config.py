@@ -34,7 +34,7 @@ class TrainConfig:
     hotpotqa, math, bfcl."""
     difficulty: int = 1
     """Difficulty knob of a synthetic family (ignored by real families). At 1 the bootstrapped
-    tiny policy starts at ~12% sampled success on synth_arith (docs/results.md), so groups mix."""
+    tiny policy starts at ~51% sampled success on synth_arith (docs/results.md), so groups mix."""
     train_split: str = "train"
     """Split (or data file, for real families) that roots are drawn from."""
     eval_split: str = "test"
