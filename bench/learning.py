@@ -10,6 +10,10 @@ and tool calls spent, and wall time. A plot of accuracy against cumulative budge
 
     python -m bench.learning                 # the full benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
+
+With ``--jobs 2`` (the default on a 2-core machine) the runs go to two worker processes, each
+with its own work dir under ``--workdir`` (``job-<method>-s<seed>``; query one with
+``trace sql --workdir ...``); ``--jobs 1`` keeps every run in one process and one DuckDB file.
 """
 
 from __future__ import annotations
@@ -88,6 +92,34 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
                      extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics]))})
+
+
+def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
+             eval_steps: Sequence[int], start: float, ev: dict[str, Any]) -> RunResult:
+    """One (method, seed) run in a worker process, in a work dir of its own: a DuckDB file has
+    one writer process, and each worker runs its own flows (and temporary Prefect server)."""
+    from tasks.runtime import configure_threads
+
+    configure_threads()
+    method, seed = job
+    return run_one(method, seed, base, policy, Path(workdir) / f"job-{method}-s{seed}", eval_steps,
+                   start_accuracy=start, **ev)
+
+
+def run_parallel(jobs: Sequence[tuple[str, int]], workers: int, base: dict[str, Any], policy: str,
+                 workdir: Path, eval_steps: Sequence[int], start: float,
+                 ev: dict[str, Any]) -> list[RunResult]:
+    """The (method, seed) runs on ``workers`` processes (each one torch thread), results in job
+    order. Every run is still the same train flow from the same policy; only the work dir
+    differs (``<workdir>/job-<method>-s<seed>``)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")  # no forked torch / Prefect state
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_run_job, job, base, str(Path(policy).resolve()), str(workdir),
+                               list(eval_steps), start, ev) for job in jobs]
+        return [f.result() for f in futures]
 
 
 def area_under_curve(budget: Sequence[float], accuracy: Sequence[float]) -> float:
@@ -178,11 +210,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workdir", default="bench_runs/learning",
                     help="keeps the bootstrapped policy (cached) and every run's trees and metrics")
     ap.add_argument("--plot", default="docs/learning.png")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="(method, seed) runs in parallel worker processes, one torch thread "
+                         "each (default: 2 on a machine with >= 2 cores, 1 with --quick); 1 = all "
+                         "in this process, in one work dir")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.eval_items, args.eval_samples = 1, 2, 2, 8, 2
         args.root_budget, args.pool_size = 4, 8
+    if args.jobs is None:
+        args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
     workdir = Path(args.workdir)
     from flows.bootstrap import bootstrap
 
@@ -205,8 +243,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               eval_temperature=args.eval_temperature)
     start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items, skip,
                   args.eval_samples, args.eval_temperature)
-    results = [run_one(m, s, base, policy, workdir, eval_steps, start_accuracy=start, **ev)
-               for s in range(args.seeds) for m in methods]
+    jobs = [(m, s) for s in range(args.seeds) for m in methods]
+    if args.jobs <= 1:
+        results = [run_one(m, s, base, policy, workdir, eval_steps, start_accuracy=start, **ev)
+                   for m, s in jobs]
+    else:
+        results = run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev)
     leaves_per_step = args.root_budget * (1 + args.multiplier)
     table = summarise(results, leaves_per_step)
     print(f"\nfamily {args.family} (difficulty {args.difficulty}), {args.steps} steps x "

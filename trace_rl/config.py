@@ -91,7 +91,11 @@ class TrainConfig:
     ppo_epochs: int = 1
     """Passes over a step's paths."""
     micro_batch: int = 8
-    """Paths per optimiser micro-batch."""
+    """Paths per forward/backward pass (memory); gradients are accumulated over micro-batches."""
+    mini_batches: int = 1
+    """Optimiser steps per PPO epoch (verl's ppo_mini_batch): a step's paths are split into this
+    many mini-batches. Measured (docs/results.md): one step per epoch over all paths, rather than
+    one per micro-batch of 8 paths, stops the early collapse of the tiny policy's reward."""
     predictor_epochs: int = 5
     """Epochs of the predictor's online regression per step."""
     predictor_lr: float = 3e-3
@@ -145,6 +149,8 @@ class TrainConfig:
              f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot hold "
              f"root_budget={self.root_budget}; raise pool_size or max_per_root")
         need(self.multiplier >= 0, f"multiplier={self.multiplier}; must be >= 0")
+        need(self.mini_batches >= 1, f"mini_batches={self.mini_batches}; must be >= 1")
+        need(self.micro_batch >= 1, f"micro_batch={self.micro_batch}; must be >= 1")
         need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")
         need(self.temperature >= 0, f"temperature={self.temperature}; must be >= 0")
         need(0 <= self.exploration <= 1, f"exploration={self.exploration}; must be in [0, 1]")

@@ -40,6 +40,10 @@ class UpdateSettings:
     micro_batch: int
     agg: str = "token-mean"
     max_grad_norm: float = 1.0
+    mini_batches: int = 1
+    """Optimiser steps per epoch: the step's paths are split into this many mini-batches and the
+    gradients of a mini-batch's micro-batches are accumulated (weighted so the mini-batch loss
+    is ``agg`` over all of its paths) before one clipped AdamW step."""
 
 
 def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -103,28 +107,35 @@ class PolicyTrainer:
                 old = token_logprobs(self.model, b["ids"], b["attn"])
                 ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
                 olds.append((b, old, ref))
+        # What the aggregation averages over, per micro-batch: tokens or sequences.
+        units = [float(b["mask"].sum()) if s.agg == "token-mean"
+                 else float((b["mask"].sum(dim=1) > 0).sum()) for b, _, _ in olds]
         totals: dict[str, float] = {}
-        n_updates = 0
+        n_micro = n_updates = 0
         for _ in range(s.epochs):
             order = torch.randperm(len(olds), generator=rng).tolist()
-            for j in order:
-                b, old, ref = olds[j]
-                logp = token_logprobs(self.model, b["ids"], b["attn"])
-                loss, st = policy_loss(logp, old, b["adv"], b["mask"], clip_low=s.clip_low,
-                                       clip_high=s.clip_high, ref_logp=ref, kl_coef=s.kl_coef,
-                                       agg=s.agg)
+            n_mini = max(1, min(s.mini_batches, len(order)))
+            for chunk in (order[i::n_mini] for i in range(n_mini)):
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                total_units = sum(units[j] for j in chunk)
+                for j in chunk:
+                    b, old, ref = olds[j]
+                    logp = token_logprobs(self.model, b["ids"], b["attn"])
+                    loss, st = policy_loss(logp, old, b["adv"], b["mask"], clip_low=s.clip_low,
+                                           clip_high=s.clip_high, ref_logp=ref, kl_coef=s.kl_coef,
+                                           agg=s.agg)
+                    (loss * (units[j] / total_units)).backward()
+                    st = dict(st)
+                    st["loss"] = float(loss.detach())
+                    for k, v in st.items():
+                        if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                            totals[k] = totals.get(k, 0.0) + float(v)
+                    n_micro += 1
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
                 self.optimizer.step()
-                st = dict(st)
-                st["grad_norm"] = float(gn)
-                st["loss"] = float(loss.detach())
-                for k, v in st.items():
-                    if isinstance(v, (int, float)) and math.isfinite(float(v)):
-                        totals[k] = totals.get(k, 0.0) + float(v)
+                totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(gn) * len(chunk)
                 n_updates += 1
-        stats.update({k: v / n_updates for k, v in totals.items()})
+        stats.update({k: v / n_micro for k, v in totals.items()})
         stats["updates"] = float(n_updates)
         stats["seconds"] = time.perf_counter() - t0
         return stats
