@@ -92,10 +92,11 @@ class TrainConfig:
     """Passes over a step's paths."""
     micro_batch: int = 8
     """Paths per forward/backward pass (memory); gradients are accumulated over micro-batches."""
-    mini_batches: int = 1
+    mini_batches: int = 4
     """Optimiser steps per PPO epoch (verl's ppo_mini_batch): a step's paths are split into this
-    many mini-batches. Measured (docs/results.md): one step per epoch over all paths, rather than
-    one per micro-batch of 8 paths, stops the early collapse of the tiny policy's reward."""
+    many mini-batches, gradients accumulated over their micro-batches. Measured
+    (docs/results.md, synth_arith d=1, 10 steps): 4 steps per epoch reached 78.0% (GRPO) /
+    68.2% (TRACE) held-out sampled accuracy from 48.0%, one step per epoch 62.3% / 56.2%."""
     predictor_epochs: int = 5
     """Epochs of the predictor's online regression per step."""
     predictor_lr: float = 3e-3
