@@ -189,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", default="synth_arith")
     ap.add_argument("--difficulty", type=int, default=1)
+    ap.add_argument("--mix", default="",
+                    help="item difficulties taken in turn, e.g. 1,2,3 (a pool of uneven prompts; "
+                         "--difficulty must be >= the largest); default: all at --difficulty")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
@@ -225,14 +228,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from flows.bootstrap import bootstrap
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    mix = [int(d) for d in args.mix.split(",") if d.strip()]
     policy = bootstrap(family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
-                       preset="test" if args.quick else "tiny")
+                       preset="test" if args.quick else "tiny", mix=mix or None)
     base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
             "root_budget": args.root_budget, "multiplier": args.multiplier,
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf"}
     seen = json.loads((Path(policy) / "bootstrap.json").read_text())["config"]
     skip = seen["eval_items"] + seen["report_items"]
-    base["extra"] = {"n_test": skip + args.eval_items}
+    base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {})}
     if args.learning_rate is not None:
         base["learning_rate"] = args.learning_rate
     for kv in args.set:
@@ -251,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         results = run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev)
     leaves_per_step = args.root_budget * (1 + args.multiplier)
     table = summarise(results, leaves_per_step)
-    print(f"\nfamily {args.family} (difficulty {args.difficulty}), {args.steps} steps x "
+    print(f"\nfamily {args.family} (difficulty {args.mix or args.difficulty}), {args.steps} steps x "
           f"{leaves_per_step} leaves, starting accuracy {100 * start:.1f}% ({args.eval_items} "
           f"held-out items x {args.eval_samples} samples at temperature {args.eval_temperature}), "
           f"workdir {workdir}")

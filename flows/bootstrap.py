@@ -14,7 +14,10 @@ from trace_rl.policy.bootstrap import bootstrap_policy
 
 @flow(name="bootstrap-policy", log_prints=True)
 def bootstrap(family: str = "synth_arith", difficulty: int = 2, workdir: str | None = None,
-              seed: int = 0, preset: str = "tiny") -> str:
-    """Make (or reuse) the tiny policy for ``family``; return its HF directory."""
-    out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}-s{seed}"
-    return str(bootstrap_policy(family, out, difficulty=difficulty, preset=preset, seed=seed))
+              seed: int = 0, preset: str = "tiny", mix: list[int] | None = None) -> str:
+    """Make (or reuse) the tiny policy for ``family``; return its HF directory. ``mix``: item
+    difficulties taken in turn (``SynthConfig.mix``)."""
+    tag = f"-m{''.join(str(d) for d in mix)}" if mix else ""
+    out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"
+    return str(bootstrap_policy(family, out, difficulty=difficulty, preset=preset, seed=seed,
+                                mix=tuple(mix or ())))

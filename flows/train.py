@@ -136,7 +136,8 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
     start = 0 if done is None else done + 1
     if cfg.policy == "tiny":
         from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
-    initial = bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed) if cfg.policy == "tiny" else cfg.policy
+    initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"))
+               if cfg.policy == "tiny" else cfg.policy)
     policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
     if start >= cfg.steps:
         logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)

@@ -110,8 +110,13 @@ def environment(family: str, difficulty: int, extra: tuple[tuple[str, Any], ...]
     return make_env(family, **kwargs)
 
 
+def _extra_key(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
+    """``cfg.extra`` as a hashable cache key (lists, e.g. a difficulty ``mix``, become tuples)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.extra.items()))
+
+
 def env_for(cfg: TrainConfig) -> Environment:
-    return environment(cfg.family, cfg.difficulty, tuple(sorted(cfg.extra.items())))
+    return environment(cfg.family, cfg.difficulty, _extra_key(cfg))
 
 
 @lru_cache(maxsize=16)
@@ -123,7 +128,7 @@ def _items(family: str, difficulty: int, extra: tuple[tuple[str, Any], ...], spl
 
 def items_for(cfg: TrainConfig, split: str) -> dict[str, TaskItem]:
     """Items of a split by id (loaded once per process)."""
-    return _items(cfg.family, cfg.difficulty, tuple(sorted(cfg.extra.items())), split)
+    return _items(cfg.family, cfg.difficulty, _extra_key(cfg), split)
 
 
 def configure_threads() -> int:

@@ -360,3 +360,20 @@ def test_row_field_and_load_jsonl_helpers(tmp_path):
         load_jsonl(path, lambda r: r["a"])
     with pytest.raises(FileNotFoundError, match="dataset file not found"):
         load_jsonl(tmp_path / "absent.jsonl", dict)
+
+
+def test_difficulty_mix_interleaves_items_of_each_difficulty():
+    from trace_rl.envs.registry import make_env
+
+    mixed = make_env("synth_arith", difficulty=3, mix=[1, 2, 3], n_train=9, n_test=6)
+    items = mixed.load("train")
+    assert [it.id.split("-")[1] for it in items] == ["d1", "d2", "d3"] * 3
+    for d in (1, 2, 3):  # the same items, in the same order, as a plain run at that difficulty
+        plain = make_env("synth_arith", difficulty=d, n_train=3).load("train")
+        assert [it.id for it in items if it.id.split("-")[1] == f"d{d}"] == [it.id for it in plain]
+    ops = [it.question.count(".") for it in items[:3]]
+    assert ops[0] < ops[1] < ops[2]  # more operations told, more sentences
+    assert mixed.load("test")[:3] == make_env("synth_arith", difficulty=3, mix=(1, 2, 3),
+                                              n_test=3).load("test")
+    with pytest.raises(ValueError, match=r"mix=\[1, 3\].*1\.\.difficulty=2"):
+        make_env("synth_arith", difficulty=2, mix=[1, 3])

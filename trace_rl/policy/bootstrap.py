@@ -77,6 +77,8 @@ class BootstrapConfig:
     """Task family name in the environment registry (e.g. ``synth_arith``)."""
     difficulty: int = 2
     """Family difficulty (1..5) of the SFT traces and the held-out measurement."""
+    mix: tuple[int, ...] = ()
+    """Item difficulties taken in turn (``SynthConfig.mix``); empty = all at ``difficulty``."""
     preset: str = "tiny"
     """Model shape, a key of ``trace_rl.policy.tiny.PRESETS``."""
     seed: int = 0
@@ -128,6 +130,10 @@ class BootstrapConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["target_success"] = list(self.target_success)
+        if self.mix:
+            d["mix"] = list(self.mix)
+        else:
+            del d["mix"]  # keeps the input hash of policies made before the option existed
         return d
 
 
@@ -392,7 +398,8 @@ def run_bootstrap(config: BootstrapConfig, out_dir: str | Path, threads: int | N
     out = Path(out_dir)
     env = make_env(config.family, difficulty=config.difficulty, seed=config.seed,
                    n_train=config.sft_examples,
-                   n_test=config.eval_items + config.report_items)
+                   n_test=config.eval_items + config.report_items,
+                   **({"mix": tuple(config.mix)} if config.mix else {}))
     train, test = env.load("train"), env.load("test")
     eval_items, report_items = test[:config.eval_items], test[config.eval_items:]
     digest = input_hash(config, env, train + test)
@@ -528,6 +535,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--family", required=True, help="task family, e.g. synth_arith")
     p.add_argument("--out", required=True, help="output policy directory")
     p.add_argument("--difficulty", type=int, default=2)
+    p.add_argument("--mix", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
+                   help="item difficulties taken in turn, e.g. 1,2,3 (with --difficulty 3)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sft-examples", type=int, default=BootstrapConfig.sft_examples)
@@ -545,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                            seed=args.seed, sft_examples=args.sft_examples,
                            sft_epochs=args.sft_epochs, target_success=tuple(args.target),
                            noise=args.noise, learning_rate=args.lr,
-                           split_digits=not args.merged_digits)
+                           split_digits=not args.merged_digits, mix=args.mix)
     rec = read_record(out) or {}
     print(f"{out}: {args.family} d={args.difficulty} preset={args.preset} "
           f"params={rec.get('params')} epochs={rec.get('epochs_run')} (kept {rec.get('epoch_kept')}) "

@@ -39,10 +39,20 @@ class SynthConfig:
     """Items in the train split."""
     n_test: int = 200
     """Items in the test split (disjoint from train by problem key)."""
+    mix: tuple[int, ...] = ()
+    """Difficulties of the items, taken in turn (item k of a split has difficulty
+    ``mix[k % len(mix)]``), for a pool of prompts of uneven difficulty as in real datasets.
+    Empty: every item at ``difficulty``. The environment itself (tools, turn cap) is that of
+    ``difficulty``, which must be at least ``max(mix)``."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.difficulty <= MAX_DIFFICULTY:
             raise ValueError(f"SynthConfig.difficulty={self.difficulty}: use 1..{MAX_DIFFICULTY}")
+        object.__setattr__(self, "mix", tuple(self.mix))  # a list from JSON/YAML is fine too
+        for d in self.mix:
+            if not isinstance(d, int) or not 1 <= d <= self.difficulty:
+                raise ValueError(f"SynthConfig.mix={list(self.mix)}: each entry must be an integer "
+                                 f"in 1..difficulty={self.difficulty}")
         if self.n_train < 0 or self.n_test < 0:
             raise ValueError(f"SynthConfig: n_train={self.n_train}, n_test={self.n_test} "
                              "must be >= 0")
@@ -76,6 +86,14 @@ class SyntheticEnv(Environment):
 
     def _generate(self, split: str, n: int) -> list[TaskItem]:
         c = self.config
+        if c.mix:
+            # Each difficulty's items come from an environment of that difficulty (same seeds and
+            # ids as a plain run at it), interleaved so that any prefix of the split is balanced.
+            mix = list(c.mix)
+            counts = [n // len(mix) + (i < n % len(mix)) for i in range(len(mix))]
+            pools = {d: type(self)(SynthConfig(difficulty=d, seed=c.seed))._generate(
+                split, sum(k for e, k in zip(mix, counts) if e == d)) for d in set(mix)}
+            return [pools[d].pop(0) for d in (mix[k % len(mix)] for k in range(n))]
         items: list[TaskItem] = []
         index = 0
         while len(items) < n:
