@@ -233,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                        preset="test" if args.quick else "tiny", mix=mix or None)
     base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
             "root_budget": args.root_budget, "multiplier": args.multiplier,
-            "pool_size": args.pool_size, "plot_every": 0, "engine": "hf"}
+            "pool_size": args.pool_size, "plot_every": 0, "engine": "hf",
+            "checkpoint_every": args.eval_every}
     seen = json.loads((Path(policy) / "bootstrap.json").read_text())["config"]
     skip = seen["eval_items"] + seen["report_items"]
     base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {})}

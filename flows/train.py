@@ -107,8 +107,10 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
                     "time/rollout_s": t_rollout, "time/sync_s": sync_s,
                     "time/step_s": time.perf_counter() - t0})
     plot = cfg.plot_every > 0 and step % cfg.plot_every == 0
+    register = (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
     p["log_step"](workdir, mlflow_run_id, run_id, step, metrics, update["policy_dir"],
-                  str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot)
+                  str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot,
+                  register)
     return update["policy_dir"], metrics
 
 
@@ -147,6 +149,7 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
             store.mark_step(run_id, step, "running")
             policy_dir, metrics = run_step(cfg, workdir, run_id, step, policy_dir, mlflow_run_id)
             store.mark_step(run_id, step, "complete", metrics)
+            runtime.drop_optimizer_state(workdir, run_id, step - 1)  # only the newest resumes
             history.append(metrics)
             logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
                         metrics["rollout/reward_mean"], metrics["tree/effective_ratio"],

@@ -10,6 +10,7 @@ from prefect import task
 from tasks import runtime
 from trace_rl.rollout.treeio import parent_array
 from trace_rl.storage import plots
+from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.storage.tracking import Tracker
 
 
@@ -47,12 +48,15 @@ def tree_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
 @task(name="log-step")
 def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
              metrics: Mapping[str, float], policy_dir: str, predictor_file: str,
-             plot: bool) -> None:
-    """Metrics, checkpoints (artifacts + registered versions) and pictures of one step."""
+             plot: bool, register_policy: bool = True) -> None:
+    """Metrics, checkpoints (artifacts + registered versions) and pictures of one step. The
+    policy is registered without its optimiser state (that stays in the local checkpoint, for
+    resuming) and only where ``register_policy`` (``TrainConfig.checkpoint_every``)."""
     tracker = Tracker(workdir)
     tracker.start_or_resume(run_id, mlflow_run_id=mlflow_run_id)
     tracker.log_metrics(step, metrics)
-    tracker.log_checkpoint("policy", policy_dir, step)
+    if register_policy:
+        tracker.log_checkpoint("policy", policy_dir, step, exclude=(OPTIMIZER_STATE,))
     tracker.log_checkpoint("predictor", predictor_file, step)
     if not plot:
         return

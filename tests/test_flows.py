@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.runtime import Paths
 from trace_rl.storage.store import TreeStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +86,12 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
         assert key in run.data.metrics
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/policy")]
     assert len(arts) == TINY["steps"]
+    last = [a.path for a in client.list_artifacts(run.info.run_id, arts[-1])]
+    assert any(p.endswith("model.safetensors") for p in last)
+    assert not any(p.endswith("optimizer.pt") for p in last)  # resume state stays local
+    ckpts = [Paths(tmp_path).policy_dir(summary["run_id"], s) for s in range(TINY["steps"])]
+    assert all((c / "model.safetensors").exists() for c in ckpts)
+    assert [(c / "optimizer.pt").exists() for c in ckpts] == [False] * (TINY["steps"] - 1) + [True]
     figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
     assert any("tree_step" in f for f in figures)
     assert client.search_model_versions("name = 'trace-policy'")

@@ -77,6 +77,14 @@ def test_checkpoint_is_logged_and_registered(workdir, tmp_path):
     files = {f.path for f in tr.client.list_artifacts(run_id, "checkpoints/policy/step_000002")}
     assert files == {"checkpoints/policy/step_000002/config.json",
                      "checkpoints/policy/step_000002/model.safetensors"}
+    (ckpt / "optimizer.pt").write_bytes(b"\0" * 128)
+    (ckpt / "sub").mkdir()
+    (ckpt / "sub" / "extra.json").write_text("{}")
+    tr.log_checkpoint("policy", ckpt, step=3, exclude=("optimizer.pt",))
+    files = {f.path for f in tr.client.list_artifacts(run_id, "checkpoints/policy/step_000003")}
+    assert files == {"checkpoints/policy/step_000003/config.json",
+                     "checkpoints/policy/step_000003/model.safetensors",
+                     "checkpoints/policy/step_000003/sub"}
     pred = tmp_path / "predictor.pt"
     pred.write_bytes(b"weights")
     v2 = tr.log_checkpoint("predictor", pred, step=2)

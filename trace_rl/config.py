@@ -103,6 +103,11 @@ class TrainConfig:
     """Learning rate of the predictor head."""
     seed: int = 0
     """Seed of every random choice (roots, sampling, initialisation)."""
+    checkpoint_every: int = 1
+    """Register the policy checkpoint in MLflow (artifacts + a model version, weights and
+    tokenizer without the optimiser state) every this many steps, and always at the last step.
+    Every step's weights stay in the work dir's checkpoints; only the newest keeps its optimiser
+    state (for resuming)."""
     plot_every: int = 1
     """Render a rollout tree and a calibration plot every this many steps (0 = never)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -150,6 +155,7 @@ class TrainConfig:
              f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot hold "
              f"root_budget={self.root_budget}; raise pool_size or max_per_root")
         need(self.multiplier >= 0, f"multiplier={self.multiplier}; must be >= 0")
+        need(self.checkpoint_every >= 1, f"checkpoint_every={self.checkpoint_every}; must be >= 1")
         need(self.mini_batches >= 1, f"mini_batches={self.mini_batches}; must be >= 1")
         need(self.micro_batch >= 1, f"micro_batch={self.micro_batch}; must be >= 1")
         need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")

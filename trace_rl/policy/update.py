@@ -20,6 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trace_core.loss import policy_loss
 
+OPTIMIZER_STATE = "optimizer.pt"
+"""File of a policy checkpoint that holds the AdamW state (what resuming a run needs)."""
+
 
 @dataclass(frozen=True)
 class PathSample:
@@ -81,7 +84,7 @@ class PolicyTrainer:
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
                                            weight_decay=0.0)
-        opt_path = Path(model_dir) / "optimizer.pt"
+        opt_path = Path(model_dir) / OPTIMIZER_STATE
         if opt_path.exists():
             self.optimizer.load_state_dict(torch.load(opt_path, weights_only=True))
         self.reference = None
@@ -147,7 +150,7 @@ class PolicyTrainer:
         tmp.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(tmp, safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_STATE)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)  # a kill mid-save never leaves a half-written checkpoint under `out`

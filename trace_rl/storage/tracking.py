@@ -21,7 +21,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -181,8 +181,10 @@ class Tracker:
 
     # ---------------------------------------------------------------- artifacts
 
-    def log_checkpoint(self, kind: str, path: str | Path, step: int) -> str:
+    def log_checkpoint(self, kind: str, path: str | Path, step: int,
+                       exclude: Sequence[str] = ()) -> str:
         """Log a checkpoint directory (or file) as artifacts and register it as a model version.
+        Files of the directory named in ``exclude`` (e.g. an optimiser state) are left out.
 
         The registered model is ``<experiment>-<kind>``; the version carries the step and TRACE
         run id as tags. Logging the same run's checkpoint for a step again (a retried task)
@@ -199,7 +201,13 @@ class Tracker:
             if mv.tags.get("step") == str(step):
                 return mv.version
         artifact_path = f"checkpoints/{kind}/step_{step:06d}"
-        if path.is_dir():
+        if path.is_dir() and exclude:
+            for f in sorted(path.rglob("*")):
+                if f.is_file() and f.name not in exclude:
+                    sub = f.parent.relative_to(path).as_posix()
+                    self.client.log_artifact(run_id, str(f), artifact_path
+                                             + ("" if sub == "." else f"/{sub}"))
+        elif path.is_dir():
             self.client.log_artifacts(run_id, str(path), artifact_path)
         else:
             self.client.log_artifact(run_id, str(path), artifact_path)
