@@ -191,6 +191,7 @@ class MethodRun:
         )
         self.rng = np.random.default_rng([config.seed, 1 + index])
         self.last_sampled = np.full(config.dataset_size, -1, dtype=np.int64)
+        self.first_offered = np.full(config.dataset_size, -1, dtype=np.int64)
         self.totals = Totals()
         self.fit_stats: dict[str, float] = {}
 
@@ -205,11 +206,15 @@ class MethodRun:
         alloc = self.allocator
         ledger = LeafLedger(budget.total)
         pool_prompts = [prompts[i] for i in pool_idx]
+        offered = self.first_offered[pool_idx]
+        self.first_offered[pool_idx] = np.where(offered >= 0, offered, step)
         last = self.last_sampled[pool_idx]
         pool = RootPool(
             predicted=self.predict([p.text for p in pool_prompts]),
-            # Steps since last rolled out; a never-sampled prompt counts every step so far.
-            staleness=np.where(last >= 0, step - last, step).astype(np.float64),
+            # Steps since last rolled out; a never-sampled prompt counts the steps since it was
+            # first offered (as tasks.roots.staleness does in the pipeline).
+            staleness=np.where(last >= 0, step - last,
+                               step - self.first_offered[pool_idx]).astype(np.float64),
             true_value=np.array([self.sim.true_value(p) for p in pool_prompts]),
         )
         # Root stage (with DAPO's refill waves).

@@ -14,15 +14,47 @@ from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import history_text
 
 
-@task(name="sample-roots", cache_policy=runtime.PHASE_KEY, retries=1)
-def sample_roots(cfg: TrainConfig, run_id: str, step: int) -> list[str]:
-    """``pool_size`` item ids of the train split, drawn without replacement, seeded by step."""
-    ids = sorted(runtime.items_for(cfg, cfg.train_split))
+def candidate_pool(cfg: TrainConfig, step: int, ids: list[str] | None = None) -> list[str]:
+    """The candidate pool of ``step``: ``pool_size`` item ids of the train split (``ids``, sorted;
+    default: loaded), drawn without replacement, seeded by (seed, step), so any step's pool can be
+    recomputed."""
+    ids = sorted(runtime.items_for(cfg, cfg.train_split)) if ids is None else ids
     if len(ids) < cfg.pool_size:
         raise ValueError(f"{cfg.family}/{cfg.train_split} has {len(ids)} items; pool_size="
                          f"{cfg.pool_size} needs at least that many")
     rng = np.random.default_rng([cfg.seed, step, 1])
     return [ids[i] for i in rng.choice(len(ids), size=cfg.pool_size, replace=False)]
+
+
+@task(name="sample-roots", cache_policy=runtime.PHASE_KEY, retries=1)
+def sample_roots(cfg: TrainConfig, run_id: str, step: int) -> list[str]:
+    """``candidate_pool(cfg, step)``."""
+    return candidate_pool(cfg, step)
+
+
+def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
+              last_rolled_out: dict[str, int]) -> list[float]:
+    """Steps each candidate has waited for a rollout: since it was last rolled out, or, if it never
+    was, since it was first offered in a candidate pool (0 for a prompt offered for the first time).
+
+    Exploration (``trace_core.allocation.explore``) trusts a prediction less the longer it has
+    gone unchecked. A prompt seen for the first time has nothing unchecked: its prediction comes
+    from a predictor fit on the last step. (Counting every step so far for it, as the simulator
+    of a small recurring pool may, flattened every prediction toward 1/2 as training went on when
+    the pool is drawn from a large dataset: by exp(-0.1 (t + 1)), i.e. to a third at step 10.)
+    """
+    first_offered: dict[str, int] = {}
+    wanted = set(item_ids) - set(last_rolled_out)
+    ids = sorted(runtime.items_for(cfg, cfg.train_split)) if wanted and step else []
+    for s in range(step):  # earlier pools are a pure function of (config, step)
+        if not wanted:
+            break
+        for i in candidate_pool(cfg, s, ids):
+            if i in wanted:
+                first_offered[i] = s
+                wanted.discard(i)
+    return [float(step - last_rolled_out[i]) if i in last_rolled_out
+            else float(step - first_offered.get(i, step)) for i in item_ids]
 
 
 @task(name="score-roots", cache_policy=runtime.PHASE_KEY)
@@ -36,9 +68,8 @@ def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
         "SELECT item_id, max(step) AS last FROM nodes WHERE run_id = $r AND step < $s AND depth = 0 "
         "GROUP BY item_id", {"r": run_id, "s": step}).to_pylist()
     seen = {r["item_id"]: r["last"] for r in last}
-    staleness = [float(step - seen[i]) if i in seen else float(step + 1) for i in item_ids]
     return pa.table({"item_id": item_ids, "predicted_v": np.asarray(v, dtype=np.float64),
-                     "staleness": staleness})
+                     "staleness": staleness(cfg, step, item_ids, seen)})
 
 
 @task(name="allocate-roots", cache_policy=runtime.PHASE_KEY)

@@ -195,3 +195,17 @@ def test_dapo_refills_through_the_flow(tiny_model_dir, tmp_path):
         waves = store.query("SELECT method, trajectories FROM ledger ORDER BY method").to_pylist()
         assert waves[0]["method"] == "dapo" and waves[1]["method"] == "dapo:refill1"
         assert sum(w["trajectories"] for w in waves) == m["ledger/trajectories"] == m["rollout/leaves"]
+
+
+def test_staleness_counts_from_first_offer_not_from_the_start():
+    from tasks.roots import candidate_pool, staleness
+    from trace_rl.config import config_from_mapping
+
+    cfg = config_from_mapping({"family": "synth_arith", "pool_size": 8, "extra": {"n_train": 40}})
+    pools = [candidate_pool(cfg, s) for s in range(6)]
+    assert pools[3] == candidate_pool(cfg, 3) and len(set(pools[0])) == 8
+    fresh = next(i for i in pools[5] if not any(i in p for p in pools[:5]))  # first offered at 5
+    offered = next(i for i in pools[5] if i in pools[1] and not any(i in p for p in pools[:1]))
+    rolled = pools[5][0] if pools[5][0] not in (fresh, offered) else pools[5][1]
+    got = staleness(cfg, 5, [fresh, offered, rolled], {rolled: 3})
+    assert got == [0.0, 4.0, 2.0]  # new: trusted; offered at 1, never chosen: 4; rolled at 3: 2
