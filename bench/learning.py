@@ -256,10 +256,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         results = run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev)
     leaves_per_step = args.root_budget * (1 + args.multiplier)
     table = summarise(results, leaves_per_step)
+    record = workdir / "learning_results.json"  # every run's curve, per seed, for later reading
+    record.write_text(json.dumps({"args": vars(args), "start_accuracy": start,
+                                  "results": [r.__dict__ for r in results]}, indent=1) + "\n")
     print(f"\nfamily {args.family} (difficulty {args.mix or args.difficulty}), {args.steps} steps x "
           f"{leaves_per_step} leaves, starting accuracy {100 * start:.1f}% ({args.eval_items} "
           f"held-out items x {args.eval_samples} samples at temperature {args.eval_temperature}), "
-          f"workdir {workdir}")
+          f"workdir {workdir} (per-run curves: {record})")
     print_table(table, args.seeds)
     if args.plot:
         plot(table, Path(args.plot))
