@@ -194,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "--difficulty must be >= the largest); default: all at --difficulty")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seed-start", type=int, default=0,
+                    help="first seed (runs seeds seed-start .. seed-start + seeds - 1)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-items", type=int, default=200)
@@ -248,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               eval_temperature=args.eval_temperature)
     start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items, skip,
                   args.eval_samples, args.eval_temperature)
-    jobs = [(m, s) for s in range(args.seeds) for m in methods]
+    jobs = [(m, s) for s in range(args.seed_start, args.seed_start + args.seeds) for m in methods]
     if args.jobs <= 1:
         results = [run_one(m, s, base, policy, workdir, eval_steps, start_accuracy=start, **ev)
                    for m, s in jobs]
