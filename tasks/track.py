@@ -8,9 +8,9 @@ import numpy as np
 from prefect import task
 
 from tasks import runtime
+from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import parent_array
 from trace_rl.storage import plots
-from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.storage.tracking import Tracker
 
 
