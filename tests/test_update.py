@@ -73,3 +73,12 @@ def test_paths_without_signal_change_nothing(tiny_model_dir):
     stats = trainer.update(_samples(trainer.tokenizer, [0.0, 0.0]), torch.Generator().manual_seed(0))
     assert stats["paths_with_signal"] == 0.0 and "updates" not in stats
     assert torch.equal(before, _flat(trainer.model))
+
+
+def test_a_resumed_optimiser_takes_the_configured_learning_rate(tiny_model_dir, tmp_path):
+    first = PolicyTrainer(tiny_model_dir, _settings(learning_rate=1e-3))
+    first.update(_samples(first.tokenizer, [1.0, -1.0]), torch.Generator().manual_seed(0))
+    saved = first.save(tmp_path / "ckpt")
+    resumed = PolicyTrainer(saved, _settings(learning_rate=2e-4))
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [2e-4]
+    assert resumed.optimizer.state  # the moments came back with it

@@ -87,6 +87,8 @@ class PolicyTrainer:
         opt_path = Path(model_dir) / OPTIMIZER_STATE
         if opt_path.exists():
             self.optimizer.load_state_dict(torch.load(opt_path, weights_only=True))
+            for group in self.optimizer.param_groups:  # the saved state carries the old lr
+                group["lr"] = settings.learning_rate
         self.reference = None
         if settings.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(
