@@ -28,7 +28,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from trace_core.allocators import ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet, RootPool
+from trace_core.allocators import (ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet,
+                                   RootPool, root_prefix)
 from trace_core.predictor import HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
 from trace_core.simulator import Prompt, SimConfig, Simulator, render
 from trace_core.tree import NO_PARENT, Tree, backup
@@ -103,8 +104,10 @@ class TreeBuilder:
         if bare:
             self.bare_leaves.append(node)
 
-    def prefixes(self) -> tuple[list[int], np.ndarray]:
-        """Non-leaf prefixes (depth >= 1) on the bare rollouts, with the bare outcome through each."""
+    def prefixes(self, from_root: bool = False) -> tuple[list[int], np.ndarray]:
+        """Non-leaf prefixes (depth >= 1) on the bare rollouts, with the bare outcome through each;
+        with ``from_root``, also the root (node 0) when the bare outcomes all agree
+        (``trace_core.allocators.root_prefix``), as the pipeline's tasks/prefixes.py does."""
         nodes, observed = [], []
         for leaf in self.bare_leaves:
             node = self.parent[leaf]
@@ -112,6 +115,10 @@ class TreeBuilder:
                 nodes.append(node)
                 observed.append(self.reward[leaf])
                 node = self.parent[node]
+        shared = root_prefix([self.reward[leaf] for leaf in self.bare_leaves])
+        if nodes and from_root and shared is not None:
+            nodes.append(0)
+            observed.append(shared)
         return nodes, np.asarray(observed, dtype=np.float64)
 
     def tree(self) -> Tree:
@@ -241,7 +248,7 @@ class MethodRun:
             if leaves == 0:
                 continue
             ledger.spend(leaves, f"{self.name} prefix stage")
-            nodes, observed = b.prefixes()
+            nodes, observed = b.prefixes(alloc.branches_from_root)
             if not nodes:  # every bare rollout ended on its first turn: nothing to branch from
                 for _ in range(leaves):
                     self._roll(b, 0, bare=False)

@@ -9,7 +9,7 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
-from trace_core.allocators import PrefixSet
+from trace_core.allocators import PrefixSet, root_prefix
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import group_trees, node_history
 
@@ -17,31 +17,37 @@ from trace_rl.rollout.treeio import group_trees, node_history
 @task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)
 def score_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa.Table:
     """p = V~(H_ijt) and the observed outcome r_ij for every non-leaf turn node (depth >= 1) of
-    the step's bare rollouts; each such node lies on exactly one bare rollout."""
+    the step's bare rollouts; each such node lies on exactly one bare rollout. When the allocator
+    branches from the root (TRACE), the root of a tree whose bare rollouts agree is a candidate
+    too (depth 0, observed = the shared outcome)."""
     trees = group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist())
+    from_root = runtime.allocator_for(cfg).branches_from_root
     out: dict[str, list] = defaultdict(list)
     histories = []
+
+    def add(tree: list[dict], t: int, node: dict, observed: float) -> None:
+        histories.append(node_history(tree, node["local_index"]))
+        for k, v in (("tree_id", t), ("local_index", node["local_index"]), ("depth", node["depth"]),
+                     ("item_id", node["item_id"]), ("observed", observed),
+                     ("bare", tree[0]["allocated_k"])):
+            out[k].append(v)
+
     for t, tree in trees.items():
         before = len(histories)
+        bare = [float(r["reward"]) for r in tree if r["is_leaf"] and r["level"] == 0]
         for r in tree:
             if r["depth"] == 0 or r["is_leaf"] or r["level"] != 0:
                 continue
             leaf = r
             while not leaf["is_leaf"]:  # follow the bare rollout down to its outcome
                 leaf = next(c for c in tree if c["parent_index"] == leaf["local_index"])
-            histories.append(node_history(tree, r["local_index"]))
-            for k, v in (("tree_id", t), ("local_index", r["local_index"]), ("depth", r["depth"]),
-                         ("item_id", r["item_id"]), ("observed", float(leaf["reward"])),
-                         ("bare", tree[0]["allocated_k"])):
-                out[k].append(v)
+            add(tree, t, r, float(leaf["reward"]))
         if len(histories) == before:
             # Every bare rollout ended on its first turn: nothing to branch from, so the tree's
             # continuation budget goes to more rollouts from the root (the ledger stays equal).
-            histories.append(node_history(tree, 0))
-            for k, v in (("tree_id", t), ("local_index", 0), ("depth", 0),
-                         ("item_id", tree[0]["item_id"]), ("observed", float("nan")),
-                         ("bare", tree[0]["allocated_k"])):
-                out[k].append(v)
+            add(tree, t, tree[0], float("nan"))
+        elif from_root and (shared := root_prefix(bare)) is not None:
+            add(tree, t, tree[0], shared)
     predictor = runtime.load_predictor(cfg, workdir, run_id, step - 1)
     p = predictor.predict(histories) if histories else np.zeros(0)
     return pa.table({"tree_id": pa.array(out["tree_id"], pa.int64()),
@@ -68,7 +74,7 @@ def allocate_prefixes(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table
         leaves = allocator.tree_leaves(rows[idx[0]]["bare"], budget)
         if leaves <= 0:
             continue
-        if rows[idx[0]]["depth"] == 0:  # root fallback of score_prefixes
+        if len(idx) == 1 and np.isnan(rows[idx[0]]["observed"]):  # root fallback of score_prefixes
             k[idx[0]] = leaves
             continue
         prefixes = PrefixSet(predicted=np.asarray([rows[i]["predicted_v"] for i in idx]),

@@ -82,3 +82,21 @@ def test_a_resumed_optimiser_takes_the_configured_learning_rate(tiny_model_dir, 
     resumed = PolicyTrainer(saved, _settings(learning_rate=2e-4))
     assert [g["lr"] for g in resumed.optimizer.param_groups] == [2e-4]
     assert resumed.optimizer.state  # the moments came back with it
+
+
+def test_trust_region_guard_undoes_an_overshooting_step(tiny_model_dir):
+    samples = None
+    for target in (1e-6, 1e9):  # a bound every step overshoots / one no step reaches
+        trainer = PolicyTrainer(tiny_model_dir, _settings(learning_rate=5e-2, micro_batch=1,
+                                                          mini_batches=2, target_kl=target))
+        samples = samples or _samples(trainer.tokenizer, [1.0, -1.0, 0.5, -0.5])
+        before = _flat(trainer.model).clone()
+        stats = trainer.update(samples, torch.Generator().manual_seed(0))
+        assert stats["kl_after_step_max"] > 1e-6
+        if target < 1:  # the first step is undone, weights and AdamW moments alike
+            assert stats["kl_stopped"] == 1.0 and stats["updates"] == 0.0
+            assert torch.equal(before, _flat(trainer.model))
+            assert not trainer.optimizer.state
+        else:
+            assert stats["kl_stopped"] == 0.0 and stats["updates"] == 2.0
+            assert not torch.equal(before, _flat(trainer.model))

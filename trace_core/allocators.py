@@ -30,7 +30,9 @@ Methods (the registry ``ALLOCATORS`` maps a name to a factory taking ``Allocator
   (``tree_group`` bare rollouts for each of M / tree_group prompts) and each continuation's branch
   point drawn uniformly from the tree's non-leaf prefixes.
 * ``trace``: Stage 1 ``allocate_roots`` on explored predictions with budget M, then Stage 2
-  ``allocate_prefixes`` on predicted prefix values with budget m_i N per active prompt.
+  ``allocate_prefixes`` on predicted prefix values with budget m_i N per active prompt. The
+  root itself (the depth-0 prefix) is one of the candidates when the tree's bare rollouts agree
+  (``AllocatorConfig.branch_from_root``; ``root_prefix``).
 * ``oracle``: TRACE's two stages on the true V, without exploration (simulation only).
 
 Departure from the paper: the exploration rule (trace_core.allocation.explore) is this project's
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -122,6 +124,12 @@ class AllocatorConfig:
     explore_strength: float = 0.003
     """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it).
     Small by default: in a stationary process exploration only costs (docs/results.md)."""
+    branch_from_root: bool = True
+    """Stage 2 (trace, oracle): besides the depth >= 1 prefixes, offer the root itself (the
+    depth-0 prefix, the prompt) of a tree whose bare rollouts all agree, with the shared outcome as
+    its observed outcome. A continuation from the root is one more bare rollout; it competes on
+    the same marginal gain q^K (1 - q). Without it, a prompt whose outcome is fixed by its first
+    turn can only spend its m_i N continuations on prefixes that repeat their outcome."""
     dapo_batch_groups: int | None = None
     """DAPO's target number of mixed groups (its first wave's size); None = half of the groups the
     leaf budget affords, so the other half is left for refills (a full first wave would make DAPO
@@ -181,6 +189,12 @@ class Allocator(ABC):
     def tree_leaves(self, bare: int, budget: Budget) -> int:
         """Continuation leaves for a tree with ``bare`` bare rollouts."""
         return 0
+
+    @property
+    def branches_from_root(self) -> bool:
+        """Whether the prefix stage wants the root of a tree whose bare rollouts agree among its
+        prefixes (``root_prefix`` builds that entry; see ``AllocatorConfig.branch_from_root``)."""
+        return False
 
     def allocate_prefixes(self, prefixes: PrefixSet, leaves: int, rng: np.random.Generator) -> np.ndarray:
         """[K] continuations per prefix of a non-empty set; sums to ``leaves``."""
@@ -276,6 +290,10 @@ class Trace(Allocator):
     def tree_leaves(self, bare: int, budget: Budget) -> int:
         return bare * budget.multiplier
 
+    @property
+    def branches_from_root(self) -> bool:
+        return self.config.branch_from_root
+
     def allocate_prefixes(self, prefixes: PrefixSet, leaves: int, rng: np.random.Generator) -> np.ndarray:
         return allocate_prefixes(
             self.prefix_values(prefixes), prefixes.observed, leaves, max_per_prefix=self.config.max_per_prefix
@@ -317,6 +335,16 @@ class RandomPrefix(Allocator):
         if prefixes.size == 0:
             raise ValueError("random_prefix: a tree with no prefixes cannot branch")
         return np.bincount(rng.integers(0, prefixes.size, size=leaves), minlength=prefixes.size).astype(np.int64)
+
+
+def root_prefix(bare_outcomes: Sequence[float]) -> float | None:
+    """The observed outcome the root enters Stage 2 with: the shared outcome of a tree's bare
+    rollouts when they all agree, else None (the root's group is already mixed; more rollouts
+    from it cannot make it mixed, so it is not offered)."""
+    outcomes = {float(r) for r in bare_outcomes}
+    if not outcomes <= {0.0, 1.0}:
+        raise ValueError(f"bare rollout outcomes must be 0 or 1, got {sorted(outcomes)}")
+    return outcomes.pop() if len(outcomes) == 1 else None
 
 
 ALLOCATORS: dict[str, Callable[[AllocatorConfig], Allocator]] = {

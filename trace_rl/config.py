@@ -64,6 +64,10 @@ class TrainConfig:
     """n: rollouts per prompt for the flat baselines (grpo, dapo)."""
     tree_group: int = 2
     """Bare rollouts per prompt for random_prefix's uniform roots."""
+    branch_from_root: bool = True
+    """TRACE's Stage 2 also offers the root of a tree whose bare rollouts all agree (a
+    continuation from it is one more bare rollout, scored by the same q^K (1 - q) gain as any
+    prefix). Off: only depth >= 1 prefixes, as in the paper's description."""
     exploration: float = 0.1
     """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
     max_turns: int = 4
@@ -75,7 +79,7 @@ class TrainConfig:
     tool_timeout_s: float = 5.0
     """Wall-clock limit of one tool call."""
     learning_rate: float = 2e-4
-    """AdamW learning rate of the policy (suits the tiny CPU policy, whose SFT ran at 6e-3; use
+    """AdamW learning rate of the policy (suits the tiny CPU policy, whose SFT peaks at 2e-3; use
     about 1e-6 for a multi-billion-parameter model)."""
     clip_low: float = 0.2
     """PPO ratio clip below 1."""
@@ -97,6 +101,12 @@ class TrainConfig:
     many mini-batches, gradients accumulated over their micro-batches. Measured
     (docs/results.md, synth_arith d=1, 10 steps): 4 steps per epoch reached 78.0% (GRPO) /
     68.2% (TRACE) held-out sampled accuracy from 48.0%, one step per epoch 62.3% / 56.2%."""
+    target_kl: float = 0.02
+    """Trust-region guard of the policy update (0 = off): an optimiser step after which the
+    approximate KL of the sampling policy from the new one, on the mini-batch it used, exceeds
+    this is undone and the step's update ends (``UpdateSettings.target_kl``). Measured
+    (docs/results.md): without it, at learning rate 2e-4, one update of the tiny policy moved
+    the KL to 0.16 in a single AdamW step and broke its tool-call format for the rest of the run."""
     predictor_epochs: int = 5
     """Epochs of the predictor's online regression per step."""
     predictor_lr: float = 3e-3
@@ -157,6 +167,7 @@ class TrainConfig:
         need(self.multiplier >= 0, f"multiplier={self.multiplier}; must be >= 0")
         need(self.checkpoint_every >= 1, f"checkpoint_every={self.checkpoint_every}; must be >= 1")
         need(self.mini_batches >= 1, f"mini_batches={self.mini_batches}; must be >= 1")
+        need(self.target_kl >= 0, f"target_kl={self.target_kl}; must be >= 0 (0 = off)")
         need(self.micro_batch >= 1, f"micro_batch={self.micro_batch}; must be >= 1")
         need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")
         need(self.temperature >= 0, f"temperature={self.temperature}; must be >= 0")

@@ -8,12 +8,13 @@ forward pass, as verl does), so the first epoch has ratio 1 and later epochs are
 
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,6 +48,12 @@ class UpdateSettings:
     """Optimiser steps per epoch: the step's paths are split into this many mini-batches and the
     gradients of a mini-batch's micro-batches are accumulated (weighted so the mini-batch loss
     is ``agg`` over all of its paths) before one clipped AdamW step."""
+    target_kl: float = 0.0
+    """Trust-region guard (0 = off): after each optimiser step the mini-batch it used is scored
+    again; if the approximate KL of the sampling policy from the updated one (k3, mean over
+    policy tokens) exceeds this, that step is undone (weights and AdamW moments) and the update
+    ends there. PPO implementations stop early on the same statistic (SB3's and TRL's
+    ``target_kl``); undoing the step as well keeps a single overshooting step from landing."""
 
 
 def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -117,10 +124,14 @@ class PolicyTrainer:
                  else float((b["mask"].sum(dim=1) > 0).sum()) for b, _, _ in olds]
         totals: dict[str, float] = {}
         n_micro = n_updates = 0
+        stopped = False
         for _ in range(s.epochs):
+            if stopped:
+                break
             order = torch.randperm(len(olds), generator=rng).tolist()
             n_mini = max(1, min(s.mini_batches, len(order)))
             for chunk in (order[i::n_mini] for i in range(n_mini)):
+                snapshot = self._snapshot() if s.target_kl > 0 else None
                 self.optimizer.zero_grad(set_to_none=True)
                 total_units = sum(units[j] for j in chunk)
                 for j in chunk:
@@ -140,10 +151,40 @@ class PolicyTrainer:
                 self.optimizer.step()
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(gn) * len(chunk)
                 n_updates += 1
-        stats.update({k: v / n_micro for k, v in totals.items()})
+                if snapshot is not None:
+                    kl = self._kl_after([olds[j] for j in chunk])
+                    totals["kl_after_step_max"] = max(totals.get("kl_after_step_max", 0.0), kl)
+                    if kl > s.target_kl:
+                        self._restore(snapshot)
+                        n_updates -= 1
+                        stopped = True
+                        break
+        stats.update({k: v / n_micro for k, v in totals.items() if k != "kl_after_step_max"})
+        if "kl_after_step_max" in totals:
+            stats["kl_after_step_max"] = totals["kl_after_step_max"]
+            stats["kl_stopped"] = float(stopped)
         stats["updates"] = float(n_updates)
         stats["seconds"] = time.perf_counter() - t0
         return stats
+
+    def _snapshot(self) -> tuple[dict[str, torch.Tensor], dict]:
+        weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return weights, copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore(self, snapshot: tuple[dict[str, torch.Tensor], dict]) -> None:
+        weights, optimizer = snapshot
+        self.model.load_state_dict(weights)
+        self.optimizer.load_state_dict(optimizer)
+
+    @torch.no_grad()
+    def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]) -> float:
+        """Mean k3 KL(sampling policy || current) over the policy tokens of ``batches``."""
+        total = count = 0.0
+        for b, old, _ in batches:
+            log_ratio = (token_logprobs(self.model, b["ids"], b["attn"]) - old) * b["mask"]
+            total += float(((torch.exp(log_ratio) - 1.0 - log_ratio) * b["mask"]).sum())
+            count += float(b["mask"].sum())
+        return total / max(count, 1.0)
 
     def save(self, out_dir: str | Path) -> Path:
         """Write the policy as an HF directory (what the engines load) plus the optimiser state."""

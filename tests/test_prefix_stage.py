@@ -1,0 +1,92 @@
+"""Stage 2 in the pipeline (tasks/prefixes.py) on a hand-built step in a real DuckDB store: which
+prefixes are offered (the root of an agreeing tree, for TRACE) and that every tree spends m_i N."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks import prefixes
+from tasks.runtime import Paths
+from trace_core.allocators import root_prefix
+from trace_rl.config import config_from_mapping
+from trace_rl.rollout.types import Action
+from trace_rl.storage import TreeStore
+from trace_rl.storage.schema import NODE_INPUT, NODE_INPUT_SCHEMA
+
+RUN = "stage2"
+
+
+def node(tree, slot, parent, depth, leaf=False, reward=None, **extra):
+    row = {c: None for c in NODE_INPUT}
+    row.update(tree_id=tree, local_index=slot, parent_index=parent, depth=depth, item_id=f"q{tree}",
+               is_leaf=leaf, reward=reward, family="synthetic", text=f"turn {slot}",
+               gen_token_ids=[100 + slot], gen_logprobs=[-0.5], obs_token_ids=[] if leaf else [300])
+    action = (Action(kind="answer", answer="7") if leaf
+              else Action(kind="tool", tool="calculator", arguments={"expression": f"{slot} + 1"}))
+    row.update(action_json=json.dumps(action.to_json()), observation=None if leaf else str(slot + 1))
+    if parent == -1:
+        row.update(gen_token_ids=[], gen_logprobs=[], obs_token_ids=[1, 2, 3], action_json=None,
+                   observation=None, text=f"question {tree}", predicted_v=0.5, allocated_k=2)
+    row.update(extra)
+    return row
+
+
+# Tree 0: two two-turn bare rollouts, one success and one failure (already mixed).
+# Tree 1: two two-turn bare rollouts, both failures (they agree).
+# Tree 2: two one-turn bare rollouts (no non-leaf prefix: the fallback spends at the root).
+LEVEL0 = [node(0, 0, -1, 0), node(0, 1, 0, 1), node(0, 2, 1, 2, True, 1.0),
+          node(0, 3, 0, 1), node(0, 4, 3, 2, True, 0.0),
+          node(1, 0, -1, 0), node(1, 1, 0, 1), node(1, 2, 1, 2, True, 0.0),
+          node(1, 3, 0, 1), node(1, 4, 3, 2, True, 0.0),
+          node(2, 0, -1, 0), node(2, 1, 0, 1, True, 0.0), node(2, 2, 0, 1, True, 0.0)]
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    store = TreeStore(Paths(tmp_path).db)
+    store.init_run(RUN, {"allocator": "trace"})
+    store.write_level(RUN, 0, 0, pa.Table.from_pylist(LEVEL0, schema=NODE_INPUT_SCHEMA), None,
+                      dict(method="trace", trajectories=6, prompt_tokens=18, generated_tokens=10,
+                           tool_calls=4, wall_seconds=0.1))
+    return str(tmp_path)
+
+
+def _cfg(**over):
+    return config_from_mapping({"allocator": "trace", "root_budget": 6, "multiplier": 1,
+                                "pool_size": 4, **over})
+
+
+def _offered(table: pa.Table) -> set[tuple[int, int, float]]:
+    return {(r["tree_id"], r["local_index"], -1.0 if math.isnan(r["observed"]) else r["observed"])
+            for r in table.to_pylist()}
+
+
+def test_trace_offers_the_root_of_an_agreeing_tree_only(workdir):
+    scored = prefixes.score_prefixes.fn(_cfg(), workdir, RUN, 0)
+    assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0),  # mixed tree: its depth-1 prefixes
+                                (1, 1, 0.0), (1, 3, 0.0), (1, 0, 0.0),  # + the agreeing root
+                                (2, 0, -1.0)}  # fallback: the root, no observed outcome
+    chosen = prefixes.allocate_prefixes.fn(_cfg(), RUN, 0, scored).to_pylist()
+    for t in (0, 1, 2):  # every tree spends exactly m_i N = 2 continuations
+        assert sum(r["k"] for r in chosen if r["tree_id"] == t) == 2
+    assert [r["k"] for r in chosen if r["tree_id"] == 2] == [2]
+
+
+def test_the_root_is_not_offered_when_switched_off_or_for_random_prefix(workdir):
+    for cfg in (_cfg(branch_from_root=False), _cfg(allocator="random_prefix")):
+        scored = prefixes.score_prefixes.fn(cfg, workdir, RUN, 0)
+        assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0), (1, 1, 0.0), (1, 3, 0.0), (2, 0, -1.0)}
+
+
+def test_root_prefix():
+    assert root_prefix([0.0, 0.0, 0.0]) == 0.0
+    assert root_prefix([1, 1]) == 1.0
+    assert root_prefix([1.0, 0.0]) is None
+    with pytest.raises(ValueError, match="0 or 1"):
+        root_prefix([0.5, 0.5])
+    assert np.isfinite(root_prefix([1]))
