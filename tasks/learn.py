@@ -121,7 +121,7 @@ def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[Path
             ids += r["obs_token_ids"]
             mask += [0] * len(r["obs_token_ids"])
             a += [0.0] * len(r["obs_token_ids"])
-        out.append(PathSample(ids, mask, a))
+        out.append(PathSample(ids, mask, a, group=int(root["tree_id"])))
     return out
 
 

@@ -100,3 +100,20 @@ def test_trust_region_guard_undoes_an_overshooting_step(tiny_model_dir):
         else:
             assert stats["kl_stopped"] == 0.0 and stats["updates"] == 2.0
             assert not torch.equal(before, _flat(trainer.model))
+
+
+def test_mini_batches_hold_whole_groups_of_balanced_size():
+    from trace_rl.policy.update import _whole_group_bins
+
+    sizes = [4, 2, 2, 6, 3, 1, 4, 2]  # paths per group (tree)
+    samples = [PathSample([1, 2], [0, 1], [0.0, 1.0], group=g) for g, n in enumerate(sizes)
+               for _ in range(n)]
+    for seed in range(5):
+        bins = _whole_group_bins(samples, 4, torch.Generator().manual_seed(seed))
+        assert sorted(i for b in bins for i in b) == list(range(len(samples)))
+        for b in bins:  # no group is split across mini-batches
+            groups = {samples[i].group for i in b}
+            assert sum(sizes[g] for g in groups) == len(b)
+        assert max(map(len, bins)) - min(map(len, bins)) <= max(sizes)
+    loose = [PathSample([1], [1], [1.0]) for _ in range(5)]  # group -1: each its own group
+    assert sorted(map(len, _whole_group_bins(loose, 2, torch.Generator().manual_seed(0)))) == [2, 3]

@@ -32,6 +32,9 @@ class PathSample:
     token_ids: Sequence[int]
     loss_mask: Sequence[int]  # 1 on policy tokens
     advantages: Sequence[float]  # per token (0 where masked)
+    group: int = -1
+    """The tree (prompt group) of the path; -1 = a group of its own. A mini-batch holds whole
+    groups, so the advantages of each optimiser step stay centred as they are within a group."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,9 @@ class UpdateSettings:
     agg: str = "token-mean"
     max_grad_norm: float = 1.0
     mini_batches: int = 1
-    """Optimiser steps per epoch: the step's paths are split into this many mini-batches and the
-    gradients of a mini-batch's micro-batches are accumulated (weighted so the mini-batch loss
+    """Optimiser steps per epoch (at most one per ``micro_batch`` paths): the step's paths are
+    split into this many mini-batches of whole groups (``PathSample.group``, balanced in size)
+    and the gradients of a mini-batch's micro-batches are accumulated (weighted so the mini-batch loss
     is ``agg`` over all of its paths) before one clipped AdamW step."""
     target_kl: float = 0.0
     """Trust-region guard (0 = off): after each optimiser step the mini-batch it used is scored
@@ -70,6 +74,20 @@ def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
         mask[b, :n] = torch.tensor(list(s.loss_mask), dtype=torch.float32)
         adv[b, :n] = torch.tensor(list(s.advantages), dtype=torch.float32)
     return {"ids": ids, "attn": attn, "mask": mask, "adv": adv}
+
+
+def _whole_group_bins(samples: Sequence[PathSample], n: int, rng: torch.Generator) -> list[list[int]]:
+    """``n`` lists of sample indices: the groups in random order, each whole, each to the list
+    with the fewest paths so far (sizes differ by at most the largest group); empty lists
+    dropped. Paths of group -1 are groups of their own."""
+    groups: dict[int, list[int]] = {}
+    for i, x in enumerate(samples):
+        groups.setdefault(x.group if x.group >= 0 else -1 - i, []).append(i)
+    keys = list(groups)
+    bins: list[list[int]] = [[] for _ in range(n)]
+    for k in torch.randperm(len(keys), generator=rng).tolist():
+        min(bins, key=len).extend(groups[keys[k]])
+    return [b for b in bins if b]
 
 
 def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -111,14 +129,19 @@ class PolicyTrainer:
         if not trainable:
             return stats
         t0 = time.perf_counter()
-        batches = [trainable[i:i + s.micro_batch] for i in range(0, len(trainable), s.micro_batch)]
+        # Mini-batches of whole groups (fixed for the call), each split into micro-batches.
+        n_mini = max(1, min(s.mini_batches, math.ceil(len(trainable) / s.micro_batch)))
+        minis: list[list[int]] = []  # per mini-batch: indices into `olds`
         olds = []
         with torch.no_grad():
-            for mb in batches:
-                b = _pad(mb, self.pad_id)
-                old = token_logprobs(self.model, b["ids"], b["attn"])
-                ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
-                olds.append((b, old, ref))
+            for paths in _whole_group_bins(trainable, n_mini, rng):
+                minis.append([])
+                for i in range(0, len(paths), s.micro_batch):
+                    b = _pad([trainable[j] for j in paths[i:i + s.micro_batch]], self.pad_id)
+                    old = token_logprobs(self.model, b["ids"], b["attn"])
+                    ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
+                    minis[-1].append(len(olds))
+                    olds.append((b, old, ref))
         # What the aggregation averages over, per micro-batch: tokens or sequences.
         units = [float(b["mask"].sum()) if s.agg == "token-mean"
                  else float((b["mask"].sum(dim=1) > 0).sum()) for b, _, _ in olds]
@@ -128,9 +151,8 @@ class PolicyTrainer:
         for _ in range(s.epochs):
             if stopped:
                 break
-            order = torch.randperm(len(olds), generator=rng).tolist()
-            n_mini = max(1, min(s.mini_batches, len(order)))
-            for chunk in (order[i::n_mini] for i in range(n_mini)):
+            for m in torch.randperm(len(minis), generator=rng).tolist():
+                chunk = minis[m]
                 snapshot = self._snapshot() if s.target_kl > 0 else None
                 self.optimizer.zero_grad(set_to_none=True)
                 total_units = sum(units[j] for j in chunk)
