@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         base["learning_rate"] = args.learning_rate
     for kv in args.set:
         key, _, value = kv.partition("=")
-        base[key] = type(getattr(_defaults(), key))(value)
+        base[key] = _coerce(key, value, getattr(_defaults(), key))  # "false" -> False, not bool("false")
     eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
     ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
               eval_temperature=args.eval_temperature)
@@ -278,6 +278,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
               f"effective ratio {ratio:.2f}x GRPO")
     return {"table": table, "results": [r.__dict__ for r in results]}
+
+
+def _coerce(key: str, value: str, default: Any) -> Any:
+    from trace_rl.config import _coerce as coerce
+
+    return coerce(key, value, default)
 
 
 def _defaults() -> Any:
