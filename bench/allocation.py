@@ -115,10 +115,11 @@ class TreeBuilder:
                 nodes.append(node)
                 observed.append(self.reward[leaf])
                 node = self.parent[node]
-        shared = root_prefix([self.reward[leaf] for leaf in self.bare_leaves])
-        if nodes and from_root and shared is not None:
-            nodes.append(0)
-            observed.append(shared)
+        if nodes and from_root:
+            shared = root_prefix([self.reward[leaf] for leaf in self.bare_leaves])
+            if shared is not None:
+                nodes.append(0)
+                observed.append(shared)
         return nodes, np.asarray(observed, dtype=np.float64)
 
     def tree(self) -> Tree:

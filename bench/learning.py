@@ -242,9 +242,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {})}
     if args.learning_rate is not None:
         base["learning_rate"] = args.learning_rate
-    for kv in args.set:
-        key, _, value = kv.partition("=")
-        base[key] = _coerce(key, value, getattr(_defaults(), key))  # "false" -> False, not bool("false")
+    if args.set:  # parsed (and unknown keys refused) exactly as `trace train key=value` does
+        from trace_rl.config import load_config
+
+        overridden = load_config(None, args.set)
+        keys = [kv.split("=", 1)[0].strip() for kv in args.set]
+        base.update({k: getattr(overridden, k) for k in keys})
     eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
     ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
               eval_temperature=args.eval_temperature)
@@ -278,18 +281,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
               f"effective ratio {ratio:.2f}x GRPO")
     return {"table": table, "results": [r.__dict__ for r in results]}
-
-
-def _coerce(key: str, value: str, default: Any) -> Any:
-    from trace_rl.config import _coerce as coerce
-
-    return coerce(key, value, default)
-
-
-def _defaults() -> Any:
-    from trace_rl.config import TrainConfig
-
-    return TrainConfig()
 
 
 if __name__ == "__main__":

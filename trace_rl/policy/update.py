@@ -148,6 +148,7 @@ class PolicyTrainer:
         totals: dict[str, float] = {}
         n_micro = n_updates = 0
         stopped = False
+        kl_max = 0.0  # largest mini-batch KL after an optimiser step (with the guard on)
         for _ in range(s.epochs):
             if stopped:
                 break
@@ -175,15 +176,15 @@ class PolicyTrainer:
                 n_updates += 1
                 if snapshot is not None:
                     kl = self._kl_after([olds[j] for j in chunk])
-                    totals["kl_after_step_max"] = max(totals.get("kl_after_step_max", 0.0), kl)
+                    kl_max = max(kl_max, kl)
                     if kl > s.target_kl:
                         self._restore(snapshot)
                         n_updates -= 1
                         stopped = True
                         break
-        stats.update({k: v / n_micro for k, v in totals.items() if k != "kl_after_step_max"})
-        if "kl_after_step_max" in totals:
-            stats["kl_after_step_max"] = totals["kl_after_step_max"]
+        stats.update({k: v / n_micro for k, v in totals.items()})
+        if s.target_kl > 0:
+            stats["kl_after_step_max"] = kl_max
             stats["kl_stopped"] = float(stopped)
         stats["updates"] = float(n_updates)
         stats["seconds"] = time.perf_counter() - t0
@@ -200,12 +201,14 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]) -> float:
-        """Mean k3 KL(sampling policy || current) over the policy tokens of ``batches``."""
+        """``policy_loss``'s approx_kl (k3 of the sampling policy from the current one) over the
+        policy tokens of ``batches``."""
         total = count = 0.0
         for b, old, _ in batches:
-            log_ratio = (token_logprobs(self.model, b["ids"], b["attn"]) - old) * b["mask"]
-            total += float(((torch.exp(log_ratio) - 1.0 - log_ratio) * b["mask"]).sum())
-            count += float(b["mask"].sum())
+            logp = token_logprobs(self.model, b["ids"], b["attn"])
+            _, st = policy_loss(logp, old, b["adv"], b["mask"])
+            total += st["approx_kl"] * st["n_tokens"]
+            count += st["n_tokens"]
         return total / max(count, 1.0)
 
     def save(self, out_dir: str | Path) -> Path:
