@@ -102,6 +102,10 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     metrics = dict(p["tree_metrics"](workdir, run_id, step))
     metrics.update(pred_stats)
     metrics.update(update["stats"])
+    rho_prefix = [r for r, d in zip(scored_prefixes.column("correlation").to_pylist(),
+                                    scored_prefixes.column("depth").to_pylist()) if d >= 1]
+    metrics.update({"alloc/rho_root": float(scored.column("correlation")[0].as_py() if len(scored) else 0.0),
+                    "alloc/rho_prefix": float(np.mean(rho_prefix)) if rho_prefix else 0.0})
     metrics.update({"alloc/prefixes_expanded": float(sum(1 for k in chosen.column("k").to_pylist() if k)),
                     "alloc/refill_waves": float(wave - 1),
                     "time/rollout_s": t_rollout, "time/sync_s": sync_s,

@@ -9,27 +9,58 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
+from trace_core import calibration
 from trace_core.allocators import PrefixSet, root_prefix
 from trace_rl.config import TrainConfig
-from trace_rl.rollout.treeio import group_trees, node_history
+from trace_rl.rollout.treeio import group_trees, node_history, parent_array
+
+
+def outcome_correlation(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> calibration.Correlation:
+    """rho per depth (``trace_core.calibration``) from the stored trees of the last
+    ``correlation_window`` steps before ``step``, with the predictions the allocation used then;
+    no estimate (0 everywhere) when the window is 0 or the allocator reads no predictor."""
+    if cfg.correlation_window == 0 or step == 0 or not runtime.allocator_for(cfg).uses_predictor:
+        return calibration.Correlation()
+    first = max(0, step - cfg.correlation_window)
+    store = runtime.store(workdir)
+    scores = {r["node_id"]: r["predicted_v"] for r in store.query(
+        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step >= $a AND "
+        "step < $b AND level = 1", {"r": run_id, "a": first, "b": step}).to_pylist()}
+    terms = []
+    for s in range(first, step):
+        for tree in group_trees(store.read_step(run_id, s).to_pylist()).values():
+            parent = parent_array(pa.Table.from_pylist(tree))
+            reward = [np.nan if not r["is_leaf"] or r["reward"] is None else r["reward"] for r in tree]
+            predicted = [tree[0]["predicted_v"] if r["depth"] == 0 else scores.get(r["node_id"])
+                         for r in tree]
+            terms += calibration.tree_terms(parent, np.asarray(reward, np.float64),
+                                            np.asarray([r["level"] for r in tree]),
+                                            np.asarray([np.nan if x is None else x for x in predicted],
+                                                       np.float64))
+    return calibration.estimate(terms, min_terms=cfg.correlation_min_terms)
 
 
 @task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)
 def score_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa.Table:
     """p = V~(H_ijt) and the observed outcome r_ij for every non-leaf turn node (depth >= 1) of
-    the step's bare rollouts; each such node lies on exactly one bare rollout. When the allocator
+    the step's bare rollouts; each such node lies on exactly one bare rollout. Each row also
+    carries rho for its depth (``outcome_correlation``) and ``seen``, the rollouts below it that
+    had the observed outcome (1, or the bare rollouts of a root). When the allocator
     branches from the root (TRACE), the root of a tree whose bare rollouts agree is a candidate
     too (depth 0, observed = the shared outcome)."""
     trees = group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist())
     from_root = runtime.allocator_for(cfg).branches_from_root
+    rho = outcome_correlation(cfg, workdir, run_id, step)
     out: dict[str, list] = defaultdict(list)
     histories = []
 
     def add(tree: list[dict], t: int, node: dict, observed: float) -> None:
         histories.append(node_history(tree, node["local_index"]))
+        seen = tree[0]["allocated_k"] if node["depth"] == 0 else 1  # rollouts below that agree
         for k, v in (("tree_id", t), ("local_index", node["local_index"]), ("depth", node["depth"]),
                      ("item_id", node["item_id"]), ("observed", observed),
-                     ("bare", tree[0]["allocated_k"])):
+                     ("bare", tree[0]["allocated_k"]), ("seen", seen),
+                     ("correlation", rho.at(node["depth"]))):
             out[k].append(v)
 
     for t, tree in trees.items():
@@ -56,6 +87,8 @@ def score_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa
                      "item_id": pa.array(out["item_id"], pa.string()),
                      "observed": pa.array(out["observed"], pa.float64()),
                      "bare": pa.array(out["bare"], pa.int64()),
+                     "seen": pa.array(out["seen"], pa.int64()),
+                     "correlation": pa.array(out["correlation"], pa.float64()),
                      "predicted_v": pa.array(np.asarray(p, dtype=np.float64))})
 
 
@@ -78,6 +111,8 @@ def allocate_prefixes(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table
             k[idx[0]] = leaves
             continue
         prefixes = PrefixSet(predicted=np.asarray([rows[i]["predicted_v"] for i in idx]),
-                             observed=np.asarray([rows[i]["observed"] for i in idx]))
+                             observed=np.asarray([rows[i]["observed"] for i in idx]),
+                             correlation=np.asarray([rows[i]["correlation"] for i in idx]),
+                             seen=np.asarray([rows[i]["seen"] for i in idx], dtype=np.int64))
         k[idx] = allocator.allocate_prefixes(prefixes, leaves, rng)
     return scored.append_column("k", pa.array(k))

@@ -7,6 +7,7 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
+from tasks.prefixes import outcome_correlation
 from tasks.runtime import load_predictor
 from trace_core.allocators import RootPool
 from trace_rl.config import TrainConfig
@@ -59,7 +60,8 @@ def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
 @task(name="score-roots", cache_policy=runtime.PHASE_KEY)
 def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
                 item_ids: list[str]) -> pa.Table:
-    """V~(x_i) for the pool, plus each prompt's staleness (steps since it was last rolled out)."""
+    """V~(x_i) for the pool, each prompt's staleness (steps since it was last rolled out) and
+    the roots' outcome correlation rho (``tasks.prefixes.outcome_correlation``)."""
     items = runtime.items_for(cfg, cfg.train_split)
     predictor = load_predictor(cfg, workdir, run_id, step - 1)
     v = predictor.predict([history_text(items[i].question, []) for i in item_ids])
@@ -67,16 +69,20 @@ def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
         "SELECT item_id, max(step) AS last FROM nodes WHERE run_id = $r AND step < $s AND depth = 0 "
         "GROUP BY item_id", {"r": run_id, "s": step}).to_pylist()
     seen = {r["item_id"]: r["last"] for r in last}
+    rho = outcome_correlation(cfg, workdir, run_id, step).at(0)
     return pa.table({"item_id": item_ids, "predicted_v": np.asarray(v, dtype=np.float64),
-                     "staleness": staleness(cfg, step, item_ids, seen)})
+                     "staleness": staleness(cfg, step, item_ids, seen),
+                     "correlation": pa.array([rho] * len(item_ids), pa.float64())})
 
 
 @task(name="allocate-roots", cache_policy=runtime.PHASE_KEY)
 def allocate_roots(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table) -> pa.Table:
     """m_i per candidate by the configured allocator (Stage 1 for trace / prompt_only)."""
     allocator = runtime.allocator_for(cfg)
+    rho = scored.column("correlation").to_pylist()
     pool = RootPool(predicted=np.asarray(scored.column("predicted_v").to_pylist()),
-                    staleness=np.asarray(scored.column("staleness").to_pylist()))
+                    staleness=np.asarray(scored.column("staleness").to_pylist()),
+                    correlation=float(rho[0]) if rho else 0.0)
     rng = np.random.default_rng([cfg.seed, step, 2])
     m = allocator.allocate_roots(pool, allocator.root_leaves(runtime.budget_for(cfg)), rng)
     return scored.append_column("m", pa.array(np.asarray(m, dtype=np.int64)))

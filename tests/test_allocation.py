@@ -236,3 +236,86 @@ def test_explore_keeps_certain_prompts_from_starving():
 
     assert run(0.0)[0] == 0
     assert run(0.5)[0] > 0
+
+
+# ----------------------------------------------------------------------------- correlation
+
+
+def test_power_mean_is_the_beta_moment():
+    # Beta(a, b) with mean x = a / (a + b) and c = 1 / (a + b): E[X^m] against numerical integration.
+    from scipy import integrate, stats
+
+    for x, c, m in [(0.3, 0.5, 3), (0.5, 2.0, 4), (0.9, 0.1, 2), (0.2, 1.0, 1)]:
+        a, b = x / c, (1 - x) / c
+        want = integrate.quad(lambda t: t**m * stats.beta.pdf(t, a, b), 0, 1)[0]
+        assert alloc._power_mean(x, c, m) == pytest.approx(want, rel=1e-6)
+    assert alloc._power_mean(0.3, 0.0, 4) == pytest.approx(0.3**4)
+
+
+def test_zero_correlation_is_the_papers_formulas():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        v, budget, lo, cap, _ = random_root_case(rng)
+        assert np.array_equal(allocate_roots(v, budget, min_per_root=lo, max_per_root=cap),
+                              allocate_roots(v, budget, min_per_root=lo, max_per_root=cap, correlation=0.0))
+        p = random_probabilities(rng, len(v))
+        obs = rng.integers(0, 2, len(v))
+        k = rng.integers(0, 4, len(v))
+        q = obs * p + (1 - obs) * (1 - p)
+        assert prefix_objective(p, obs, k, correlation=0.0) == pytest.approx(float((1 - q**k).sum()))
+
+
+def test_correlated_root_gain_against_simulation():
+    rng = np.random.default_rng(6)
+    v, rho, m = 0.4, 0.3, 4
+    kappa = 1 / rho - 1
+    V = rng.beta(v * kappa, (1 - v) * kappa, size=400_000)
+    s = rng.binomial(m, V)
+    assert root_gain([v], [m], rho)[0] == pytest.approx(np.mean((s > 0) & (s < m)), abs=3e-3)
+    assert root_gain([v], [m], rho)[0] < root_gain([v], [m])[0]  # correlated rollouts mix less
+
+
+def test_correlated_allocations_match_exhaustive_search():
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        v, budget, lo, cap, caps = random_root_case(rng)
+        rho = float(rng.choice([0.1, 0.5, 0.9]))
+        m = allocate_roots(v, budget, min_per_root=lo, max_per_root=cap, correlation=rho)
+        best = (-1, -np.inf)
+        for mm in itertools.product(*[[0, *range(lo, int(c) + 1)] for c in caps]):
+            if sum(mm) <= budget:
+                best = max(best, (sum(mm), root_objective(v, np.array(mm), rho)))
+        assert int(m.sum()) == best[0]
+        assert root_objective(v, m, rho) == pytest.approx(best[1], abs=1e-9), (v, budget, lo, caps, rho, m)
+    for _ in range(300):
+        n = int(rng.integers(1, 5))
+        budget = int(rng.integers(0, 9))
+        p = random_probabilities(rng, n)
+        obs = rng.integers(0, 2, n)
+        rho = rng.choice([0.0, 0.2, 0.6, 0.95], size=n)
+        seen = rng.integers(0, 4, size=n)
+        k = allocate_prefixes(p, obs, budget, correlation=rho, seen=seen)
+        best = max(prefix_objective(p, obs, np.array(kk), rho, seen)
+                   for kk in itertools.product(range(budget + 1), repeat=n) if sum(kk) == budget)
+        assert int(k.sum()) == budget
+        assert prefix_objective(p, obs, k, rho, seen) == pytest.approx(best, abs=1e-9)
+
+
+def test_correlation_moves_continuations_to_where_outcomes_were_seen_least():
+    # Two prefixes predicted 0.5, both observed to succeed. Independent draws (rho 0): a tie,
+    # ties go to the lower index. With correlated outcomes, the one whose success was seen three
+    # times (a root whose three bare rollouts agreed) is likelier to repeat it: the other gets more.
+    p, obs = np.array([0.5, 0.5]), np.array([1, 1])
+    assert allocate_prefixes(p, obs, 3, seen=np.array([3, 1])).tolist() == [2, 1]
+    assert allocate_prefixes(p, obs, 3, correlation=0.5, seen=np.array([3, 1])).tolist() == [1, 2]
+    # With a strong correlation a prediction of 0.5 after an observed success is far from a coin:
+    w, _ = alloc._repeat_posterior(np.array([0.5]), np.array([1.0]), 0.8, None)
+    assert w[0] == pytest.approx((0.5 + 4) / (1 + 4))  # c = 4: (q + s c) / (1 + s c)
+
+
+@pytest.mark.parametrize("rho", [-0.1, 1.0, float("nan")])
+def test_bad_correlation_is_named(rho):
+    with pytest.raises(ValueError, match="correlation"):
+        allocate_roots([0.5, 0.5], 4, correlation=rho)
+    with pytest.raises(ValueError, match="correlation"):
+        allocate_prefixes([0.5], [1], 2, correlation=rho)

@@ -90,3 +90,39 @@ def test_root_prefix():
     with pytest.raises(ValueError, match="0 or 1"):
         root_prefix([0.5, 0.5])
     assert np.isfinite(root_prefix([1]))
+
+
+def test_outcome_correlation_reads_the_stored_window(workdir):
+    """Step 0 plus Stage 2 of tree 0: its turn-1 node after the success (slot 1, scored 0.8) got
+    two continuations that both failed. At step 1 the estimate reads step 0: roots 1 - (1 + 0 + 0)
+    / (3 x 0.5) = 1/3 (tree 0 mixed, trees 1 and 2 agree); the prefix 1 - 2 / (2 x 0.2) < 0 -> 0."""
+    from trace_rl.storage.store import make_node_id
+    from trace_rl.storage.schema import ALLOCATION_INPUT
+
+    from pathlib import Path
+
+    store = TreeStore(Paths(Path(workdir)).db)
+    conts = [node(0, 5, 1, 2, True, 0.0), node(0, 6, 1, 2, True, 0.0)]
+    alloc = pa.Table.from_pylist(
+        [{"node_id": make_node_id(RUN, 0, 0, 1), "allocator": "trace", "k": 2, "item_id": "q0",
+          "predicted_v": 0.8, "true_v": None, "gain": None}],
+        schema=pa.schema([(k, t) for k, (t, _) in ALLOCATION_INPUT.items()]))
+    store.write_level(RUN, 0, 1, pa.Table.from_pylist(conts, schema=NODE_INPUT_SCHEMA), alloc,
+                      dict(method="trace", trajectories=2, prompt_tokens=6, generated_tokens=2,
+                           tool_calls=0, wall_seconds=0.1))
+    rho = prefixes.outcome_correlation(_cfg(correlation_min_terms=1), workdir, RUN, 1)
+    assert rho.at(0) == pytest.approx(1 / 3)
+    assert rho.at(1) == 0.0 and rho.evidence == {0: 3, 1: 1}
+    # Off, at step 0 (nothing stored before it) and for a method without a predictor: no estimate.
+    for cfg, step in ((_cfg(correlation_window=0), 1), (_cfg(), 0), (_cfg(allocator="grpo"), 1)):
+        assert prefixes.outcome_correlation(cfg, workdir, RUN, step).evidence == {}
+    # Too little evidence for the default minimum: 0 (the paper's formulas).
+    assert prefixes.outcome_correlation(_cfg(), workdir, RUN, 1).at(0) == 0.0
+
+
+def test_scored_prefixes_carry_rho_and_what_was_seen(workdir):
+    rows = prefixes.score_prefixes.fn(_cfg(), workdir, RUN, 0).to_pylist()
+    assert {r["correlation"] for r in rows} == {0.0}  # step 0: nothing stored before it
+    seen = {(r["tree_id"], r["local_index"]): r["seen"] for r in rows}
+    assert seen[(1, 0)] == 2  # the agreeing root: both bare rollouts failed
+    assert seen[(0, 1)] == seen[(1, 3)] == 1  # a prefix: the one bare rollout through it

@@ -12,6 +12,21 @@ Stage 2, local prefix expansion::
 
     max_K  sum_j 1 - q_j^K_j,   q_j = r_j p_j + (1 - r_j)(1 - p_j),   s.t. sum_j K_j = B.
 
+Both formulas treat the prediction as the exact success probability: rollouts of one node are
+independent Bernoulli(v) draws. ``correlation`` (rho in [0, 1), default 0 = the formulas above)
+relaxes that: the true V of a node with prediction v is taken as Beta-distributed with mean v and
+intra-class correlation rho (concentration kappa = 1/rho - 1), which is what an honest but
+uninformative predictor looks like (its v is the mean over nodes whose true V differ). Then
+
+    g(m) = 1 - E[V^m] - E[(1 - V)^m],     E[V^m] = prod_{i<m} (v + i c) / (1 + i c),  c = rho/(1-rho)
+
+and for Stage 2 the chance that K continuations all repeat an outcome seen s times below the node
+is E[W^K] under the posterior (W = V or 1 - V), i.e. q^K with q updated by the observation:
+rho > 0 makes a continuation likelier to repeat what was seen. rho = 0 gives the formulas above
+exactly; the objectives keep their shape (separable; concave for m >= 1 and in K), so the solvers
+and their optimality arguments below are unchanged. ``trace_core.calibration`` estimates rho
+from stored trees.
+
 Both problems are solved exactly (up to floating-point rounding of the objective):
 
 * Prefixes: the objective is separable and concave in each K_j (marginal gain q^K (1 - q) is
@@ -57,28 +72,64 @@ _PRUNE_TOL = 1e-9
 # ----------------------------------------------------------------------------- objectives
 
 
-def root_gain(v: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """float64 [n]: P(m rollouts of each prompt are mixed) = 1 - v^m - (1-v)^m, and 0 at m = 0."""
+def _spread(correlation: float) -> float:
+    """c = rho / (1 - rho) (= 1 / kappa), after checking rho is in [0, 1)."""
+    rho = float(correlation)
+    if not 0.0 <= rho < 1.0:  # NaN fails too
+        raise ValueError(f"correlation must be in [0, 1), got {correlation!r}")
+    return rho / (1.0 - rho)
+
+
+def _power_mean(x: np.ndarray, c: float | np.ndarray, m: np.ndarray) -> np.ndarray:
+    """float64: E[X^m] for X ~ Beta with mean x and c = 1/kappa (c = 0: x^m), elementwise:
+    prod_{i<m} (x + i c) / (1 + i c)."""
+    x, m = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(m, np.int64))
+    c = np.broadcast_to(np.asarray(c, np.float64), x.shape)
+    out = np.ones(x.shape)
+    for i in range(int(m.max(initial=0))):
+        out = np.where(i < m, out * (x + i * c) / (1.0 + i * c), out)
+    return out
+
+
+def root_gain(v: np.ndarray, m: np.ndarray, correlation: float = 0.0) -> np.ndarray:
+    """float64 [n]: P(m rollouts of each prompt are mixed) = 1 - E[V^m] - E[(1-V)^m] (with
+    ``correlation`` 0: 1 - v^m - (1-v)^m), and 0 at m = 0."""
     v = np.asarray(v, dtype=np.float64)
     m = np.asarray(m)
-    return np.where(m > 0, 1.0 - v**m - (1.0 - v) ** m, 0.0)
+    c = _spread(correlation)
+    return np.where(m > 0, 1.0 - _power_mean(v, c, m) - _power_mean(1.0 - v, c, m), 0.0)
 
 
-def root_objective(v: np.ndarray, m: np.ndarray) -> float:
+def root_objective(v: np.ndarray, m: np.ndarray, correlation: float = 0.0) -> float:
     """Stage 1 objective: expected number of prompts whose rollouts hold a success and a failure."""
-    return float(root_gain(v, m).sum())
+    return float(root_gain(v, m, correlation).sum())
 
 
-def prefix_objective(p: np.ndarray, observed: np.ndarray, k: np.ndarray) -> float:
-    """Stage 2 objective: sum_j 1 - q_j^k_j, the expected number of prefixes whose continuations
-    contradict the observed outcome at least once."""
-    q = _repeat_probability(np.asarray(p, np.float64), np.asarray(observed, np.float64))
-    return float((1.0 - q ** np.asarray(k)).sum())
+def prefix_objective(p: np.ndarray, observed: np.ndarray, k: np.ndarray, correlation: object = 0.0,
+                     seen: np.ndarray | None = None) -> float:
+    """Stage 2 objective: sum_j 1 - P(k_j continuations all repeat the observed outcome), the
+    expected number of prefixes whose continuations contradict it at least once (with
+    ``correlation`` 0: sum_j 1 - q_j^k_j)."""
+    w, c = _repeat_posterior(np.asarray(p, np.float64), np.asarray(observed, np.float64),
+                             correlation, seen)
+    return float((1.0 - _power_mean(w, c, np.asarray(k))).sum())
 
 
 def _repeat_probability(p: np.ndarray, observed: np.ndarray) -> np.ndarray:
     """q = r p + (1 - r)(1 - p): the chance one continuation repeats the observed outcome r."""
     return observed * p + (1.0 - observed) * (1.0 - p)
+
+
+def _repeat_posterior(p: np.ndarray, observed: np.ndarray, correlation: object,
+                      seen: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(q', c') per prefix: mean and spread of W (the chance one continuation repeats the observed
+    outcome) after the ``seen`` rollouts below the prefix that all had that outcome. With
+    correlation 0 this is (q, 0)."""
+    rho = np.broadcast_to(np.asarray(correlation, np.float64), p.shape)
+    c = np.array([_spread(r) for r in rho.ravel()]).reshape(p.shape)
+    s = np.ones(p.shape) if seen is None else np.asarray(seen, np.float64)
+    q = _repeat_probability(p, observed)
+    return (q + s * c) / (1.0 + s * c), c / (1.0 + s * c)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -151,12 +202,17 @@ def allocate_prefixes(
     budget: int,
     *,
     max_per_prefix: int | np.ndarray | None = None,
+    correlation: float | np.ndarray = 0.0,
+    seen: np.ndarray | None = None,
 ) -> np.ndarray:
     """int64 [n]: continuations per prefix maximising sum(1 - q^K) with sum(K) = budget.
 
     p[j] is the predicted success probability of prefix j and observed[j] in {0, 1} the outcome of
     the rollout through it. Greedy on the marginal gain q^K (1 - q) is exact (the objective is
     separable and concave); ties go to the lower index. With caps, spends min(budget, sum of caps).
+    ``correlation`` (a scalar or one per prefix, in [0, 1)) and ``seen`` (rollouts below each
+    prefix that had its observed outcome, default 1) replace q^K by its Beta-posterior expectation
+    (module docstring); the greedy stays exact.
     """
     p = _probabilities(p, "p")
     obs = np.asarray(observed, dtype=np.float64)
@@ -171,8 +227,20 @@ def allocate_prefixes(
     if caps is None:
         caps = np.full(n, budget, dtype=np.int64)
     spend = min(budget, int(caps.sum()))
-    q = _repeat_probability(p, obs).tolist()
-    k, _, _ = _greedy(lambda i, j: q[i] ** j * (1.0 - q[i]), caps, spend)
+    corr = np.asarray(correlation, dtype=np.float64)
+    if corr.ndim not in (0, 1) or (corr.ndim == 1 and corr.shape != p.shape):
+        raise ValueError(f"correlation must be a scalar or have shape {p.shape}, got {corr.shape}")
+    if seen is not None:
+        seen = np.asarray(seen)
+        if seen.shape != p.shape or not np.issubdtype(seen.dtype, np.integer) or np.any(seen < 0):
+            raise ValueError(f"seen must hold {len(p)} non-negative integers, got {seen!r}")
+    w, c = _repeat_posterior(p, obs, corr, seen)
+    w, c = w.tolist(), c.tolist()
+
+    def unit(i: int, j: int) -> float:  # P(j repeat) - P(j + 1 repeat) = E[W^j] (1 - w_j) ...
+        return float(_power_mean(w[i], c[i], j)) * (1.0 - w[i]) / (1.0 + j * c[i])
+
+    k, _, _ = _greedy(unit, caps, spend)
     assert int(k.sum()) == spend and np.all(k <= caps)
     return k
 
@@ -197,21 +265,25 @@ def max_spendable_roots(n: int, budget: int, min_per_root: int, caps: np.ndarray
 class _RootUnits:
     """Unit values of the concave hull f^_i of each prompt's g_i, and the exact values g_i."""
 
-    def __init__(self, v: np.ndarray, min_per_root: int, caps: np.ndarray) -> None:
+    def __init__(self, v: np.ndarray, min_per_root: int, caps: np.ndarray,
+                 correlation: float = 0.0) -> None:
         self.v = v.tolist()
+        self.correlation = correlation
+        self.c = _spread(correlation)
         self.lo = min_per_root
         self.t = max(min_per_root, 2)  # where the hull's first linear piece ends
         # A prompt capped below t (min 1, cap 1) can only ever hold one worthless rollout: its
         # hull on [0, cap] is flat. Elsewhere the first piece rises to g(t) at t.
         reach = np.minimum(caps, self.t)
-        self.slope = (root_gain(v, reach) / reach).tolist()
+        self.slope = (root_gain(v, reach, correlation) / reach).tolist()
 
     def unit(self, i: int, j: int) -> float:
         """Value of the (j+1)-th rollout of prompt i under the hull."""
         if j < self.t:
             return self.slope[i]
-        v = self.v[i]
-        return v**j * (1.0 - v) + (1.0 - v) ** j * v  # g(j + 1) - g(j), without cancellation
+        v, c = self.v[i], self.c
+        # g(j + 1) - g(j) = E[V^j](1 - v)/(1 + jc) + E[(1-V)^j] v/(1 + jc), without cancellation
+        return float(_power_mean(v, c, j) * (1.0 - v) + _power_mean(1.0 - v, c, j) * v) / (1.0 + j * c)
 
     def hull(self, i: int, m: int) -> float:
         return self.slope[i] * m if m <= self.t else self.exact(i, m)
@@ -222,8 +294,10 @@ class _RootUnits:
             return 0.0
         if m < self.lo:
             return -np.inf
-        v = self.v[i]
-        return 1.0 - v**m - (1.0 - v) ** m
+        return float(root_gain(np.array([self.v[i]]), np.array([m]), self.correlation)[0])
+
+    def objective(self, m: np.ndarray) -> float:
+        return root_objective(np.asarray(self.v), m, self.correlation)
 
 
 def allocate_roots(
@@ -232,8 +306,10 @@ def allocate_roots(
     *,
     min_per_root: int = 2,
     max_per_root: int | np.ndarray | None = None,
+    correlation: float = 0.0,
 ) -> np.ndarray:
-    """int64 [n]: rollouts per prompt maximising sum(1 - v^m - (1-v)^m), exactly.
+    """int64 [n]: rollouts per prompt maximising sum(1 - v^m - (1-v)^m), exactly (with
+    ``correlation`` rho > 0: sum(1 - E[V^m] - E[(1-V)^m]), module docstring).
 
     Each m_i is 0 (prompt filtered out) or in [min_per_root, max_per_root] (a scalar or one cap per
     prompt; None = no cap). Spends ``budget`` exactly when the caps allow it, otherwise the largest
@@ -242,6 +318,7 @@ def allocate_roots(
     """
     v = _probabilities(v, "v")
     budget = _nonnegative_int(budget, "budget")
+    _spread(correlation)  # validated before any early return
     lo = _nonnegative_int(min_per_root, "min_per_root")
     if lo < 1:
         raise ValueError(f"min_per_root must be >= 1, got {lo}")
@@ -253,11 +330,11 @@ def allocate_roots(
     if spend == 0:
         return np.zeros(n, dtype=np.int64)
 
-    units = _RootUnits(v, lo, caps)
+    units = _RootUnits(v, lo, caps, correlation)
     relaxed, lam, heap = _greedy(units.unit, caps, spend)  # phase 1: concave relaxation
     upper = sum(units.hull(i, int(c)) for i, c in enumerate(relaxed))
     best = _best_candidate(units, relaxed, heap, caps, spend)  # phase 2: repairs
-    if root_objective(v, best) < upper - _CERTIFY_TOL:
+    if units.objective(best) < upper - _CERTIFY_TOL:
         best = _reduced_cost_search(units, relaxed, lam, upper, best, caps)  # phase 3: exact
     assert int(best.sum()) == spend, (int(best.sum()), spend)
     assert np.all((best == 0) | ((best >= lo) & (best <= caps)))
@@ -313,7 +390,7 @@ def _best_candidate(
                 done[i] -= 1
             if int(done.sum()) == spend:
                 candidates.append(done)
-    values = [root_objective(np.asarray(units.v), c) for c in candidates]
+    values = [units.objective(c) for c in candidates]
     return candidates[int(np.argmax(values))]
 
 
@@ -344,8 +421,7 @@ def _reduced_cost_search(
 ) -> np.ndarray:
     """Exact optimum by a DP over prompts, restricted by reduced costs to values that can beat
     the incumbent (see the module docstring)."""
-    v = np.asarray(units.v)
-    gap = upper - root_objective(v, incumbent)
+    gap = upper - units.objective(incumbent)
     threshold = gap + _PRUNE_TOL
     lo = units.lo
     options: list[tuple[int, list[int], list[float]]] = []  # (prompt, deviations, losses)

@@ -76,10 +76,15 @@ class RootPool:
     predicted: np.ndarray  # [P] V~(x_i)
     staleness: np.ndarray  # [P] steps since the prompt was last sampled
     true_value: np.ndarray | None = None  # [P] V(x_i), known only in simulation
+    correlation: float = 0.0
+    """rho of rollout outcomes given a root's prediction (``trace_core.calibration``); 0 = the
+    paper's independent Bernoulli(v) rollouts."""
 
     def __post_init__(self) -> None:
         if self.predicted.ndim != 1 or self.staleness.shape != self.predicted.shape:
             raise ValueError("RootPool: predicted and staleness must be 1-D arrays of equal length")
+        if not 0.0 <= self.correlation < 1.0:
+            raise ValueError(f"RootPool: correlation must be in [0, 1), got {self.correlation}")
         if self.true_value is not None and self.true_value.shape != self.predicted.shape:
             raise ValueError("RootPool: true_value must match predicted in length")
 
@@ -95,10 +100,19 @@ class PrefixSet:
     predicted: np.ndarray  # [K] V~(H_ijt)
     observed: np.ndarray  # [K] r_ij of the bare rollout through the prefix, in {0, 1}
     true_value: np.ndarray | None = None  # [K] V(H_ijt), known only in simulation
+    correlation: np.ndarray | None = None
+    """[K] rho of outcomes given each prefix's prediction (by its depth); None = 0 everywhere."""
+    seen: np.ndarray | None = None
+    """[K] rollouts below each prefix that had its observed outcome (a root offered for
+    branching: its bare rollouts); None = 1 everywhere."""
 
     def __post_init__(self) -> None:
         if self.predicted.ndim != 1 or self.observed.shape != self.predicted.shape:
             raise ValueError("PrefixSet: predicted and observed must be 1-D arrays of equal length")
+        for name in ("correlation", "seen"):
+            x = getattr(self, name)
+            if x is not None and np.shape(x) != self.predicted.shape:
+                raise ValueError(f"PrefixSet: {name} must match predicted in length")
         if self.true_value is not None and self.true_value.shape != self.predicted.shape:
             raise ValueError("PrefixSet: true_value must match predicted in length")
 
@@ -262,9 +276,8 @@ class PromptOnly(Allocator):
 
     def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
         v = explore(pool.predicted, pool.staleness, strength=self.config.explore_strength)
-        return allocate_roots(
-            v, leaves, min_per_root=self.config.min_per_root, max_per_root=self.config.max_per_root
-        )
+        return allocate_roots(v, leaves, min_per_root=self.config.min_per_root,
+                              max_per_root=self.config.max_per_root, correlation=pool.correlation)
 
 
 class Trace(Allocator):
@@ -282,10 +295,16 @@ class Trace(Allocator):
     def prefix_values(self, prefixes: PrefixSet) -> np.ndarray:
         return prefixes.predicted
 
+    def correlations(self, pool: RootPool | PrefixSet) -> float | np.ndarray:
+        """rho the solvers read (the estimate the pipeline measured; 0 if none)."""
+        if isinstance(pool, RootPool):
+            return pool.correlation
+        return 0.0 if pool.correlation is None else pool.correlation
+
     def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
-        return allocate_roots(
-            self.root_values(pool), leaves, min_per_root=self.config.min_per_root, max_per_root=self.config.max_per_root
-        )
+        return allocate_roots(self.root_values(pool), leaves, min_per_root=self.config.min_per_root,
+                              max_per_root=self.config.max_per_root,
+                              correlation=self.correlations(pool))
 
     def tree_leaves(self, bare: int, budget: Budget) -> int:
         return bare * budget.multiplier
@@ -295,9 +314,9 @@ class Trace(Allocator):
         return self.config.branch_from_root
 
     def allocate_prefixes(self, prefixes: PrefixSet, leaves: int, rng: np.random.Generator) -> np.ndarray:
-        return allocate_prefixes(
-            self.prefix_values(prefixes), prefixes.observed, leaves, max_per_prefix=self.config.max_per_prefix
-        )
+        return allocate_prefixes(self.prefix_values(prefixes), prefixes.observed, leaves,
+                                 max_per_prefix=self.config.max_per_prefix,
+                                 correlation=self.correlations(prefixes), seen=prefixes.seen)
 
 
 class Oracle(Trace):
@@ -315,6 +334,9 @@ class Oracle(Trace):
         if prefixes.true_value is None:
             raise ValueError("oracle: PrefixSet.true_value is required")
         return prefixes.true_value
+
+    def correlations(self, pool: RootPool | PrefixSet) -> float:
+        return 0.0  # the true V makes outcomes independent draws: nothing to correct
 
 
 class RandomPrefix(Allocator):

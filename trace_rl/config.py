@@ -70,6 +70,15 @@ class TrainConfig:
     prefix). Off: only depth >= 1 prefixes, as in the paper's description."""
     exploration: float = 0.1
     """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
+    correlation_window: int = 4
+    """Stage 1 and Stage 2 (trace, prompt_only) estimate rho, the correlation of a node's rollout
+    outcomes given its prediction, from the stored trees of this many previous steps
+    (``trace_core.calibration``), and allocate on the Beta-posterior gains of
+    ``trace_core.allocation``. 0 = off: rollouts read as independent Bernoulli(V~) draws (the
+    paper's formulas)."""
+    correlation_min_terms: int = 16
+    """Nodes a depth needs in the window before its own rho estimate is used (else the pooled
+    prefixes' estimate, else 0)."""
     max_turns: int = 4
     """Turn cap of an episode."""
     max_new_tokens: int = 48
@@ -178,6 +187,10 @@ class TrainConfig:
         need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")
         need(self.temperature >= 0, f"temperature={self.temperature}; must be >= 0")
         need(0 <= self.exploration <= 1, f"exploration={self.exploration}; must be in [0, 1]")
+        need(self.correlation_window >= 0,
+             f"correlation_window={self.correlation_window}; must be >= 0 (0 = off)")
+        need(self.correlation_min_terms >= 1,
+             f"correlation_min_terms={self.correlation_min_terms}; must be >= 1")
         return self
 
 

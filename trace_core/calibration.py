@@ -1,0 +1,140 @@
+"""How far a node's outcomes are from independent coin flips of its prediction, from stored trees.
+
+TRACE's allocation formulas (``trace_core.allocation``) read a prediction v = V~(H) as the success
+probability of every rollout from H. A predictor that is right on average but cannot tell nodes
+apart (at depth 1 of a one-call task, which numbers went into the call decides the outcome, and a
+bag of n-grams cannot check them) predicts ~0.5 for nodes whose true V is near 0 or 1: it is
+calibrated, yet two rollouts from one node agree far more often than two coin flips of 0.5. The
+allocation then overrates how often continuations flip an observed outcome.
+
+This module measures that as the intra-class correlation rho of outcomes given the prediction:
+V ~ Beta(mean v, concentration 1/rho - 1), so that for two rollouts of one node
+P(disagree) = 2 v (1 - v) (1 - rho), and for a continuation of a node whose rollout ended in r,
+P(continuation != r) = (1 - q)(1 - rho) with q = r v + (1 - r)(1 - v). From a step's trees:
+
+* roots (depth 0): the bare rollouts of a root are exchangeable draws whatever Stage 1 chose (it
+  saw only v), so each root with m >= 2 bare rollouts gives its share of disagreeing pairs,
+  s (m - s) / C(m, 2), against the expected 2 v (1 - v);
+* prefixes (depth >= 1): each continuation leaf of a prefix gives 1[its reward != r] against
+  the expected 1 - q. Stage 2 chose the prefix from (v, r) only, and the formula conditions on
+  both, so the choice does not bias it.
+
+rho^_d = 1 - sum(observed disagreements) / sum(expected ones) per depth d, clipped to
+[0, ``MAX_CORRELATION``]. The estimate is a method of moments, no fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trace_core.tree import is_leaf, validate
+
+MAX_CORRELATION = 0.95
+"""Upper clip of an estimate: rho -> 1 would make the allocation treat every observed outcome as
+certain to repeat."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One node's evidence: its depth, the disagreements seen and those expected at rho = 0."""
+
+    depth: int
+    observed: float
+    expected: float
+
+
+def tree_terms(parent: np.ndarray, leaf_reward: np.ndarray, level: np.ndarray,
+               predicted: np.ndarray) -> list[Term]:
+    """The evidence of one stored tree (arrays as in ``trace_core.tree``, node 0 the root).
+
+    ``level`` [N]: 0 for nodes of bare rollouts, >= 1 for continuation nodes; ``predicted`` [N]:
+    the prediction the allocation used for a node (the root's Stage 1 score, a prefix's Stage 2
+    score), NaN where none was made. Leaves need a reward in {0, 1}.
+    """
+    parent = np.asarray(parent, dtype=np.int64)
+    reward = np.asarray(leaf_reward, dtype=np.float64)
+    level = np.asarray(level, dtype=np.int64)
+    predicted = np.asarray(predicted, dtype=np.float64)
+    n = len(parent)
+    if not (len(reward) == len(level) == len(predicted) == n):
+        raise ValueError("tree_terms: parent, leaf_reward, level and predicted must have one entry "
+                         "per node")
+    validate(parent, reward)
+    leaf = is_leaf(parent)
+    bad = np.flatnonzero(leaf & ~np.isin(reward, (0.0, 1.0)))
+    if len(bad):
+        raise ValueError(f"tree_terms: leaf {bad[0]} has reward {reward[bad[0]]}, not 0 or 1")
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        children[parent[i]].append(i)
+    depth = np.zeros(n, dtype=np.int64)
+    for i in range(1, n):  # parents come before children in local order
+        depth[i] = depth[parent[i]] + 1
+
+    def leaves_below(i: int) -> list[int]:
+        out, stack = [], [i]
+        while stack:
+            j = stack.pop()
+            if leaf[j]:
+                out.append(j)
+            stack.extend(children[j])
+        return out
+
+    terms = []
+    v = predicted[0]
+    bare = [j for j in leaves_below(0) if level[j] == 0]
+    if np.isfinite(v) and len(bare) >= 2:
+        m, s = len(bare), float(reward[bare].sum())
+        terms.append(Term(0, s * (m - s) / (m * (m - 1) / 2), 2.0 * v * (1.0 - v)))
+    for y in range(1, n):
+        if leaf[y] or level[y] != 0 or not np.isfinite(predicted[y]):
+            continue
+        below = leaves_below(y)
+        conts = [j for j in below if level[j] > 0]
+        own = [j for j in below if level[j] == 0]
+        if not conts or len(own) != 1:
+            continue
+        r, p = reward[own[0]], predicted[y]
+        q = r * p + (1.0 - r) * (1.0 - p)
+        terms.append(Term(int(depth[y]), float(np.sum(reward[conts] != r)), len(conts) * (1.0 - q)))
+    return terms
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """Per-depth estimates; depths with too little evidence fall back to the pooled prefixes
+    (depth >= 1), and to 0 (independent outcomes, the paper's formulas) with none."""
+
+    by_depth: dict[int, float] = field(default_factory=dict)
+    prefixes: float = 0.0
+    evidence: dict[int, int] = field(default_factory=dict)
+
+    def at(self, depth: int) -> float:
+        if depth in self.by_depth:
+            return self.by_depth[depth]
+        return self.prefixes if depth >= 1 else 0.0
+
+
+def _ratio(terms: list[Term]) -> float:
+    expected = sum(t.expected for t in terms)
+    if expected <= 0:
+        return 0.0
+    rho = 1.0 - sum(t.observed for t in terms) / expected
+    return float(np.clip(rho, 0.0, MAX_CORRELATION))
+
+
+def estimate(terms: Iterable[Term], *, min_terms: int = 16) -> Correlation:
+    """rho^ per depth with at least ``min_terms`` terms, and pooled over depth >= 1 if those
+    reach it."""
+    if min_terms < 1:
+        raise ValueError(f"min_terms must be >= 1, got {min_terms}")
+    grouped: dict[int, list[Term]] = {}
+    for t in terms:
+        grouped.setdefault(t.depth, []).append(t)
+    by_depth = {d: _ratio(ts) for d, ts in grouped.items() if len(ts) >= min_terms}
+    pooled = [t for d, ts in grouped.items() if d >= 1 for t in ts]
+    prefixes = _ratio(pooled) if len(pooled) >= min_terms else 0.0
+    return Correlation(by_depth, prefixes, {d: len(ts) for d, ts in grouped.items()})
