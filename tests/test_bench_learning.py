@@ -27,3 +27,13 @@ def test_quick_learning_benchmark(tmp_path, capsys):
             assert t["leaves"] == budget > 0
         assert 0.0 <= t["final"][0] <= 1.0
     assert (tmp_path / "curve.png").stat().st_size > 0
+    # The calibration report reads the same work dir (one DuckDB store, --jobs 1 with --quick).
+    from bench.calibration import main as calibration, rows_for
+
+    rows = rows_for(tmp_path / "wd")
+    assert {r["allocator"] for r in rows} == set(METHODS)
+    for r in rows:
+        assert r["nodes"] > 0 and 0.0 <= r["realised"] <= 1.0 and 0.0 <= r["predicted"] <= 1.0
+    assert any(r["depth"] >= 1 and r["allocator"] == "trace" for r in rows)  # Stage 2 continued
+    calibration(["--workdir", str(tmp_path / "wd")])
+    assert "predicted" in capsys.readouterr().out

@@ -62,6 +62,7 @@ def test_terms_of_a_hand_built_tree():
     assert terms[0] == Term(0, 2 / 3, 0.5)  # s=2 of m=3: 2 disagreeing pairs of 3
     assert terms[1].depth == 1 and terms[1].observed == 1.0  # one continuation flipped r=1
     assert terms[1].expected == pytest.approx(2 * 0.2)  # 2 continuations x (1 - q), q = 0.8
+    assert terms[1].units == 2.0 and terms[0].units == 1.0
     assert len(terms) == 2
 
 

@@ -39,11 +39,13 @@ certain to repeat."""
 
 @dataclass(frozen=True)
 class Term:
-    """One node's evidence: its depth, the disagreements seen and those expected at rho = 0."""
+    """One node's evidence: its depth, the disagreements seen and those expected at rho = 0, over
+    ``units`` draws (a root: 1, its share of disagreeing pairs; a prefix: its continuations)."""
 
     depth: int
     observed: float
     expected: float
+    units: float = 1.0
 
 
 def tree_terms(parent: np.ndarray, leaf_reward: np.ndarray, level: np.ndarray,
@@ -99,7 +101,8 @@ def tree_terms(parent: np.ndarray, leaf_reward: np.ndarray, level: np.ndarray,
             continue
         r, p = reward[own[0]], predicted[y]
         q = r * p + (1.0 - r) * (1.0 - p)
-        terms.append(Term(int(depth[y]), float(np.sum(reward[conts] != r)), len(conts) * (1.0 - q)))
+        terms.append(Term(int(depth[y]), float(np.sum(reward[conts] != r)), len(conts) * (1.0 - q),
+                          float(len(conts))))
     return terms
 
 
