@@ -179,3 +179,20 @@ def test_concat_forest_pads_shorter_trees():
     assert out.shape == (4, 3)
     assert np.isnan(out[0, 1]) and np.isnan(out[3, 2]) and not np.isnan(out[2, 2])
     assert concat_forest([]).shape == (0, 0)
+
+
+def test_centred_makes_treepo_zero_sum_and_leaves_flat_groups_alone():
+    from trace_core.advantages import centred, grpo, treepo
+
+    # root -> a (-> a1 r=1, -> a2 r=1 continuation), root -> b (-> b1 r=0): a branched prefix.
+    parent = np.array([-1, 0, 1, 1, 0, 4])
+    reward = np.array([np.nan, np.nan, 1.0, 1.0, np.nan, 0.0])
+    a = treepo(parent, reward)
+    assert np.nansum(a[:, 0]) != pytest.approx(0.0)  # treepo is not zero-sum here
+    c = centred(a)
+    assert np.nansum(np.nanmean(c, axis=1)) == pytest.approx(0.0)
+    assert np.allclose(c - a, (c - a)[0, 0], equal_nan=True)  # one shift for the whole tree
+    flat = np.array([-1, 0, 0, 0])
+    r = np.array([np.nan, 1.0, 0.0, 0.0])
+    assert np.allclose(centred(treepo(flat, r)), treepo(flat, r))
+    assert np.allclose(centred(grpo(flat, r)), grpo(flat, r))

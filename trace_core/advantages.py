@@ -132,6 +132,22 @@ def segment(parent: np.ndarray, leaf_reward: np.ndarray) -> np.ndarray:
     return np.where(here >= 0, value[np.maximum(here, 0)] - value[np.maximum(up, 0)], np.nan)
 
 
+def centred(a: np.ndarray) -> np.ndarray:
+    """[L, D]: one tree's per-turn advantages shifted so that the leaves' advantages (each path's
+    mean over its turns) sum to zero.
+
+    Tokens every path of a tree shares (the turn format: ``<think>``, the tool-call syntax) then
+    get no net push from that tree. ``grpo`` and ``tree_grpo`` are zero-sum already; ``treepo``'s
+    average over a varying number of sub-groups per leaf is not (a leaf under a branched prefix
+    averages two centred terms, a leaf elsewhere one), and a tree-wide net push on the format
+    tokens is what broke the policy in the learning benchmark (docs/results.md).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    if a.size == 0:
+        return a
+    return a - np.nanmean(np.nanmean(a, axis=1))
+
+
 def concat_forest(per_tree: Sequence[np.ndarray]) -> np.ndarray:
     """[sum L, max D]: per-tree estimator outputs stacked, shorter trees padded with NaN."""
     if not per_tree:

@@ -48,6 +48,9 @@ class TrainConfig:
     """Budget allocator: trace, grpo, dapo, prompt_only, random_prefix."""
     advantage: str = "treepo"
     """Tree advantage estimator: treepo, tree_grpo, segment, grpo."""
+    centre_advantages: bool = False
+    """Shift each tree's advantages so that its paths' advantages sum to zero
+    (``trace_core.advantages.centred``); a no-op for flat groups and zero-sum estimators."""
     steps: int = 3
     """Training steps (each: roots -> level 0 -> level 1 -> update)."""
     pool_size: int = 16
