@@ -85,6 +85,8 @@ def _power_mean(x: np.ndarray, c: float | np.ndarray, m: np.ndarray) -> np.ndarr
     prod_{i<m} (x + i c) / (1 + i c)."""
     x, m = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(m, np.int64))
     c = np.broadcast_to(np.asarray(c, np.float64), x.shape)
+    if not np.any(c):
+        return x**m  # the paper's formulas, to the last bit
     out = np.ones(x.shape)
     for i in range(int(m.max(initial=0))):
         out = np.where(i < m, out * (x + i * c) / (1.0 + i * c), out)
@@ -237,7 +239,9 @@ def allocate_prefixes(
     w, c = _repeat_posterior(p, obs, corr, seen)
     w, c = w.tolist(), c.tolist()
 
-    def unit(i: int, j: int) -> float:  # P(j repeat) - P(j + 1 repeat) = E[W^j] (1 - w_j) ...
+    def unit(i: int, j: int) -> float:  # P(j repeat) - P(j + 1 repeat) = E[W^j](1 - w)/(1 + j c)
+        if c[i] == 0.0:
+            return w[i] ** j * (1.0 - w[i])  # q^j (1 - q), the paper's marginal gain
         return float(_power_mean(w[i], c[i], j)) * (1.0 - w[i]) / (1.0 + j * c[i])
 
     k, _, _ = _greedy(unit, caps, spend)
@@ -282,6 +286,8 @@ class _RootUnits:
         if j < self.t:
             return self.slope[i]
         v, c = self.v[i], self.c
+        if c == 0.0:
+            return v**j * (1.0 - v) + (1.0 - v) ** j * v  # g(j + 1) - g(j), without cancellation
         # g(j + 1) - g(j) = E[V^j](1 - v)/(1 + jc) + E[(1-V)^j] v/(1 + jc), without cancellation
         return float(_power_mean(v, c, j) * (1.0 - v) + _power_mean(1.0 - v, c, j) * v) / (1.0 + j * c)
 

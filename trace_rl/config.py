@@ -73,12 +73,12 @@ class TrainConfig:
     prefix). Off: only depth >= 1 prefixes, as in the paper's description."""
     exploration: float = 0.1
     """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
-    correlation_window: int = 4
+    correlation_window: int = 0
     """Stage 1 and Stage 2 (trace, prompt_only) estimate rho, the correlation of a node's rollout
     outcomes given its prediction, from the stored trees of this many previous steps
     (``trace_core.calibration``), and allocate on the Beta-posterior gains of
-    ``trace_core.allocation``. 0 = off: rollouts read as independent Bernoulli(V~) draws (the
-    paper's formulas)."""
+    ``trace_core.allocation``. 0 = off (the default): rollouts read as independent Bernoulli(V~)
+    draws, the paper's formulas; 4 is what docs/results.md measured ("Correlated outcomes")."""
     correlation_min_terms: int = 16
     """Nodes a depth needs in the window before its own rho estimate is used (else the pooled
     prefixes' estimate, else 0)."""
