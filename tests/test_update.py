@@ -93,6 +93,7 @@ def test_trust_region_guard_undoes_an_overshooting_step(tiny_model_dir):
         before = _flat(trainer.model).clone()
         stats = trainer.update(samples, torch.Generator().manual_seed(0))
         assert stats["kl_after_step_max"] > 1e-6
+        assert stats["kl_token_max"] >= stats["kl_after_step_max"]  # a max over tokens >= their mean
         if target < 1:  # the first step is undone, weights and AdamW moments alike
             assert stats["kl_stopped"] == 1.0 and stats["updates"] == 0.0
             assert torch.equal(before, _flat(trainer.model))

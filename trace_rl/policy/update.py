@@ -149,6 +149,7 @@ class PolicyTrainer:
         n_micro = n_updates = 0
         stopped = False
         kl_max = 0.0  # largest mini-batch KL after an optimiser step (with the guard on)
+        token_max = 0.0  # largest single-token k3 among those mini-batches
         for _ in range(s.epochs):
             if stopped:
                 break
@@ -175,8 +176,8 @@ class PolicyTrainer:
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(gn) * len(chunk)
                 n_updates += 1
                 if snapshot is not None:
-                    kl = self._kl_after([olds[j] for j in chunk])
-                    kl_max = max(kl_max, kl)
+                    kl, tok = self._kl_after([olds[j] for j in chunk])
+                    kl_max, token_max = max(kl_max, kl), max(token_max, tok)
                     if kl > s.target_kl:
                         self._restore(snapshot)
                         n_updates -= 1
@@ -185,6 +186,7 @@ class PolicyTrainer:
         stats.update({k: v / n_micro for k, v in totals.items()})
         if s.target_kl > 0:
             stats["kl_after_step_max"] = kl_max
+            stats["kl_token_max"] = token_max
             stats["kl_stopped"] = float(stopped)
         stats["updates"] = float(n_updates)
         stats["seconds"] = time.perf_counter() - t0
@@ -200,16 +202,20 @@ class PolicyTrainer:
         self.optimizer.load_state_dict(optimizer)
 
     @torch.no_grad()
-    def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]) -> float:
-        """``policy_loss``'s approx_kl (k3 of the sampling policy from the current one) over the
-        policy tokens of ``batches``."""
-        total = count = 0.0
+    def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]) -> tuple[float, float]:
+        """(``policy_loss``'s approx_kl, k3 of the sampling policy from the current one, over the
+        policy tokens of ``batches``; the largest k3 of a single policy token). The mean is what
+        the guard reads; the max shows a move at one position that the mean dilutes (a turn's
+        first token collapsing, docs/results.md "Session 4")."""
+        total = count = top = 0.0
         for b, old, _ in batches:
             logp = token_logprobs(self.model, b["ids"], b["attn"])
             _, st = policy_loss(logp, old, b["adv"], b["mask"])
             total += st["approx_kl"] * st["n_tokens"]
             count += st["n_tokens"]
-        return total / max(count, 1.0)
+            log_ratio = torch.where(b["mask"].bool(), logp - old, torch.zeros_like(logp))
+            top = max(top, float((torch.exp(log_ratio) - 1.0 - log_ratio).max()))
+        return total / max(count, 1.0), top
 
     def save(self, out_dir: str | Path) -> Path:
         """Write the policy as an HF directory (what the engines load) plus the optimiser state."""
