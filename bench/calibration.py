@@ -28,7 +28,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 def rows_for(workdir: Path) -> list[dict]:
     """One row per (run, depth) of every DuckDB file under ``workdir`` (itself or job-*/)."""
-    from tasks.prefixes import stored_terms
+    from tasks.correlation import stored_terms
     from trace_rl.storage.store import TreeStore
 
     dbs = sorted(workdir.glob("job-*/trace.duckdb")) or [workdir / "trace.duckdb"]

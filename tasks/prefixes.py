@@ -9,42 +9,10 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
-from trace_core import calibration
+from tasks.correlation import outcome_correlation
 from trace_core.allocators import PrefixSet, root_prefix
 from trace_rl.config import TrainConfig
-from trace_rl.rollout.treeio import group_trees, node_history, parent_array
-
-
-def outcome_correlation(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> calibration.Correlation:
-    """rho per depth (``trace_core.calibration``) from the stored trees of the last
-    ``correlation_window`` steps before ``step``, with the predictions the allocation used then;
-    no estimate (0 everywhere) when the window is 0 or the allocator reads no predictor."""
-    if cfg.correlation_window == 0 or step == 0 or not runtime.allocator_for(cfg).uses_predictor:
-        return calibration.Correlation()
-    terms = stored_terms(workdir, run_id, max(0, step - cfg.correlation_window), step)
-    return calibration.estimate(terms, min_terms=cfg.correlation_min_terms)
-
-
-def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calibration.Term]:
-    """``calibration.tree_terms`` of every stored tree of steps first .. stop - 1, with the
-    predictions the allocation used (roots: the node's Stage 1 score; prefixes: the Stage 2
-    score in the allocations table)."""
-    store = runtime.store(workdir)
-    scores = {r["node_id"]: r["predicted_v"] for r in store.query(
-        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step >= $a AND "
-        "step < $b AND level = 1", {"r": run_id, "a": first, "b": stop}).to_pylist()}
-    terms = []
-    for s in range(first, stop):
-        for tree in group_trees(store.read_step(run_id, s).to_pylist()).values():
-            parent = parent_array(pa.Table.from_pylist(tree))
-            reward = [np.nan if not r["is_leaf"] or r["reward"] is None else r["reward"] for r in tree]
-            predicted = [tree[0]["predicted_v"] if r["depth"] == 0 else scores.get(r["node_id"])
-                         for r in tree]
-            terms += calibration.tree_terms(parent, np.asarray(reward, np.float64),
-                                            np.asarray([r["level"] for r in tree]),
-                                            np.asarray([np.nan if x is None else x for x in predicted],
-                                                       np.float64))
-    return terms
+from trace_rl.rollout.treeio import group_trees, node_history
 
 
 @task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)

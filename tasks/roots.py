@@ -7,7 +7,7 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
-from tasks.prefixes import outcome_correlation
+from tasks.correlation import outcome_correlation
 from tasks.runtime import load_predictor
 from trace_core.allocators import RootPool
 from trace_rl.config import TrainConfig
@@ -61,7 +61,7 @@ def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
 def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
                 item_ids: list[str]) -> pa.Table:
     """V~(x_i) for the pool, each prompt's staleness (steps since it was last rolled out) and
-    the roots' outcome correlation rho (``tasks.prefixes.outcome_correlation``)."""
+    the roots' outcome correlation rho (``tasks.correlation.outcome_correlation``)."""
     items = runtime.items_for(cfg, cfg.train_split)
     predictor = load_predictor(cfg, workdir, run_id, step - 1)
     v = predictor.predict([history_text(items[i].question, []) for i in item_ids])

@@ -94,6 +94,7 @@ def test_hand_worked_value_and_aggregations():
         assert stats["pg_loss"] == pytest.approx(value)
         assert stats["clip_frac"] == pytest.approx(2 / 4)
         assert stats["ratio_mean"] == pytest.approx((1.5 + 1.0 + 0.5 + 0.5) / 4)
+        assert stats["approx_kl_max"] == pytest.approx(0.5 - 1 - math.log(0.5))  # rho 0.5 beats 1.5
 
 
 def test_sequence_aggregations_ignore_empty_rows():

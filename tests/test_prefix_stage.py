@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks import prefixes
+from tasks import correlation, prefixes
 from tasks.runtime import Paths
 from trace_core.allocators import root_prefix
 from trace_rl.config import config_from_mapping
@@ -111,14 +111,14 @@ def test_outcome_correlation_reads_the_stored_window(workdir):
                       dict(method="trace", trajectories=2, prompt_tokens=6, generated_tokens=2,
                            tool_calls=0, wall_seconds=0.1))
     on = {"correlation_window": 4}
-    rho = prefixes.outcome_correlation(_cfg(**on, correlation_min_terms=1), workdir, RUN, 1)
+    rho = correlation.outcome_correlation(_cfg(**on, correlation_min_terms=1), workdir, RUN, 1)
     assert rho.at(0) == pytest.approx(1 / 3)
     assert rho.at(1) == 0.0 and rho.evidence == {0: 3, 1: 1}
     # Off (the default), at step 0 (nothing stored before it) and for a method without a predictor: no estimate.
     for cfg, step in ((_cfg(), 1), (_cfg(**on), 0), (_cfg(**on, allocator="grpo"), 1)):
-        assert prefixes.outcome_correlation(cfg, workdir, RUN, step).evidence == {}
+        assert correlation.outcome_correlation(cfg, workdir, RUN, step).evidence == {}
     # Too little evidence for the default minimum: 0 (the paper's formulas).
-    assert prefixes.outcome_correlation(_cfg(**on), workdir, RUN, 1).at(0) == 0.0
+    assert correlation.outcome_correlation(_cfg(**on), workdir, RUN, 1).at(0) == 0.0
 
 
 def test_scored_prefixes_carry_rho_and_what_was_seen(workdir):

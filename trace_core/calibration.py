@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trace_core.tree import is_leaf, validate
+from trace_core.tree import is_leaf, root_to_leaf_paths, validate
 
 MAX_CORRELATION = 0.95
 """Upper clip of an estimate: rho -> 1 would make the allocation treat every observed outcome as
@@ -69,39 +69,26 @@ def tree_terms(parent: np.ndarray, leaf_reward: np.ndarray, level: np.ndarray,
     bad = np.flatnonzero(leaf & ~np.isin(reward, (0.0, 1.0)))
     if len(bad):
         raise ValueError(f"tree_terms: leaf {bad[0]} has reward {reward[bad[0]]}, not 0 or 1")
-    children: list[list[int]] = [[] for _ in range(n)]
-    for i in range(1, n):
-        children[parent[i]].append(i)
-    depth = np.zeros(n, dtype=np.int64)
-    for i in range(1, n):  # parents come before children in local order
-        depth[i] = depth[parent[i]] + 1
-
-    def leaves_below(i: int) -> list[int]:
-        out, stack = [], [i]
-        while stack:
-            j = stack.pop()
-            if leaf[j]:
-                out.append(j)
-            stack.extend(children[j])
-        return out
+    paths = root_to_leaf_paths(parent)  # [L, D+1]; leaf l lies below node y iff y is on its path
+    leaf_ids = np.flatnonzero(leaf)  # [L], the rows' leaves
+    bare = level[leaf_ids] == 0  # [L]
 
     terms = []
     v = predicted[0]
-    bare = [j for j in leaves_below(0) if level[j] == 0]
-    if np.isfinite(v) and len(bare) >= 2:
-        m, s = len(bare), float(reward[bare].sum())
+    if np.isfinite(v) and bare.sum() >= 2:
+        m, s = int(bare.sum()), float(reward[leaf_ids[bare]].sum())
         terms.append(Term(0, s * (m - s) / (m * (m - 1) / 2), 2.0 * v * (1.0 - v)))
-    for y in range(1, n):
-        if leaf[y] or level[y] != 0 or not np.isfinite(predicted[y]):
-            continue
-        below = leaves_below(y)
-        conts = [j for j in below if level[j] > 0]
-        own = [j for j in below if level[j] == 0]
-        if not conts or len(own) != 1:
+    prefix = ~leaf & (level == 0) & np.isfinite(predicted)
+    prefix[0] = False  # the root's evidence is its bare pairs, above
+    for y in np.flatnonzero(prefix):
+        below = (paths == y).any(axis=1)  # [L]
+        conts, own = leaf_ids[below & ~bare], leaf_ids[below & bare]
+        if not len(conts) or len(own) != 1:
             continue
         r, p = reward[own[0]], predicted[y]
         q = r * p + (1.0 - r) * (1.0 - p)
-        terms.append(Term(int(depth[y]), float(np.sum(reward[conts] != r)), len(conts) * (1.0 - q),
+        depth = int(np.flatnonzero((paths == y).any(axis=0))[0])  # the column y appears in
+        terms.append(Term(depth, float(np.sum(reward[conts] != r)), len(conts) * (1.0 - q),
                           float(len(conts))))
     return terms
 

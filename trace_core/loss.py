@@ -64,7 +64,8 @@ def policy_loss(
     as constants. ``loss_mask`` is 1 on policy-generated tokens and 0 elsewhere; values at masked
     positions of any input (padding, NaN advantages past a path's end, -inf log-probs) are ignored
     and receive zero gradient. Statistics are over policy tokens: ``clip_frac`` (share whose
-    gradient the clip removed), ``approx_kl`` (k3 of the sampling policy from the current one),
+    gradient the clip removed), ``approx_kl`` (k3 of the sampling policy from the current one;
+    ``approx_kl_max`` its largest single-token value),
     ``ratio_mean``, ``entropy_proxy`` (mean -logp of the sampled tokens), ``kl_ref`` (if a
     reference is given), ``pg_loss`` and ``n_tokens``.
     """
@@ -97,6 +98,7 @@ def policy_loss(
             "pg_loss": float(AGGREGATIONS[agg](pg, mask)),
             "clip_frac": float(((clipped > unclipped).to(mask.dtype) * mask).sum() / n),
             "approx_kl": float(((ratio - 1.0 - log_ratio) * mask).sum() / n),
+            "approx_kl_max": float(((ratio - 1.0 - log_ratio) * mask).max()),
             "ratio_mean": float((ratio * mask).sum() / n),
             "entropy_proxy": float((-logp * mask).sum() / n),
             "n_tokens": float(n),

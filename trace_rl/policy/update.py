@@ -204,7 +204,7 @@ class PolicyTrainer:
     @torch.no_grad()
     def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]) -> tuple[float, float]:
         """(``policy_loss``'s approx_kl, k3 of the sampling policy from the current one, over the
-        policy tokens of ``batches``; the largest k3 of a single policy token). The mean is what
+        policy tokens of ``batches``; its approx_kl_max, the largest k3 of one token). The mean is what
         the guard reads; the max shows a move at one position that the mean dilutes (a turn's
         first token collapsing, docs/results.md "Session 4")."""
         total = count = top = 0.0
@@ -213,8 +213,7 @@ class PolicyTrainer:
             _, st = policy_loss(logp, old, b["adv"], b["mask"])
             total += st["approx_kl"] * st["n_tokens"]
             count += st["n_tokens"]
-            log_ratio = torch.where(b["mask"].bool(), logp - old, torch.zeros_like(logp))
-            top = max(top, float((torch.exp(log_ratio) - 1.0 - log_ratio).max()))
+            top = max(top, st["approx_kl_max"])
         return total / max(count, 1.0), top
 
     def save(self, out_dir: str | Path) -> Path:

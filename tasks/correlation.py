@@ -1,0 +1,55 @@
+"""The outcome correlation rho the allocation reads (``trace_core.calibration``), from the store.
+
+Shared by Stage 1 (``tasks.roots.score_roots``, depth 0) and Stage 2
+(``tasks.prefixes.score_prefixes``, every depth) and by ``bench/calibration.py``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pyarrow as pa
+
+from tasks import runtime
+from trace_core import calibration
+from trace_rl.config import TrainConfig
+from trace_rl.rollout.treeio import group_trees, parent_array
+
+
+def outcome_correlation(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> calibration.Correlation:
+    """rho per depth from the stored trees of the last ``correlation_window`` steps before
+    ``step``, with the predictions the allocation used then; no estimate (0 everywhere) when the
+    window is 0 or the allocator reads no predictor. Both stages of a step ask for it; the steps it
+    reads are complete and never rewritten, so the second ask is served from memory."""
+    if cfg.correlation_window == 0 or step == 0 or not runtime.allocator_for(cfg).uses_predictor:
+        return calibration.Correlation()
+    return _estimate(workdir, run_id, max(0, step - cfg.correlation_window), step,
+                     cfg.correlation_min_terms)
+
+
+@lru_cache(maxsize=16)
+def _estimate(workdir: str, run_id: str, first: int, stop: int, min_terms: int) -> calibration.Correlation:
+    return calibration.estimate(stored_terms(workdir, run_id, first, stop), min_terms=min_terms)
+
+
+def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calibration.Term]:
+    """``calibration.tree_terms`` of every stored tree of steps first .. stop - 1, with the
+    predictions the allocation used (roots: the node's Stage 1 score; prefixes: the Stage 2
+    score in the allocations table)."""
+    store = runtime.store(workdir)
+    scores = {r["node_id"]: r["predicted_v"] for r in store.query(
+        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step >= $a AND "
+        "step < $b AND level = 1", {"r": run_id, "a": first, "b": stop}).to_pylist()}
+    terms = []
+    for s in range(first, stop):
+        for tree in group_trees(store.read_step(run_id, s).to_pylist()).values():
+            parent = parent_array(pa.Table.from_pylist(tree))
+            reward = [np.nan if not r["is_leaf"] or r["reward"] is None else r["reward"] for r in tree]
+            predicted = [tree[0]["predicted_v"] if r["depth"] == 0 else scores.get(r["node_id"])
+                         for r in tree]
+            terms += calibration.tree_terms(parent, np.asarray(reward, np.float64),
+                                            np.asarray([r["level"] for r in tree]),
+                                            np.asarray([np.nan if x is None else x for x in predicted],
+                                                       np.float64))
+    return terms
