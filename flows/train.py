@@ -4,6 +4,9 @@
     -> allocate prefixes -> expand level 1 -> persist -> backup -> fit predictor -> advantages
     -> policy update -> sync weights -> log
 
+With ``joint_split`` (TRACE), "allocate prefixes" splits the rest of the budget between
+continuations and prompts not yet rolled out; the latter are one more level-0 wave.
+
 Every allocator and baseline is a config choice of this same flow. A run is identified by its run
 id; running the flow again with the same id resumes after the last complete step, and the phases
 of an interrupted step that had finished are cache hits (nodes have deterministic ids, so nothing
@@ -33,7 +36,8 @@ def _phases(workdir: str) -> dict[str, Any]:
         "sample_roots": roots.sample_roots, "score_roots": roots.score_roots,
         "allocate_roots": roots.allocate_roots, "expand_roots": expand.expand_roots,
         "persist_level": expand.persist_level, "score_prefixes": prefixes.score_prefixes,
-        "allocate_prefixes": prefixes.allocate_prefixes, "expand_prefixes": expand.expand_prefixes,
+        "allocate_prefixes": prefixes.allocate_prefixes,
+        "allocate_joint": prefixes.allocate_joint, "expand_prefixes": expand.expand_prefixes,
         "backup": learn.backup, "fit_predictor": learn.fit_predictor,
         "tree_advantages": learn.tree_advantages, "policy_update": learn.policy_update,
         "sync_weights": learn.sync_weights, "tree_metrics": track.tree_metrics,
@@ -88,7 +92,18 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
         wave += 1
     # Stage 2: continuations from the most informative prefixes of each tree.
     scored_prefixes = p["score_prefixes"](cfg, workdir, run_id, step)
-    chosen = p["allocate_prefixes"](cfg, run_id, step, scored_prefixes)
+    fresh_leaves = 0
+    if allocator.splits_jointly:  # the rest of the budget: continuations or fresh prompts
+        left = runtime.budget_for(cfg).total - spent
+        chosen, fresh = p["allocate_joint"](cfg, run_id, step, scored_prefixes, scored,
+                                            counts.tolist(), left)
+        fresh_leaves = int(np.sum(fresh.column("m").to_pylist() or [0]))
+        if fresh_leaves:  # bare rollouts of prompts not yet rolled out: a level-0 wave
+            more = p["expand_roots"](cfg, run_id, step, 0, policy_dir, fresh, wave)
+            p["persist_level"](workdir, run_id, step, 0, more, wave)
+            wave += 1
+    else:
+        chosen = p["allocate_prefixes"](cfg, run_id, step, scored_prefixes)
     if int(np.sum(chosen.column("k").to_pylist() or [0])) > 0:
         level1 = p["expand_prefixes"](cfg, workdir, run_id, step, 1, policy_dir, chosen)
         p["persist_level"](workdir, run_id, step, 1, level1)
@@ -108,6 +123,7 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
                     "alloc/rho_prefix": float(np.mean(rho_prefix)) if rho_prefix else 0.0})
     metrics.update({"alloc/prefixes_expanded": float(sum(1 for k in chosen.column("k").to_pylist() if k)),
                     "alloc/refill_waves": float(wave - 1),
+                    "alloc/fresh_leaves": float(fresh_leaves),
                     "time/rollout_s": t_rollout, "time/sync_s": sync_s,
                     "time/step_s": time.perf_counter() - t0})
     plot = cfg.plot_every > 0 and step % cfg.plot_every == 0

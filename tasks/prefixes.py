@@ -1,4 +1,5 @@
-"""Prefix phases (Stage 2): score every non-leaf prefix on the bare rollouts, choose K per prefix."""
+"""Prefix phases (Stage 2): score every non-leaf prefix on the bare rollouts, choose K per prefix
+(per tree, or jointly with fresh prompts across the step)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from prefect import task
 
 from tasks import runtime
 from tasks.correlation import outcome_correlation
-from trace_core.allocators import PrefixSet, root_prefix
+from trace_core.allocators import PrefixSet, RootPool, root_prefix
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import group_trees, node_history
 
@@ -48,11 +49,13 @@ def score_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa
             while not leaf["is_leaf"]:  # follow the bare rollout down to its outcome
                 leaf = next(c for c in tree if c["parent_index"] == leaf["local_index"])
             add(tree, t, r, float(leaf["reward"]))
+        shared = root_prefix(bare)
         if len(histories) == before:
             # Every bare rollout ended on its first turn: nothing to branch from, so the tree's
             # continuation budget goes to more rollouts from the root (the ledger stays equal).
-            add(tree, t, tree[0], float("nan"))
-        elif from_root and (shared := root_prefix(bare)) is not None:
+            # Observed: the bare rollouts' shared outcome, NaN when they are mixed.
+            add(tree, t, tree[0], float("nan") if shared is None else shared)
+        elif from_root and shared is not None:
             add(tree, t, tree[0], shared)
     predictor = runtime.load_predictor(cfg, workdir, run_id, step - 1)
     p = predictor.predict(histories) if histories else np.zeros(0)
@@ -82,7 +85,7 @@ def allocate_prefixes(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table
         leaves = allocator.tree_leaves(rows[idx[0]]["bare"], budget)
         if leaves <= 0:
             continue
-        if len(idx) == 1 and np.isnan(rows[idx[0]]["observed"]):  # root fallback of score_prefixes
+        if len(idx) == 1 and rows[idx[0]]["depth"] == 0:  # root fallback of score_prefixes
             k[idx[0]] = leaves
             continue
         prefixes = PrefixSet(predicted=np.asarray([rows[i]["predicted_v"] for i in idx]),
@@ -91,3 +94,33 @@ def allocate_prefixes(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table
                              seen=np.asarray([rows[i]["seen"] for i in idx], dtype=np.int64))
         k[idx] = allocator.allocate_prefixes(prefixes, leaves, rng)
     return scored.append_column("k", pa.array(k))
+
+
+@task(name="allocate-joint", cache_policy=runtime.PHASE_KEY)
+def allocate_joint(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table, roots: pa.Table,
+                   counts: list[int], leaves: int) -> tuple[pa.Table, pa.Table]:
+    """The joint split (``TrainConfig.joint_split``): ``leaves`` between continuations of the
+    step's prefixes (``scored``, from ``score_prefixes``) and bare rollouts of the candidates of
+    ``roots`` (``score_roots``'s table) that have no rollout yet (``counts``, per candidate).
+    Returns (``scored`` with K per prefix, ``roots`` with m per fresh candidate). A root offered
+    with mixed bare rollouts (a tree with no prefix, observed NaN) is not a candidate: more
+    rollouts cannot make it mixed."""
+    allocator = runtime.allocator_for(cfg)
+    rng = np.random.default_rng([cfg.seed, step, 5])
+    rows = scored.to_pylist()
+    usable = [i for i, r in enumerate(rows) if not np.isnan(r["observed"])]
+    prefixes = PrefixSet(predicted=np.asarray([rows[i]["predicted_v"] for i in usable], np.float64),
+                         observed=np.asarray([rows[i]["observed"] for i in usable], np.float64),
+                         correlation=np.asarray([rows[i]["correlation"] for i in usable], np.float64),
+                         seen=np.asarray([rows[i]["seen"] for i in usable], dtype=np.int64))
+    fresh = [i for i, c in enumerate(counts) if c == 0]
+    rho = roots.column("correlation").to_pylist()
+    pool = RootPool(predicted=np.asarray(roots.column("predicted_v").to_pylist(), np.float64)[fresh],
+                    staleness=np.asarray(roots.column("staleness").to_pylist(), np.float64)[fresh],
+                    correlation=float(rho[0]) if rho else 0.0)
+    m_fresh, k_usable = allocator.allocate_joint(prefixes, pool, leaves, rng)
+    k = np.zeros(len(rows), dtype=np.int64)
+    k[usable] = k_usable
+    m = np.zeros(len(roots), dtype=np.int64)
+    m[fresh] = m_fresh
+    return scored.append_column("k", pa.array(k)), roots.append_column("m", pa.array(m))

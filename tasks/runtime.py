@@ -162,7 +162,8 @@ def allocator_for(cfg: TrainConfig) -> Allocator:
     return make_allocator(cfg.allocator, AllocatorConfig(
         group_size=cfg.group_size, tree_group=cfg.tree_group, min_per_root=cfg.min_per_root,
         max_per_root=cfg.max_per_root, explore_strength=cfg.exploration,
-        branch_from_root=cfg.branch_from_root, dapo_batch_groups=dapo_groups))
+        branch_from_root=cfg.branch_from_root, joint_split=cfg.joint_split,
+        dapo_batch_groups=dapo_groups))
 
 
 def new_predictor(cfg: TrainConfig) -> HashedNgramPredictor:

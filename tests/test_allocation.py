@@ -8,6 +8,7 @@ import pytest
 
 import trace_core.allocation as alloc
 from trace_core.allocation import (
+    allocate_joint,
     allocate_prefixes,
     allocate_roots,
     explore,
@@ -319,3 +320,71 @@ def test_bad_correlation_is_named(rho):
         allocate_roots([0.5, 0.5], 4, correlation=rho)
     with pytest.raises(ValueError, match="correlation"):
         allocate_prefixes([0.5], [1], 2, correlation=rho)
+
+
+def brute_joint(v, p, obs, budget, lo, root_caps, prefix_caps, rho_root, rho_prefix, seen):
+    """(spent, best value) of the joint split over every feasible (m, K), spent first."""
+    best = (-1, -np.inf)
+    roots = list(itertools.product(*[[0, *range(lo, int(c) + 1)] for c in root_caps]))
+    prefixes = list(itertools.product(*[range(int(c) + 1) for c in prefix_caps]))
+    for m in roots:
+        for k in prefixes:
+            spent = sum(m) + sum(k)
+            if spent <= budget:
+                value = (root_objective(v, np.array(m, dtype=np.int64), rho_root)
+                         + prefix_objective(p, obs, np.array(k, dtype=np.int64), rho_prefix, seen))
+                best = max(best, (spent, value))
+    return best
+
+
+def test_allocate_joint_matches_exhaustive_search():
+    rng = np.random.default_rng(11)
+    for case in range(300):
+        n_root, n_pre = int(rng.integers(0, 4)), int(rng.integers(0, 4))
+        lo = int(rng.integers(1, 4))
+        budget = int(rng.integers(0, 9))
+        v = random_probabilities(rng, n_root)
+        p = random_probabilities(rng, n_pre)
+        obs = rng.integers(0, 2, n_pre)
+        rho_root = float(rng.choice([0.0, 0.3, 0.8]))
+        rho_prefix = rng.choice([0.0, 0.5, 0.9], size=n_pre)
+        seen = rng.integers(1, 4, size=n_pre)
+        capped = bool(rng.integers(2))
+        root_cap = int(rng.integers(lo, lo + 3)) if capped else None
+        prefix_cap = int(rng.integers(0, 4)) if capped else None
+        m, k = allocate_joint(v, p, obs, budget, min_per_root=lo, max_per_root=root_cap,
+                              max_per_prefix=prefix_cap, root_correlation=rho_root,
+                              prefix_correlation=rho_prefix, seen=seen)
+        assert np.all((m == 0) | ((m >= lo) & (m <= (root_cap or budget))))
+        assert np.all(k <= (budget if prefix_cap is None else prefix_cap))
+        spent, best = brute_joint(v, p, obs, budget, lo, [root_cap or max(budget, lo)] * n_root,
+                                  [budget if prefix_cap is None else prefix_cap] * n_pre,
+                                  rho_root, rho_prefix, seen)
+        assert int(m.sum() + k.sum()) == spent, (case, v, p, obs, budget, lo, m, k)
+        value = root_objective(v, m, rho_root) + prefix_objective(p, obs, k, rho_prefix, seen)
+        assert value == pytest.approx(best, abs=1e-9), (case, v, p, obs, budget, lo, m, k)
+
+
+def test_allocate_joint_reduces_to_each_stage():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        v, p = rng.random(5), rng.random(4)
+        obs = rng.integers(0, 2, 4)
+        budget = int(rng.integers(0, 12))
+        m, k = allocate_joint(np.zeros(0), p, obs, budget)
+        assert m.size == 0 and k.tolist() == allocate_prefixes(p, obs, budget).tolist()
+        m, k = allocate_joint(v, np.zeros(0), np.zeros(0), budget)
+        assert k.size == 0 and m.tolist() == allocate_roots(v, budget).tolist()
+
+
+def test_allocate_joint_follows_the_calibrated_flip_chance():
+    # Three fresh prompts predicted 0.5 against two continued prefixes. Read as independent
+    # draws (rho 0) a continuation flips a 0.5 prefix half the time, more than a fresh pair buys
+    # per leaf (0.25): the budget goes to the prefixes. When the store says a prefix's outcomes
+    # are strongly correlated (rho 0.8: a continuation repeats what was seen 90% of the time),
+    # the same leaves go to fresh prompts.
+    v, p, obs = np.full(3, 0.5), np.array([0.5, 0.5]), np.array([1, 0])
+    m, k = allocate_joint(v, p, obs, 4)
+    assert m.sum() == 0 and k.tolist() == [2, 2]
+    m, k = allocate_joint(v, p, obs, 4, prefix_correlation=0.8)
+    assert k.sum() == 0 and sorted(m.tolist()) == [0, 2, 2]

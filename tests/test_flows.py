@@ -197,6 +197,34 @@ def test_dapo_refills_through_the_flow(tiny_model_dir, tmp_path):
         assert sum(w["trajectories"] for w in waves) == m["ledger/trajectories"] == m["rollout/leaves"]
 
 
+def test_joint_split_through_the_flow(tiny_model_dir, tmp_path):
+    """TRACE with the joint split: after the bare rollouts the rest of the leaf budget goes to
+    continuations or to a level-0 wave of prompts not yet rolled out; the budget is spent exactly
+    either way and the wave's trees are numbered after the first wave's. The untrained test
+    policy's trees are what they are, so whether a fresh prompt wins is read from the store."""
+    from flows.train import train
+
+    cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 2, "pool_size": 8, "plot_every": 0,
+           "joint_split": True, "correlation_window": 1, "correlation_min_terms": 1}
+    summary = train(config=cfg, workdir=str(tmp_path))
+    store = TreeStore(tmp_path / "trace.duckdb", create=False)
+    leaves = TINY["root_budget"] * (1 + TINY["multiplier"])
+    run = summary["run_id"]
+    for step in range(2):
+        n = _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s AND is_leaf",
+                   r=run, s=step)
+        assert n == leaves
+        ledger = store.query("SELECT method, trajectories FROM ledger WHERE run_id = $r AND step = $s",
+                             {"r": run, "s": step}).to_pylist()
+        assert sum(w["trajectories"] for w in ledger) == leaves
+        fresh = sum(w["trajectories"] for w in ledger if w["method"] == "trace:refill1")
+        wave = _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s AND "
+                             "is_leaf AND level = 0 AND tree_id >= $p", r=run, s=step, p=cfg["pool_size"])
+        assert fresh == wave
+    m = summary["last_metrics"]
+    assert m["alloc/fresh_leaves"] == fresh and m["rollout/leaves"] == leaves
+
+
 def test_staleness_counts_from_first_offer_not_from_the_start():
     from tasks.roots import candidate_pool, staleness
     from trace_rl.config import config_from_mapping

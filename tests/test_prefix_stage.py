@@ -70,7 +70,7 @@ def test_trace_offers_the_root_of_an_agreeing_tree_only(workdir):
     scored = prefixes.score_prefixes.fn(_cfg(), workdir, RUN, 0)
     assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0),  # mixed tree: its depth-1 prefixes
                                 (1, 1, 0.0), (1, 3, 0.0), (1, 0, 0.0),  # + the agreeing root
-                                (2, 0, -1.0)}  # fallback: the root, no observed outcome
+                                (2, 0, 0.0)}  # fallback: the root (its rollouts agree)
     chosen = prefixes.allocate_prefixes.fn(_cfg(), RUN, 0, scored).to_pylist()
     for t in (0, 1, 2):  # every tree spends exactly m_i N = 2 continuations
         assert sum(r["k"] for r in chosen if r["tree_id"] == t) == 2
@@ -80,7 +80,9 @@ def test_trace_offers_the_root_of_an_agreeing_tree_only(workdir):
 def test_the_root_is_not_offered_when_switched_off_or_for_random_prefix(workdir):
     for cfg in (_cfg(branch_from_root=False), _cfg(allocator="random_prefix")):
         scored = prefixes.score_prefixes.fn(cfg, workdir, RUN, 0)
-        assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0), (1, 1, 0.0), (1, 3, 0.0), (2, 0, -1.0)}
+        assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0), (1, 1, 0.0), (1, 3, 0.0), (2, 0, 0.0)}
+        chosen = prefixes.allocate_prefixes.fn(cfg, RUN, 0, scored).to_pylist()
+        assert [r["k"] for r in chosen if r["tree_id"] == 2] == [2]  # the fallback spends m_i N
 
 
 def test_root_prefix():
@@ -127,3 +129,43 @@ def test_scored_prefixes_carry_rho_and_what_was_seen(workdir):
     seen = {(r["tree_id"], r["local_index"]): r["seen"] for r in rows}
     assert seen[(1, 0)] == 2  # the agreeing root: both bare rollouts failed
     assert seen[(0, 1)] == seen[(1, 3)] == 1  # a prefix: the one bare rollout through it
+
+
+def _roots(n=4, v=0.5):
+    return pa.table({"item_id": [f"q{i}" for i in range(n)], "predicted_v": [v] * n,
+                     "staleness": [0.0] * n, "correlation": [0.0] * n})
+
+
+def test_joint_split_spends_the_rest_of_the_budget_on_prefixes_or_fresh_prompts(workdir):
+    """Six leaves left after the bare rollouts of trees 0-2 (pool candidates 0-2); candidate 3 is
+    fresh. Read as independent draws, the prefixes' flip chances (all predicted 0.5 by the
+    untrained predictor) win; when the store says prefix outcomes are correlated, the fresh
+    prompt takes a pair. Either way the six leaves are spent and used candidates get nothing."""
+    cfg = _cfg(joint_split=True)
+    scored = prefixes.score_prefixes.fn(cfg, workdir, RUN, 0)
+    chosen, fresh = prefixes.allocate_joint.fn(cfg, RUN, 0, scored, _roots(), [2, 2, 2, 0], 6)
+    k = {(r["tree_id"], r["local_index"]): r["k"] for r in chosen.to_pylist()}
+    m = fresh.column("m").to_pylist()
+    assert sum(k.values()) + sum(m) == 6 and m[:3] == [0, 0, 0]
+    assert m[3] == 0  # q = 0.5 per prefix: a continuation flips with chance 1/2 > 1/4 per leaf
+    correlated = scored.set_column(scored.schema.get_field_index("correlation"), "correlation",
+                                   pa.array([0.0 if d == 0 else 0.9 for d in
+                                             scored.column("depth").to_pylist()], pa.float64()))
+    chosen, fresh = prefixes.allocate_joint.fn(cfg, RUN, 0, correlated, _roots(), [2, 2, 2, 0], 6)
+    k = {(r["tree_id"], r["local_index"]): r["k"] for r in chosen.to_pylist()}
+    m = fresh.column("m").to_pylist()
+    assert sum(k.values()) + sum(m) == 6 and m[3] >= 2
+    assert k[(0, 1)] == k[(0, 3)] == 0  # depth-1 prefixes repeat their outcome 95% of the time
+
+
+def test_joint_split_never_offers_a_mixed_root(workdir):
+    """A tree with no prefix whose bare rollouts are mixed (observed NaN) gets nothing jointly:
+    more rollouts from it cannot make it mixed."""
+    cfg = _cfg(joint_split=True)
+    scored = prefixes.score_prefixes.fn(cfg, workdir, RUN, 0)
+    mixed = scored.set_column(scored.schema.get_field_index("observed"), "observed",
+                              pa.array([float("nan") if t == 2 else o for t, o in zip(
+                                  scored.column("tree_id").to_pylist(),
+                                  scored.column("observed").to_pylist())], pa.float64()))
+    chosen, _ = prefixes.allocate_joint.fn(cfg, RUN, 0, mixed, _roots(), [2, 2, 2, 0], 6)
+    assert [r["k"] for r in chosen.to_pylist() if r["tree_id"] == 2] == [0]

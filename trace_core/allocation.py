@@ -502,6 +502,76 @@ def _last_within(loss: Callable[[int], float], start: int, end: int, threshold: 
     return good
 
 
+# ----------------------------------------------------------------------------- joint split
+
+
+def allocate_joint(
+    v_new: np.ndarray,
+    p: np.ndarray,
+    observed: np.ndarray,
+    budget: int,
+    *,
+    min_per_root: int = 2,
+    max_per_root: int | np.ndarray | None = None,
+    max_per_prefix: int | np.ndarray | None = None,
+    root_correlation: float = 0.0,
+    prefix_correlation: float | np.ndarray = 0.0,
+    seen: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(m [len(v_new)], K [len(p)]): one leaf budget split between fresh prompts and continuations.
+
+    The continuation budget of a step, chosen after its bare rollouts, where each leaf buys the
+    most: bare rollouts of prompts not yet rolled out this step (Stage 1's gain g_i(m_i) on their
+    predictions ``v_new``, m_i in {0} U [min_per_root, max_per_root]) or continuations of the
+    step's prefixes (Stage 2's gain 1 - E[W^K]). Both gains count expected mixed groups (a new
+    mixed prompt; a prefix whose continuations contradict its observed outcome), so they add::
+
+        max  sum_i g_i(m_i) + sum_j (1 - E[W_j^K_j])   s.t.  sum m + sum K = budget.
+
+    Exact: for every root share B the two parts are solved by ``allocate_roots`` (exact) and the
+    prefix greedy (exact, concave; its value for every B comes from one greedy run), and the best B
+    is kept (ties: the larger prefix share, then the lower index within each part). B runs over
+    the totals ``allocate_roots`` can spend exactly. Costs O(budget) Stage 1 solves.
+    With no fresh prompts this is ``allocate_prefixes``; with no prefixes, ``allocate_roots``.
+    """
+    v_new = _probabilities(v_new, "v_new")
+    p = _probabilities(p, "p")
+    budget = _nonnegative_int(budget, "budget")
+    lo = _nonnegative_int(min_per_root, "min_per_root")
+    if len(p):
+        # One greedy run at the full budget: its popped units, in order, price every share.
+        k_all = allocate_prefixes(p, observed, budget, max_per_prefix=max_per_prefix,
+                                  correlation=prefix_correlation, seen=seen)
+        w, c = _repeat_posterior(p, np.asarray(observed, np.float64), prefix_correlation, seen)
+        units = sorted((-(float(_power_mean(w[i], c[i], j)) * (1.0 - w[i]) / (1.0 + j * c[i])), i, j)
+                       for i in range(len(p)) for j in range(int(k_all[i])))
+        prefix_value = np.concatenate([[0.0], np.cumsum([-u for u, _, _ in units])])
+    else:
+        prefix_value = np.zeros(1)
+    caps = _caps(max_per_root, len(v_new), lo, "max_per_root") if len(v_new) else None
+    chosen: tuple[int, float, int, int] | None = None  # (spent, value, root share, prefix share)
+    for b in range(budget + 1):
+        roots = max_spendable_roots(len(v_new), b, lo, caps) if b and len(v_new) else 0
+        if roots != b:  # b' = roots with a larger prefix share covers it
+            continue
+        rest = min(budget - b, len(prefix_value) - 1)
+        m = (allocate_roots(v_new, b, min_per_root=lo, max_per_root=max_per_root,
+                            correlation=root_correlation) if b else np.zeros(len(v_new), np.int64))
+        value = root_objective(v_new, m, root_correlation) + float(prefix_value[rest])
+        spent = b + rest
+        if (chosen is None or spent > chosen[0]
+                or (spent == chosen[0] and value > chosen[1] + _CERTIFY_TOL)):
+            chosen = (spent, value, b, rest)
+    assert chosen is not None  # b = 0 is always considered
+    _, _, b, rest = chosen
+    m = (allocate_roots(v_new, b, min_per_root=lo, max_per_root=max_per_root,
+                        correlation=root_correlation) if b else np.zeros(len(v_new), np.int64))
+    k = (allocate_prefixes(p, observed, rest, max_per_prefix=max_per_prefix,
+                           correlation=prefix_correlation, seen=seen)
+         if len(p) else np.zeros(0, np.int64))
+    return m, k
+
+
 # ----------------------------------------------------------------------------- exploration
 
 

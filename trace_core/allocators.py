@@ -33,6 +33,8 @@ Methods (the registry ``ALLOCATORS`` maps a name to a factory taking ``Allocator
   ``allocate_prefixes`` on predicted prefix values with budget m_i N per active prompt. The
   root itself (the depth-0 prefix) is one of the candidates when the tree's bare rollouts agree
   (``AllocatorConfig.branch_from_root``; ``root_prefix``).
+  With ``AllocatorConfig.joint_split`` the M N continuation leaves are instead split across the
+  step between prefixes and prompts not yet rolled out (``allocate_joint``).
 * ``oracle``: TRACE's two stages on the true V, without exploration (simulation only).
 
 Departure from the paper: the exploration rule (trace_core.allocation.explore) is this project's
@@ -47,7 +49,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from trace_core.allocation import allocate_prefixes, allocate_roots, explore
+from trace_core.allocation import allocate_joint, allocate_prefixes, allocate_roots, explore
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,13 @@ class AllocatorConfig:
     its observed outcome. A continuation from the root is one more bare rollout; it competes on
     the same marginal gain q^K (1 - q). Without it, a prompt whose outcome is fixed by its first
     turn can only spend its m_i N continuations on prefixes that repeat their outcome."""
+    joint_split: bool = False
+    """trace, oracle: after the bare rollouts, the continuation budget (M N leaves) is split
+    across the whole step between continuations of any tree's prefixes and bare rollouts of
+    prompts not yet rolled out (``allocate_joint``: each leaf goes where it buys the most
+    expected mixed groups), instead of m_i N continuations inside tree i. With independent
+    draws (rho 0) a continuation's predicted flip chance usually beats a fresh pair's gain per
+    leaf; with the calibrated rho of ``trace_core.calibration`` it often does not."""
     dapo_batch_groups: int | None = None
     """DAPO's target number of mixed groups (its first wave's size); None = half of the groups the
     leaf budget affords, so the other half is left for refills (a full first wave would make DAPO
@@ -213,6 +222,18 @@ class Allocator(ABC):
     def allocate_prefixes(self, prefixes: PrefixSet, leaves: int, rng: np.random.Generator) -> np.ndarray:
         """[K] continuations per prefix of a non-empty set; sums to ``leaves``."""
         raise NotImplementedError(f"{self.name} has no prefix stage")
+
+    @property
+    def splits_jointly(self) -> bool:
+        """Whether the continuation budget is split across the step (``allocate_joint``) rather
+        than per tree (``tree_leaves`` + ``allocate_prefixes``)."""
+        return False
+
+    def allocate_joint(self, prefixes: PrefixSet, fresh: RootPool, leaves: int,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """([P'] bare rollouts per fresh prompt, [K] continuations per prefix of the whole step),
+        together spending ``leaves`` (``AllocatorConfig.joint_split``)."""
+        raise NotImplementedError(f"{self.name} has no joint split")
 
 
 def _uniform_groups(pool_size: int, group: int, leaves: int, rng: np.random.Generator) -> np.ndarray:
@@ -317,6 +338,19 @@ class Trace(Allocator):
         return allocate_prefixes(self.prefix_values(prefixes), prefixes.observed, leaves,
                                  max_per_prefix=self.config.max_per_prefix,
                                  correlation=self.correlations(prefixes), seen=prefixes.seen)
+
+    @property
+    def splits_jointly(self) -> bool:
+        return self.config.joint_split
+
+    def allocate_joint(self, prefixes: PrefixSet, fresh: RootPool, leaves: int,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        return allocate_joint(self.root_values(fresh), self.prefix_values(prefixes),
+                              prefixes.observed, leaves, min_per_root=self.config.min_per_root,
+                              max_per_root=self.config.max_per_root,
+                              max_per_prefix=self.config.max_per_prefix,
+                              root_correlation=self.correlations(fresh),
+                              prefix_correlation=self.correlations(prefixes), seen=prefixes.seen)
 
 
 class Oracle(Trace):
