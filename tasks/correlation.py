@@ -19,13 +19,25 @@ from trace_rl.rollout.treeio import group_trees, parent_array
 
 def outcome_correlation(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> calibration.Correlation:
     """rho per depth from the stored trees of the last ``correlation_window`` steps before
-    ``step``, with the predictions the allocation used then; no estimate (0 everywhere) when the
-    window is 0 or the allocator reads no predictor. Both stages of a step ask for it; the steps it
+    ``step`` (more, if they hold too few nodes for the roots' estimate or, for an allocator that
+    branches, the prefixes'), with the predictions the allocation used then; no estimate (0
+    everywhere) when the window is 0 or the allocator reads no predictor. Both stages of a step ask for it; the steps it
     reads are complete and never rewritten, so the second ask is served from memory."""
-    if cfg.correlation_window == 0 or step == 0 or not runtime.allocator_for(cfg).uses_predictor:
+    allocator = runtime.allocator_for(cfg)
+    if cfg.correlation_window == 0 or step == 0 or not allocator.uses_predictor:
         return calibration.Correlation()
-    return _estimate(workdir, run_id, max(0, step - cfg.correlation_window), step,
-                     cfg.correlation_min_terms)
+    branches = allocator.tree_leaves(cfg.min_per_root, runtime.budget_for(cfg)) > 0
+    # A window too thin for an estimate (e.g. steps that continued few prefixes because rho was
+    # high) is widened, doubling, back to step 0, instead of falling back to rho = 0: a fallback
+    # would flip the allocation between two regimes from step to step.
+    width = cfg.correlation_window
+    while True:
+        first = max(0, step - width)
+        rho = _estimate(workdir, run_id, first, step, cfg.correlation_min_terms)
+        enough = 0 in rho.by_depth and (not branches or rho.prefix_evidence >= cfg.correlation_min_terms)
+        if first == 0 or enough:
+            return rho
+        width *= 2
 
 
 @lru_cache(maxsize=16)

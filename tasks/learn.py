@@ -134,7 +134,8 @@ def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy
     settings = UpdateSettings(learning_rate=cfg.learning_rate, clip_low=cfg.clip_low,
                               clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, epochs=cfg.ppo_epochs,
                               micro_batch=cfg.micro_batch, agg=cfg.loss_agg,
-                              mini_batches=cfg.mini_batches, target_kl=cfg.target_kl)
+                              mini_batches=cfg.mini_batches, target_kl=cfg.target_kl,
+                              target_position_kl=cfg.target_position_kl)
     # The trainer stays in memory across steps of one process (keyed by the directory it last
     # saved), so the optimiser state is not reloaded each step; a resumed process reloads it.
     trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, settings, seed=cfg.seed)

@@ -123,6 +123,36 @@ def test_outcome_correlation_reads_the_stored_window(workdir):
     assert correlation.outcome_correlation(_cfg(**on), workdir, RUN, 1).at(0) == 0.0
 
 
+def test_a_thin_window_is_widened_not_dropped(workdir):
+    """Step 0 holds the only continued prefix; steps 1-4 hold bare rollouts only. At step 5 a
+    window of 2 steps has no prefix evidence: it is widened (2 -> 4 -> 8 steps, capped at step 0)
+    until it reaches step 0's, instead of reading rho = 0 for the prefixes."""
+    from pathlib import Path
+
+    from trace_rl.storage.store import make_node_id
+    from trace_rl.storage.schema import ALLOCATION_INPUT
+
+    store = TreeStore(Paths(Path(workdir)).db)
+    conts = [node(0, 5, 1, 2, True, 0.0), node(0, 6, 1, 2, True, 0.0)]
+    alloc = pa.Table.from_pylist(
+        [{"node_id": make_node_id(RUN, 0, 0, 1), "allocator": "trace", "k": 2, "item_id": "q0",
+          "predicted_v": 0.8, "true_v": None, "gain": None}],
+        schema=pa.schema([(k, t) for k, (t, _) in ALLOCATION_INPUT.items()]))
+    ledger = dict(method="trace", trajectories=2, prompt_tokens=6, generated_tokens=2, tool_calls=0,
+                  wall_seconds=0.1)
+    store.write_level(RUN, 0, 1, pa.Table.from_pylist(conts, schema=NODE_INPUT_SCHEMA), alloc, ledger)
+    for step in range(1, 5):
+        store.write_level(RUN, step, 0, pa.Table.from_pylist(LEVEL0, schema=NODE_INPUT_SCHEMA), None,
+                          {**ledger, "trajectories": 6})
+    cfg = _cfg(correlation_window=2, correlation_min_terms=1)
+    rho = correlation.outcome_correlation(cfg, workdir, RUN, 5)
+    assert rho.evidence[1] == 1 and rho.evidence[0] == 15  # 5 steps x 3 roots
+    # Prompt-level allocation never branches: its window is not widened for prefix evidence.
+    rho = correlation.outcome_correlation(_cfg(allocator="prompt_only", correlation_window=2,
+                                               correlation_min_terms=1), workdir, RUN, 5)
+    assert rho.evidence == {0: 6}
+
+
 def test_scored_prefixes_carry_rho_and_what_was_seen(workdir):
     rows = prefixes.score_prefixes.fn(_cfg(), workdir, RUN, 0).to_pylist()
     assert {r["correlation"] for r in rows} == {0.0}  # step 0: nothing stored before it

@@ -102,6 +102,11 @@ class Correlation:
     prefixes: float = 0.0
     evidence: dict[int, int] = field(default_factory=dict)
 
+    @property
+    def prefix_evidence(self) -> int:
+        """Terms behind the estimates of depth >= 1."""
+        return sum(n for d, n in self.evidence.items() if d >= 1)
+
     def at(self, depth: int) -> float:
         if depth in self.by_depth:
             return self.by_depth[depth]

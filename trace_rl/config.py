@@ -132,6 +132,11 @@ class TrainConfig:
     tiny policy's tool-call format for the rest of the run (TRACE and prompt_only, seed 2); at
     0.1 those runs learn and 0-2 steps of 20 are undone; at 0.02 half of GRPO's steps were cut
     short and it learned far slower (65.0% vs 78.8% after 20 steps)."""
+    target_position_kl: float = 0.0
+    """Position-wise trust-region guard (0 = off): as ``target_kl``, on the largest KL of the
+    next-token distribution at one policy-token position of the mini-batch
+    (``trace_rl.policy.update.position_kl``), which catches one likely token moved far (a turn's
+    first token collapsing) that the mean over a path's tokens dilutes."""
     predictor_epochs: int = 5
     """Epochs of the predictor's online regression per step."""
     predictor_lr: float = 3e-3
@@ -193,6 +198,8 @@ class TrainConfig:
         need(self.checkpoint_every >= 1, f"checkpoint_every={self.checkpoint_every}; must be >= 1")
         need(self.mini_batches >= 1, f"mini_batches={self.mini_batches}; must be >= 1")
         need(self.target_kl >= 0, f"target_kl={self.target_kl}; must be >= 0 (0 = off)")
+        need(self.target_position_kl >= 0,
+             f"target_position_kl={self.target_position_kl}; must be >= 0 (0 = off)")
         need(self.micro_batch >= 1, f"micro_batch={self.micro_batch}; must be >= 1")
         need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")
         need(self.temperature >= 0, f"temperature={self.temperature}; must be >= 0")

@@ -58,6 +58,11 @@ class UpdateSettings:
     policy tokens) exceeds this, that step is undone (weights and AdamW moments) and the update
     ends there. PPO implementations stop early on the same statistic (SB3's and TRL's
     ``target_kl``); undoing the step as well keeps a single overshooting step from landing."""
+    target_position_kl: float = 0.0
+    """Position-wise guard (0 = off): as ``target_kl``, on the largest KL(sampling || updated)
+    of the next-token distribution at one policy-token position of the mini-batch
+    (``position_kl``). Catches a step that moves one likely token (a turn's first token) far,
+    which the mean over a path's tokens dilutes."""
 
 
 def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -92,9 +97,46 @@ def _whole_group_bins(samples: Sequence[PathSample], n: int, rng: torch.Generato
 
 def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     """[B, T] log-prob of each token given its prefix (position 0 gets 0: it has no prefix)."""
+    return _forward(model, ids, attn)[0]  # (the top-k pass costs little next to the model)
+
+
+TOP_K = 16
+"""Tokens of the sampling policy's next-token distribution kept per position for the
+position-wise KL (``position_kl``): its top-k, the rest pooled into one outcome."""
+
+
+def _forward(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+             keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([B, T] token log-probs as ``token_logprobs``; ids [B, T, k] and their next-token
+    log-probs [B, T, k] at each position: the ids of ``keep``, or (None) the top ``TOP_K``)."""
     logits = model(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
-    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(logp, (1, 0))  # [B, T]
+    dist = torch.log_softmax(logits[:, :-1], dim=-1)  # [B, T-1, V]
+    logp = torch.nn.functional.pad(dist.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))  # [B, T]
+    if keep is None:
+        top = dist.topk(min(TOP_K, dist.shape[-1]), dim=-1).indices  # [B, T-1, k]
+        top = torch.nn.functional.pad(top, (0, 0, 1, 0))  # [B, T, k]; position 0 has no prefix
+    else:
+        top = keep
+    part = torch.nn.functional.pad(dist, (0, 0, 1, 0)).gather(-1, top)  # [B, T, k]
+    return logp, top, part
+
+
+def position_kl(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """[B, T] KL(old || new) of the next-token distribution at each position, on the partition
+    {the old distribution's top-k ids, everything else} (a lower bound of the full KL, exact
+    when the rest carries no mass). ``old``/``new``: [B, T, k] log-probs of the same ids.
+
+    Where the sampled-token k3 of ``policy_loss`` is largest when a rare sampled token gains
+    (ratio >> 1), this is largest when the mass of a likely token moves: a turn's first token
+    falling from 0.94 to 0.02 gives ~3.5 here and ~2.8 as k3, while a sampled 0.01 -> 0.3 gives
+    ~0.3 here and ~26 as k3 (docs/results.md, "Session 5")."""
+    p_old, p_new = old.exp(), new.exp()
+    rest_old = (1.0 - p_old.sum(-1)).clamp_min(0.0)  # [B, T]
+    rest_new = (1.0 - p_new.sum(-1)).clamp_min(1e-12)
+    top = (p_old * (old - new)).sum(-1)
+    rest = torch.where(rest_old > 1e-12, rest_old * (rest_old.clamp_min(1e-12).log() - rest_new.log()),
+                       torch.zeros_like(rest_old))
+    return (top + rest).clamp_min(0.0)
 
 
 class PolicyTrainer:
@@ -138,7 +180,8 @@ class PolicyTrainer:
                 minis.append([])
                 for i in range(0, len(paths), s.micro_batch):
                     b = _pad([trainable[j] for j in paths[i:i + s.micro_batch]], self.pad_id)
-                    old = token_logprobs(self.model, b["ids"], b["attn"])
+                    # The sampling policy's top-k next-token log-probs, for the position guard.
+                    old, b["top_ids"], b["top_logp"] = _forward(self.model, b["ids"], b["attn"])
                     ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
                     minis[-1].append(len(olds))
                     olds.append((b, old, ref))
@@ -150,12 +193,14 @@ class PolicyTrainer:
         stopped = False
         kl_max = 0.0  # largest mini-batch KL after an optimiser step (with the guard on)
         token_max = 0.0  # largest single-token k3 among those mini-batches
+        position_max = 0.0  # largest next-token-distribution KL at one position among them
         for _ in range(s.epochs):
             if stopped:
                 break
             for m in torch.randperm(len(minis), generator=rng).tolist():
                 chunk = minis[m]
-                snapshot = self._snapshot() if s.target_kl > 0 else None
+                guarded = s.target_kl > 0 or s.target_position_kl > 0
+                snapshot = self._snapshot() if guarded else None
                 self.optimizer.zero_grad(set_to_none=True)
                 total_units = sum(units[j] for j in chunk)
                 for j in chunk:
@@ -176,17 +221,19 @@ class PolicyTrainer:
                 totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(gn) * len(chunk)
                 n_updates += 1
                 if snapshot is not None:
-                    kl, tok = self._kl_after([olds[j] for j in chunk])
+                    kl, tok, pos = self._kl_after([olds[j] for j in chunk])
                     kl_max, token_max = max(kl_max, kl), max(token_max, tok)
-                    if kl > s.target_kl:
+                    position_max = max(position_max, pos)
+                    if (0 < s.target_kl < kl) or (0 < s.target_position_kl < pos):
                         self._restore(snapshot)
                         n_updates -= 1
                         stopped = True
                         break
         stats.update({k: v / n_micro for k, v in totals.items()})
-        if s.target_kl > 0:
+        if s.target_kl > 0 or s.target_position_kl > 0:
             stats["kl_after_step_max"] = kl_max
             stats["kl_token_max"] = token_max
+            stats["kl_position_max"] = position_max
             stats["kl_stopped"] = float(stopped)
         stats["updates"] = float(n_updates)
         stats["seconds"] = time.perf_counter() - t0
@@ -202,19 +249,23 @@ class PolicyTrainer:
         self.optimizer.load_state_dict(optimizer)
 
     @torch.no_grad()
-    def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]) -> tuple[float, float]:
+    def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]
+                  ) -> tuple[float, float, float]:
         """(``policy_loss``'s approx_kl, k3 of the sampling policy from the current one, over the
-        policy tokens of ``batches``; its approx_kl_max, the largest k3 of one token). The mean is what
-        the guard reads; the max shows a move at one position that the mean dilutes (a turn's
-        first token collapsing, docs/results.md "Session 4")."""
-        total = count = top = 0.0
+        policy tokens of ``batches``; its approx_kl_max, the largest k3 of one token; the largest
+        ``position_kl`` at a policy token's position). The mean is what ``target_kl`` reads;
+        the position-wise KL is what ``target_position_kl`` reads: a move at one position that
+        the mean dilutes (a turn's first token collapsing, docs/results.md "Session 4")."""
+        total = count = top = worst = 0.0
         for b, old, _ in batches:
-            logp = token_logprobs(self.model, b["ids"], b["attn"])
+            logp, _, new_top = _forward(self.model, b["ids"], b["attn"], keep=b["top_ids"])
             _, st = policy_loss(logp, old, b["adv"], b["mask"])
             total += st["approx_kl"] * st["n_tokens"]
             count += st["n_tokens"]
             top = max(top, st["approx_kl_max"])
-        return total / max(count, 1.0), top
+            kl = position_kl(b["top_logp"], new_top)  # [B, T]
+            worst = max(worst, float((kl * b["mask"]).max()))
+        return total / max(count, 1.0), top, worst
 
     def save(self, out_dir: str | Path) -> Path:
         """Write the policy as an HF directory (what the engines load) plus the optimiser state."""
