@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from trace_rl.policy.update import PathSample, PolicyTrainer, UpdateSettings, _pad, token_logprobs
+import math
+
+import pytest
+
+from trace_rl.policy.update import (
+    PathSample,
+    PolicyTrainer,
+    UpdateSettings,
+    _pad,
+    position_kl,
+    token_logprobs,
+)
 
 
 def _samples(tok, advantages):
@@ -101,6 +112,46 @@ def test_trust_region_guard_undoes_an_overshooting_step(tiny_model_dir):
         else:
             assert stats["kl_stopped"] == 0.0 and stats["updates"] == 2.0
             assert not torch.equal(before, _flat(trainer.model))
+
+
+def test_position_kl_by_hand():
+    # A likely token losing its mass: old (0.94, 0.04, rest 0.02) -> new (0.02, 0.96, rest 0.02).
+    old = torch.tensor([[[math.log(0.94), math.log(0.04)]]])
+    new = torch.tensor([[[math.log(0.02), math.log(0.96)]]])
+    want = 0.94 * math.log(0.94 / 0.02) + 0.04 * math.log(0.04 / 0.96) + 0.02 * math.log(1.0)
+    assert float(position_kl(old, new)) == pytest.approx(want, rel=1e-5)
+    assert float(position_kl(old, old)) == pytest.approx(0.0, abs=1e-7)
+    # A rare token gaining (0.01 -> 0.3) moves little mass: small here, large as sampled k3.
+    old = torch.tensor([[[math.log(0.99), math.log(0.01)]]])
+    new = torch.tensor([[[math.log(0.70), math.log(0.30)]]])
+    assert float(position_kl(old, new)) < 0.35
+
+
+def test_position_kl_bounds_the_full_kl_from_below():
+    g = torch.Generator().manual_seed(0)
+    old = torch.log_softmax(torch.randn(3, 5, 50, generator=g) * 2, dim=-1)
+    new = torch.log_softmax(torch.randn(3, 5, 50, generator=g) * 2, dim=-1)
+    full = (old.exp() * (old - new)).sum(-1)  # [3, 5]
+    top = old.topk(8, dim=-1).indices
+    part = position_kl(old.gather(-1, top), new.gather(-1, top))
+    assert torch.all(part <= full + 1e-6) and torch.all(part >= 0)
+    assert torch.allclose(position_kl(old, new), full, atol=1e-5)  # every id kept: the full KL
+
+
+def test_position_guard_undoes_a_step_that_moves_one_position(tiny_model_dir):
+    samples = None
+    for target in (1e-6, 1e9):
+        trainer = PolicyTrainer(tiny_model_dir, _settings(learning_rate=5e-2, micro_batch=1,
+                                                          mini_batches=2, target_position_kl=target))
+        samples = samples or _samples(trainer.tokenizer, [1.0, -1.0, 0.5, -0.5])
+        before = _flat(trainer.model).clone()
+        stats = trainer.update(samples, torch.Generator().manual_seed(0))
+        assert stats["kl_position_max"] > 1e-6
+        if target < 1:
+            assert stats["kl_stopped"] == 1.0 and stats["updates"] == 0.0
+            assert torch.equal(before, _flat(trainer.model))
+        else:
+            assert stats["kl_stopped"] == 0.0 and stats["updates"] == 2.0
 
 
 def test_mini_batches_hold_whole_groups_of_balanced_size():
