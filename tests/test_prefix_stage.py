@@ -116,8 +116,8 @@ def test_outcome_correlation_reads_the_stored_window(workdir):
     rho = correlation.outcome_correlation(_cfg(**on, correlation_min_terms=1), workdir, RUN, 1)
     assert rho.at(0) == pytest.approx(1 / 3)
     assert rho.at(1) == 0.0 and rho.evidence == {0: 3, 1: 1}
-    # Off (the default), at step 0 (nothing stored before it) and for a method without a predictor: no estimate.
-    for cfg, step in ((_cfg(), 1), (_cfg(**on), 0), (_cfg(**on, allocator="grpo"), 1)):
+    # Off, at step 0 (nothing stored before it) and for a method without a predictor: no estimate.
+    for cfg, step in ((_cfg(correlation_window=0), 1), (_cfg(**on), 0), (_cfg(**on, allocator="grpo"), 1)):
         assert correlation.outcome_correlation(cfg, workdir, RUN, step).evidence == {}
     # Too little evidence for the default minimum: 0 (the paper's formulas).
     assert correlation.outcome_correlation(_cfg(**on), workdir, RUN, 1).at(0) == 0.0

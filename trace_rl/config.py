@@ -71,21 +71,22 @@ class TrainConfig:
     """TRACE's Stage 2 also offers the root of a tree whose bare rollouts all agree (a
     continuation from it is one more bare rollout, scored by the same q^K (1 - q) gain as any
     prefix). Off: only depth >= 1 prefixes, as in the paper's description."""
-    joint_split: bool = False
+    joint_split: bool = True
     """TRACE: after the bare rollouts, split the step's M N continuation leaves between
     continuations of any tree's prefixes and bare rollouts of pool prompts not yet rolled out,
     each leaf where it buys the most expected mixed groups (``trace_core.allocation.
-    allocate_joint``), instead of m_i N continuations inside tree i (the paper's split). Useful
-    with ``correlation_window`` > 0: read as independent draws, continuations look likelier to
-    flip than they are (docs/results.md)."""
+    allocate_joint``). False: m_i N continuations inside tree i (the paper's split). Works with
+    ``correlation_window`` > 0: read as independent draws, continuations look likelier to flip
+    than they are. Default by measurement (docs/results.md, "Session 5")."""
     exploration: float = 0.1
     """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
-    correlation_window: int = 0
+    correlation_window: int = 4
     """Stage 1 and Stage 2 (trace, prompt_only) estimate rho, the correlation of a node's rollout
-    outcomes given its prediction, from the stored trees of this many previous steps
-    (``trace_core.calibration``), and allocate on the Beta-posterior gains of
-    ``trace_core.allocation``. 0 = off (the default): rollouts read as independent Bernoulli(V~)
-    draws, the paper's formulas; 4 is what docs/results.md measured ("Correlated outcomes")."""
+    outcomes given its prediction, from the stored trees of this many previous steps (more if
+    they hold too little evidence; ``tasks.correlation``, ``trace_core.calibration``), and
+    allocate on the Beta-posterior gains of ``trace_core.allocation``. 0 = off: rollouts read as
+    independent Bernoulli(V~) draws, the paper's formulas. Default by measurement
+    (docs/results.md, "Session 5")."""
     correlation_min_terms: int = 16
     """Nodes a depth needs in the window before its own rho estimate is used (else the pooled
     prefixes' estimate, else 0)."""
@@ -97,9 +98,10 @@ class TrainConfig:
     """Sampling temperature of rollouts."""
     tool_timeout_s: float = 5.0
     """Wall-clock limit of one tool call."""
-    learning_rate: float = 2e-4
+    learning_rate: float = 1e-4
     """AdamW learning rate of the policy (suits the tiny CPU policy, whose SFT peaks at 2e-3; use
-    about 1e-6 for a multi-billion-parameter model)."""
+    about 1e-6 for a multi-billion-parameter model). 1e-4 rather than 2e-4 by the runs that broke
+    the tiny policy, counted over every method (docs/results.md, "Session 5")."""
     clip_low: float = 0.2
     """PPO ratio clip below 1."""
     clip_high: float = 0.28
