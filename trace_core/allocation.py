@@ -198,6 +198,14 @@ def _greedy(
 # ----------------------------------------------------------------------------- Stage 2
 
 
+def _prefix_unit(w: float, c: float, j: int) -> float:
+    """Value of a prefix's (j+1)-th continuation: P(j repeat) - P(j + 1 repeat)
+    = E[W^j](1 - w)/(1 + j c); q^j (1 - q), the paper's marginal gain, when c = 0."""
+    if c == 0.0:
+        return w**j * (1.0 - w)
+    return float(_power_mean(w, c, j)) * (1.0 - w) / (1.0 + j * c)
+
+
 def allocate_prefixes(
     p: np.ndarray,
     observed: np.ndarray,
@@ -238,13 +246,7 @@ def allocate_prefixes(
             raise ValueError(f"seen must hold {len(p)} non-negative integers, got {seen!r}")
     w, c = _repeat_posterior(p, obs, corr, seen)
     w, c = w.tolist(), c.tolist()
-
-    def unit(i: int, j: int) -> float:  # P(j repeat) - P(j + 1 repeat) = E[W^j](1 - w)/(1 + j c)
-        if c[i] == 0.0:
-            return w[i] ** j * (1.0 - w[i])  # q^j (1 - q), the paper's marginal gain
-        return float(_power_mean(w[i], c[i], j)) * (1.0 - w[i]) / (1.0 + j * c[i])
-
-    k, _, _ = _greedy(unit, caps, spend)
+    k, _, _ = _greedy(lambda i, j: _prefix_unit(w[i], c[i], j), caps, spend)
     assert int(k.sum()) == spend and np.all(k <= caps)
     return k
 
@@ -536,16 +538,20 @@ def allocate_joint(
     """
     v_new = _probabilities(v_new, "v_new")
     p = _probabilities(p, "p")
+    if np.shape(observed) != p.shape:
+        raise ValueError(f"observed has shape {np.shape(observed)} but p has {p.shape}")
     budget = _nonnegative_int(budget, "budget")
     lo = _nonnegative_int(min_per_root, "min_per_root")
+    if lo < 1:
+        raise ValueError(f"min_per_root must be >= 1, got {lo}")
     if len(p):
-        # One greedy run at the full budget: its popped units, in order, price every share.
+        # One greedy run at the full budget: its units, best first, price every prefix share.
         k_all = allocate_prefixes(p, observed, budget, max_per_prefix=max_per_prefix,
                                   correlation=prefix_correlation, seen=seen)
         w, c = _repeat_posterior(p, np.asarray(observed, np.float64), prefix_correlation, seen)
-        units = sorted((-(float(_power_mean(w[i], c[i], j)) * (1.0 - w[i]) / (1.0 + j * c[i])), i, j)
-                       for i in range(len(p)) for j in range(int(k_all[i])))
-        prefix_value = np.concatenate([[0.0], np.cumsum([-u for u, _, _ in units])])
+        units = sorted((_prefix_unit(float(w[i]), float(c[i]), j)
+                        for i in range(len(p)) for j in range(int(k_all[i]))), reverse=True)
+        prefix_value = np.concatenate([[0.0], np.cumsum(units)])
     else:
         prefix_value = np.zeros(1)
     caps = _caps(max_per_root, len(v_new), lo, "max_per_root") if len(v_new) else None
