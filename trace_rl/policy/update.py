@@ -97,7 +97,7 @@ def _whole_group_bins(samples: Sequence[PathSample], n: int, rng: torch.Generato
 
 def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     """[B, T] log-prob of each token given its prefix (position 0 gets 0: it has no prefix)."""
-    return _forward(model, ids, attn)[0]  # (the top-k pass costs little next to the model)
+    return _token_logprobs(_next_token_logprobs(model, ids, attn), ids)
 
 
 TOP_K = 16
@@ -105,20 +105,28 @@ TOP_K = 16
 position-wise KL (``position_kl``): its top-k, the rest pooled into one outcome."""
 
 
-def _forward(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-             keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """([B, T] token log-probs as ``token_logprobs``; ids [B, T, k] and their next-token
-    log-probs [B, T, k] at each position: the ids of ``keep``, or (None) the top ``TOP_K``)."""
+def _next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """[B, T-1, V] log-softmax of the logits at positions 0 .. T-2 (each predicts the next token)."""
     logits = model(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
-    dist = torch.log_softmax(logits[:, :-1], dim=-1)  # [B, T-1, V]
-    logp = torch.nn.functional.pad(dist.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))  # [B, T]
+    return torch.log_softmax(logits[:, :-1], dim=-1)
+
+
+def _token_logprobs(dist: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(dist.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))  # [B, T]
+
+
+def _with_top(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+              keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(``token_logprobs``; ids [B, T, k] and their next-token log-probs [B, T, k] per token
+    position: the ids of ``keep``, or (None) the top ``TOP_K`` of the distribution). Used only
+    without gradient (the guard), so the training forward pays nothing for it."""
+    dist = _next_token_logprobs(model, ids, attn)  # [B, T-1, V]
     if keep is None:
         top = dist.topk(min(TOP_K, dist.shape[-1]), dim=-1).indices  # [B, T-1, k]
-        top = torch.nn.functional.pad(top, (0, 0, 1, 0))  # [B, T, k]; position 0 has no prefix
     else:
-        top = keep
-    part = torch.nn.functional.pad(dist, (0, 0, 1, 0)).gather(-1, top)  # [B, T, k]
-    return logp, top, part
+        top = keep[:, 1:]
+    part = torch.nn.functional.pad(dist.gather(-1, top), (0, 0, 1, 0))  # [B, T, k]; position 0: none
+    return _token_logprobs(dist, ids), torch.nn.functional.pad(top, (0, 0, 1, 0)), part
 
 
 def position_kl(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -181,7 +189,7 @@ class PolicyTrainer:
                 for i in range(0, len(paths), s.micro_batch):
                     b = _pad([trainable[j] for j in paths[i:i + s.micro_batch]], self.pad_id)
                     # The sampling policy's top-k next-token log-probs, for the position guard.
-                    old, b["top_ids"], b["top_logp"] = _forward(self.model, b["ids"], b["attn"])
+                    old, b["top_ids"], b["top_logp"] = _with_top(self.model, b["ids"], b["attn"])
                     ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
                     minis[-1].append(len(olds))
                     olds.append((b, old, ref))
@@ -258,7 +266,7 @@ class PolicyTrainer:
         the mean dilutes (a turn's first token collapsing, docs/results.md "Session 4")."""
         total = count = top = worst = 0.0
         for b, old, _ in batches:
-            logp, _, new_top = _forward(self.model, b["ids"], b["attn"], keep=b["top_ids"])
+            logp, _, new_top = _with_top(self.model, b["ids"], b["attn"], keep=b["top_ids"])
             _, st = policy_loss(logp, old, b["adv"], b["mask"])
             total += st["approx_kl"] * st["n_tokens"]
             count += st["n_tokens"]
