@@ -94,14 +94,13 @@ def test_root_prefix():
     assert np.isfinite(root_prefix([1]))
 
 
-def test_outcome_correlation_reads_the_stored_window(workdir):
-    """Step 0 plus Stage 2 of tree 0: its turn-1 node after the success (slot 1, scored 0.8) got
-    two continuations that both failed. At step 1 the estimate reads step 0: roots 1 - (1 + 0 + 0)
-    / (3 x 0.5) = 1/3 (tree 0 mixed, trees 1 and 2 agree); the prefix 1 - 2 / (2 x 0.2) < 0 -> 0."""
-    from trace_rl.storage.store import make_node_id
-    from trace_rl.storage.schema import ALLOCATION_INPUT
-
+def _continue_tree0(workdir: str) -> TreeStore:
+    """Stage 2 of step 0: tree 0's turn-1 node after the success (slot 1, scored 0.8) gets two
+    continuations that both fail. Returns the store."""
     from pathlib import Path
+
+    from trace_rl.storage.schema import ALLOCATION_INPUT
+    from trace_rl.storage.store import make_node_id
 
     store = TreeStore(Paths(Path(workdir)).db)
     conts = [node(0, 5, 1, 2, True, 0.0), node(0, 6, 1, 2, True, 0.0)]
@@ -112,6 +111,14 @@ def test_outcome_correlation_reads_the_stored_window(workdir):
     store.write_level(RUN, 0, 1, pa.Table.from_pylist(conts, schema=NODE_INPUT_SCHEMA), alloc,
                       dict(method="trace", trajectories=2, prompt_tokens=6, generated_tokens=2,
                            tool_calls=0, wall_seconds=0.1))
+    return store
+
+
+def test_outcome_correlation_reads_the_stored_window(workdir):
+    """Step 0 plus Stage 2 of tree 0: its turn-1 node after the success (slot 1, scored 0.8) got
+    two continuations that both failed. At step 1 the estimate reads step 0: roots 1 - (1 + 0 + 0)
+    / (3 x 0.5) = 1/3 (tree 0 mixed, trees 1 and 2 agree); the prefix 1 - 2 / (2 x 0.2) < 0 -> 0."""
+    _continue_tree0(workdir)
     on = {"correlation_window": 4}
     rho = correlation.outcome_correlation(_cfg(**on, correlation_min_terms=1), workdir, RUN, 1)
     assert rho.at(0) == pytest.approx(1 / 3)
@@ -127,23 +134,12 @@ def test_a_thin_window_is_widened_not_dropped(workdir):
     """Step 0 holds the only continued prefix; steps 1-4 hold bare rollouts only. At step 5 a
     window of 2 steps has no prefix evidence: it is widened (2 -> 4 -> 8 steps, capped at step 0)
     until it reaches step 0's, instead of reading rho = 0 for the prefixes."""
-    from pathlib import Path
-
-    from trace_rl.storage.store import make_node_id
-    from trace_rl.storage.schema import ALLOCATION_INPUT
-
-    store = TreeStore(Paths(Path(workdir)).db)
-    conts = [node(0, 5, 1, 2, True, 0.0), node(0, 6, 1, 2, True, 0.0)]
-    alloc = pa.Table.from_pylist(
-        [{"node_id": make_node_id(RUN, 0, 0, 1), "allocator": "trace", "k": 2, "item_id": "q0",
-          "predicted_v": 0.8, "true_v": None, "gain": None}],
-        schema=pa.schema([(k, t) for k, (t, _) in ALLOCATION_INPUT.items()]))
-    ledger = dict(method="trace", trajectories=2, prompt_tokens=6, generated_tokens=2, tool_calls=0,
+    store = _continue_tree0(workdir)
+    ledger = dict(method="trace", trajectories=6, prompt_tokens=6, generated_tokens=2, tool_calls=0,
                   wall_seconds=0.1)
-    store.write_level(RUN, 0, 1, pa.Table.from_pylist(conts, schema=NODE_INPUT_SCHEMA), alloc, ledger)
     for step in range(1, 5):
         store.write_level(RUN, step, 0, pa.Table.from_pylist(LEVEL0, schema=NODE_INPUT_SCHEMA), None,
-                          {**ledger, "trajectories": 6})
+                          ledger)
     cfg = _cfg(correlation_window=2, correlation_min_terms=1)
     rho = correlation.outcome_correlation(cfg, workdir, RUN, 5)
     assert rho.evidence[1] == 1 and rho.evidence[0] == 15  # 5 steps x 3 roots
