@@ -108,11 +108,14 @@ class TrainConfig:
     """PPO ratio clip above 1 (DAPO clip-higher)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
-    loss_agg: str = "seq-mean-token-mean"
+    loss_agg: str = "seq-mean-token-sum"
     """How token losses are averaged (trace_core.loss.AGGREGATIONS): token-mean,
-    seq-mean-token-sum, seq-mean-token-mean. Default by measurement (docs/results.md): with
-    token-mean, 10 steps took the tiny policy from 16.3% to 9.3% (GRPO) / 6.7% (TRACE) greedy
-    accuracy on 300 unbiased items; with seq-mean-token-mean to 15.0% / 14.3%."""
+    seq-mean-token-sum, seq-mean-token-mean. Default by measurement (docs/results.md, "Learning
+    benchmark"): seq-mean-token-mean gives each token of a short path more weight (1/|o|), and a
+    lucky 7-token direct answer once outweighed 30 tool-call paths and broke the policy; with
+    seq-mean-token-sum every method of the learning benchmark ended higher and none of 15 runs
+    broke (1 of 15 with seq-mean-token-mean). token-mean was worst in session 1 (10 steps took
+    the tiny policy from 16.3% to 9.3% / 6.7% greedy accuracy)."""
     ppo_epochs: int = 1
     """Passes over a step's paths."""
     micro_batch: int = 8

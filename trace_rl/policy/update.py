@@ -45,7 +45,7 @@ class UpdateSettings:
     kl_coef: float
     epochs: int
     micro_batch: int
-    agg: str = "token-mean"
+    agg: str = "seq-mean-token-sum"
     max_grad_norm: float = 1.0
     mini_batches: int = 1
     """Optimiser steps per epoch (at most one per ``micro_batch`` paths): the step's paths are
