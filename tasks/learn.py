@@ -21,8 +21,7 @@ from trace_rl.config import TrainConfig
 from trace_rl.policy.update import PathSample, PolicyTrainer, UpdateSettings
 from trace_rl.rollout.treeio import group_trees, parent_array, predictor_examples
 
-ESTIMATORS = {"treepo": adv.treepo, "tree_grpo": adv.tree_grpo, "segment": adv.segment,
-              "grpo": adv.grpo}
+ESTIMATORS = adv.ESTIMATORS
 """Advantage estimator registry (config name -> function of (parent, leaf_reward))."""
 
 
@@ -127,6 +126,12 @@ def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[Path
     return out
 
 
+def warmup_scale(warmup_steps: int, step: int) -> float:
+    """Learning-rate factor of RL step ``step`` (0-based) under a linear warm-up over
+    ``warmup_steps`` steps: (step + 1) / warmup_steps, then 1 (0 steps: always 1)."""
+    return 1.0 if warmup_steps <= 0 else min(1.0, (step + 1) / warmup_steps)
+
+
 @task(name="policy-update", cache_policy=runtime.PHASE_KEY)
 def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
                   paths: pa.Table) -> dict[str, Any]:
@@ -140,7 +145,8 @@ def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy
     # saved), so the optimiser state is not reloaded each step; a resumed process reloads it.
     trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, settings, seed=cfg.seed)
     rng = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    stats = trainer.update(_samples(workdir, run_id, step, paths), rng)
+    stats = trainer.update(_samples(workdir, run_id, step, paths), rng,
+                           lr_scale=warmup_scale(cfg.lr_warmup_steps, step))
     out = runtime.Paths(Path(workdir)).policy_dir(run_id, step)
     trainer.save(out)
     _LIVE[str(out)] = trainer

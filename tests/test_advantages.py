@@ -8,6 +8,7 @@ import pytest
 
 from trace_core.advantages import (
     ESTIMATORS,
+    branch,
     concat_forest,
     grpo,
     segment,
@@ -97,6 +98,18 @@ class Naive:
 
         return self.table(adv)
 
+    def branch(self):
+        def anchor(y):  # nearest node at or above y with >= 2 children, or the root
+            while y != 0 and len(self.kids[y]) < 2:
+                y = self.parent[y]
+            return y
+
+        def adv(l):
+            p = self.path(l)
+            return [self.reward[l] - self.value(anchor(p[d])) for d in range(len(p) - 1)]
+
+        return self.table(adv)
+
 
 @pytest.mark.parametrize("scale", [True, False])
 def test_estimators_match_naive_loops_on_random_trees(scale):
@@ -109,6 +122,7 @@ def test_estimators_match_naive_loops_on_random_trees(scale):
             (tree_grpo(parent, reward, scale_by_std=scale), ref.tree_grpo(scale)),
             (treepo(parent, reward, scale_by_std=scale), ref.treepo(scale)),
             (segment(parent, reward), ref.segment()),
+            (branch(parent, reward), ref.branch()),
         ]
         for got, expected in cases:
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
@@ -154,6 +168,39 @@ def test_segment_hand_worked(hand_tree):
     np.testing.assert_allclose(a[0, :2], [0.5 - 0.25, 1 - 0.5])
     np.testing.assert_allclose(a[2], [0 - 0.25, 0, 0])
     assert np.isnan(a[0, 2])
+
+
+def test_branch_hand_worked(hand_tree):
+    # a1 and a2: turn 1 from the root (V^ 1/4), turn 2 from a (branches, V^ 1/2). b11: turns 1
+    # and 2 start below the root and at b (one child: its baseline is the root's), turn 3 at b1.
+    a = branch(hand_tree.parent, hand_tree.leaf_reward)
+    np.testing.assert_allclose(a[0, :2], [1 - 0.25, 1 - 0.5])
+    np.testing.assert_allclose(a[1, :2], [0 - 0.25, 0 - 0.5])
+    np.testing.assert_allclose(a[2], [0 - 0.25, 0 - 0.25, 0 - 0])
+    assert np.isnan(a[0, 2])
+
+
+def test_branch_pushes_on_a_branch_points_children_sum_to_zero():
+    """Summed over the paths through a turn y, branch gives n_y (V^(y) - V^(b(y))); over the
+    children of any branching node those totals cancel. On a flat group it is r - mean."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        parent, reward = random_tree(rng, int(rng.integers(3, 30)))
+        a = branch(parent, reward)
+        ref = Naive(parent, reward)
+        paths = np.array([ref.path(l) + [-1] * (a.shape[1] + 1 - len(ref.path(l)))
+                          for l in ref.leaves])
+        total = np.zeros(len(parent))  # per turn node: its advantage summed over its paths
+        for row, path in enumerate(paths):
+            for d in range(a.shape[1]):
+                if path[d + 1] >= 0:
+                    total[path[d + 1]] += a[row, d]
+        for y in range(len(parent)):
+            if len(ref.kids[y]) >= 2:
+                assert abs(sum(total[c] for c in ref.kids[y])) < 1e-9
+    flat = Tree.from_paths([["a"], ["b"], ["c"], ["d"]], [1, 0, 0, 1])
+    np.testing.assert_allclose(branch(flat.parent, flat.leaf_reward),
+                               grpo(flat.parent, flat.leaf_reward, scale_by_std=False))
 
 
 def test_all_equal_rewards_give_zero_advantage():

@@ -169,3 +169,33 @@ def test_mini_batches_hold_whole_groups_of_balanced_size():
         assert max(map(len, bins)) - min(map(len, bins)) <= max(sizes)
     loose = [PathSample([1], [1], [1.0]) for _ in range(5)]  # group -1: each its own group
     assert sorted(map(len, _whole_group_bins(loose, 2, torch.Generator().manual_seed(0)))) == [2, 3]
+
+
+def test_lr_scale_scales_adamws_first_step_and_is_reported(tiny_model_dir):
+    """AdamW's first step moves each parameter by about lr (sign of its gradient), so the largest
+    move is lr * lr_scale: a warm-up step at scale 1/4 moves the weights a quarter as far."""
+    from tasks.learn import warmup_scale
+
+    moves, lrs = [], []
+    for scale in (1.0, 0.25):
+        trainer = PolicyTrainer(tiny_model_dir, _settings(learning_rate=1e-3))
+        before = _flat(trainer.model).clone()
+        stats = trainer.update(_samples(trainer.tokenizer, [1.0, -1.0]),
+                               torch.Generator().manual_seed(0), lr_scale=scale)
+        moves.append(float((_flat(trainer.model) - before).abs().max()))
+        lrs.append(stats["lr"])
+    assert lrs == [1e-3, 2.5e-4]
+    assert moves[0] == pytest.approx(1e-3, rel=0.05)
+    assert moves[1] == pytest.approx(2.5e-4, rel=0.05)
+    with pytest.raises(ValueError, match="lr_scale"):
+        trainer.update(_samples(trainer.tokenizer, [1.0]), torch.Generator(), lr_scale=0.0)
+    assert [warmup_scale(4, s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_scale(0, 0) == 1.0
+
+
+def test_config_names_a_bad_warmup_and_accepts_the_branch_estimator():
+    from trace_rl.config import config_from_mapping
+
+    with pytest.raises(ValueError, match="lr_warmup_steps=-1"):
+        config_from_mapping({"lr_warmup_steps": -1})
+    assert config_from_mapping({"advantage": "branch", "lr_warmup_steps": 5}).lr_warmup_steps == 5

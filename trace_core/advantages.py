@@ -24,6 +24,14 @@ Estimators (``mean`` and ``std`` over a set of leaf rewards; std is the populati
                   Every turn of the path gets A_l.
 * ``segment``     Per-turn A(y) = V^(y) - V^(parent(y)) with V^ from ``trace_core.tree.backup``:
                   how much turn y moved the success rate of its subtree. Turns of one path differ.
+* ``branch``      Per-turn A(l, y) = r_l - V^(b(y)), b(y) the nearest node above turn y (its
+                  parent or higher) that branches (>= 2 children), or the root: each turn's
+                  baseline is the Monte-Carlo value of the last point where the sampled paths
+                  diverged before it (a state-dependent baseline). On a flat group it is r_l -
+                  mean, like ``treepo``. Summed over the paths through a turn y it gives
+                  n_y (V^(y) - V^(b(y))), so the pushes on the children of a branch point sum to
+                  zero and a shared prefix is credited with how its subtree did against the
+                  branch point above it (``treepo``'s per-leaf average is not zero-sum there).
 
 Which one matches TRACE's description is argued in docs/algorithm.md; the default is chosen by
 measurement at the config edge (``ESTIMATORS`` is the registry).
@@ -132,6 +140,20 @@ def segment(parent: np.ndarray, leaf_reward: np.ndarray) -> np.ndarray:
     return np.where(here >= 0, value[np.maximum(here, 0)] - value[np.maximum(up, 0)], np.nan)
 
 
+def branch(parent: np.ndarray, leaf_reward: np.ndarray) -> np.ndarray:
+    """[L, D] per-turn r_l - V^(nearest branching ancestor of the turn, or the root)."""
+    parent = np.asarray(parent, dtype=np.int64)
+    paths, reward = _leaf_rows(parent, leaf_reward)
+    value, _ = backup(parent, leaf_reward)  # [N]
+    n_children = np.bincount(parent[1:], minlength=len(parent))  # [N]
+    anchor = np.zeros(len(parent), dtype=np.int64)  # [N] nearest branching node at or above
+    for i in range(1, len(parent)):  # parents precede children
+        anchor[i] = i if n_children[i] >= 2 else anchor[parent[i]]
+    up = paths[:, :-1]  # [L, D] the node each turn starts from
+    base = value[anchor[np.maximum(up, 0)]]  # [L, D]
+    return np.where(paths[:, 1:] >= 0, reward[:, None] - base, np.nan)
+
+
 def centred(a: np.ndarray) -> np.ndarray:
     """[L, D]: one tree's per-turn advantages shifted so that the leaves' advantages (each path's
     mean over its turns) sum to zero.
@@ -166,5 +188,6 @@ ESTIMATORS: dict[str, Estimator] = {
     "tree_grpo": tree_grpo,
     "treepo": treepo,
     "segment": segment,
+    "branch": branch,
 }
 """Name -> estimator (default keyword arguments); the config edge picks one by name."""

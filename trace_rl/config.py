@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 ALLOCATORS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
-ADVANTAGES = ("treepo", "tree_grpo", "segment", "grpo")
+ADVANTAGES = ("treepo", "tree_grpo", "segment", "branch", "grpo")
 ENGINES = ("auto", "hf", "vllm")
 
 
@@ -47,7 +47,7 @@ class TrainConfig:
     allocator: str = "trace"
     """Budget allocator: trace, grpo, dapo, prompt_only, random_prefix."""
     advantage: str = "treepo"
-    """Tree advantage estimator: treepo, tree_grpo, segment, grpo."""
+    """Tree advantage estimator: treepo, tree_grpo, segment, branch, grpo."""
     centre_advantages: bool = False
     """Shift each tree's advantages so that its paths' advantages sum to zero
     (``trace_core.advantages.centred``); a no-op for flat groups and zero-sum estimators."""
@@ -102,6 +102,12 @@ class TrainConfig:
     """AdamW learning rate of the policy (suits the tiny CPU policy, whose SFT peaks at 2e-3; use
     about 1e-6 for a multi-billion-parameter model). 1e-4 rather than 2e-4 by the runs that broke
     the tiny policy, counted over every method (docs/results.md, "Session 5")."""
+    lr_warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many RL steps (0 = off): step s (0-based) uses
+    ``learning_rate * (s + 1) / lr_warmup_steps`` until the full rate. AdamW's first steps move
+    every parameter by about the learning rate whatever its gradient's size (the moment
+    estimates hold one or two samples), which is what warm-up tempers (OpenRLHF's
+    ``lr_warmup_ratio``, verl's ``lr_warmup_steps``)."""
     clip_low: float = 0.2
     """PPO ratio clip below 1."""
     clip_high: float = 0.28
@@ -209,6 +215,8 @@ class TrainConfig:
         need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")
         need(self.temperature >= 0, f"temperature={self.temperature}; must be >= 0")
         need(0 <= self.exploration <= 1, f"exploration={self.exploration}; must be in [0, 1]")
+        need(self.lr_warmup_steps >= 0,
+             f"lr_warmup_steps={self.lr_warmup_steps}; must be >= 0 (0 = off)")
         need(self.correlation_window >= 0,
              f"correlation_window={self.correlation_window}; must be >= 0 (0 = off)")
         need(self.correlation_min_terms >= 1,

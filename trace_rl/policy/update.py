@@ -171,9 +171,15 @@ class PolicyTrainer:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
 
-    def update(self, samples: Sequence[PathSample], rng: torch.Generator) -> dict[str, float]:
-        """Epochs of clipped PG over the samples in micro-batches; returns mean statistics."""
+    def update(self, samples: Sequence[PathSample], rng: torch.Generator, *,
+               lr_scale: float = 1.0) -> dict[str, float]:
+        """Epochs of clipped PG over the samples in micro-batches; returns mean statistics.
+        ``lr_scale`` multiplies the learning rate for this call (a warm-up schedule)."""
         s = self.settings
+        if not 0.0 < lr_scale <= 1.0:
+            raise ValueError(f"lr_scale must be in (0, 1], got {lr_scale}")
+        for group in self.optimizer.param_groups:
+            group["lr"] = s.learning_rate * lr_scale
         trainable = [x for x in samples if any(m and a != 0 for m, a in zip(x.loss_mask, x.advantages))]
         stats: dict[str, float] = {"paths": float(len(samples)), "paths_with_signal": float(len(trainable))}
         if not trainable:
@@ -244,6 +250,7 @@ class PolicyTrainer:
             stats["kl_position_max"] = position_max
             stats["kl_stopped"] = float(stopped)
         stats["updates"] = float(n_updates)
+        stats["lr"] = s.learning_rate * lr_scale
         stats["seconds"] = time.perf_counter() - t0
         return stats
 
