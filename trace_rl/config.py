@@ -46,8 +46,13 @@ class TrainConfig:
     bench/engines.py)."""
     allocator: str = "trace"
     """Budget allocator: trace, grpo, dapo, prompt_only, random_prefix."""
-    advantage: str = "treepo"
-    """Tree advantage estimator: treepo, tree_grpo, segment, branch, grpo."""
+    advantage: str = "branch"
+    """Tree advantage estimator (trace_core.advantages): branch, treepo, tree_grpo, segment, grpo.
+    ``branch`` (each turn against the value of the last branch point above it; on a flat group
+    r - mean, so the flat baselines are unaffected) by measurement (docs/results.md, "Session 6"):
+    TRACE on the pool of uneven prompts 33.2 +- 2.2 with no broken run, against 26.1 +- 8.2 with
+    ``treepo``, whose per-leaf average is not zero-sum at a branch point and gave one run's shared
+    format tokens a net push until it broke; at d = 1 78.7 +- 1.2 against 79.6 +- 1.9."""
     centre_advantages: bool = False
     """Shift each tree's advantages so that its paths' advantages sum to zero
     (``trace_core.advantages.centred``); a no-op for flat groups and zero-sum estimators."""
@@ -117,11 +122,13 @@ class TrainConfig:
     loss_agg: str = "seq-mean-token-sum"
     """How token losses are averaged (trace_core.loss.AGGREGATIONS): token-mean,
     seq-mean-token-sum, seq-mean-token-mean. Default by measurement (docs/results.md, "Learning
-    benchmark"): seq-mean-token-mean gives each token of a short path more weight (1/|o|), and a
-    lucky 7-token direct answer once outweighed 30 tool-call paths and broke the policy; with
-    seq-mean-token-sum every method of the learning benchmark ended higher and none of 15 runs
-    broke (1 of 15 with seq-mean-token-mean). token-mean was worst in session 1 (10 steps took
-    the tiny policy from 16.3% to 9.3% / 6.7% greedy accuracy)."""
+    benchmark" and "Session 6"): seq-mean-token-mean gives each token of a short path more weight
+    (1/|o|), and a lucky 7-token direct answer once outweighed 30 tool-call paths. With
+    seq-mean-token-sum every method of the d = 1 learning benchmark ended higher (no run broke
+    against 1 of 15); on the pool of uneven prompts the methods moved -1.7 ... +2.0 points, bar one
+    TRACE run that broke there (none had with seq-mean-token-mean). Its gradient norms are ~10-100,
+    so ``max_grad_norm`` clips nearly every optimiser step to norm 1. token-mean was worst in
+    session 1 (10 steps took the tiny policy from 16.3% to 9.3% / 6.7% greedy accuracy)."""
     ppo_epochs: int = 1
     """Passes over a step's paths."""
     micro_batch: int = 8
