@@ -377,3 +377,52 @@ def test_difficulty_mix_interleaves_items_of_each_difficulty():
                                               n_test=3).load("test")
     with pytest.raises(ValueError, match=r"mix=\[1, 3\].*1\.\.difficulty=2"):
         make_env("synth_arith", difficulty=2, mix=[1, 3])
+
+
+_PARSE_RACE = r"""
+import gc, sys, threading, time
+from trace_rl.envs.synthetic import calculate
+
+
+class Yield:
+    def __init__(self):
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+    def __del__(self):
+        time.sleep(0)  # drops the GIL in the middle of whatever triggered the collection
+
+
+gc.set_threshold(1)
+errors = []
+
+
+def work():
+    for _ in range(3000):
+        Yield()
+        try:
+            assert calculate("((2 + 5) * (3 - 1)) / (4 + 4) - 7 % 3") == "0.75"
+        except SystemError as exc:
+            errors.append(str(exc))
+
+
+threads = [threading.Thread(target=work) for _ in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(errors), errors[:1])
+"""
+
+
+def test_calculator_calls_on_parallel_threads_never_fail_inside_the_parser():
+    """The ReAct loop runs tool calls on threads. Unguarded, CPython 3.11's ast.parse raised
+    'AST constructor recursion depth mismatch' here in every try (a collection that switches
+    threads mid-parse); ``parse_expression`` serialises it. A fresh interpreter, because the race
+    showed on the first parses of a process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", _PARSE_RACE], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[1], check=True)
+    assert out.stdout.split()[0] == "0", out.stdout

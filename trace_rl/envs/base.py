@@ -9,10 +9,29 @@ engines or tokens.
 from __future__ import annotations
 
 import abc
+import ast
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from trace_rl.rollout.types import Action, Verdict
+
+
+_PARSE_LOCK = threading.RLock()
+
+
+def parse_expression(text: str) -> ast.Expression:
+    """``ast.parse(text, mode="eval")`` under a process-wide lock.
+
+    The ReAct loop runs tool calls on threads (``trace_rl.rollout.react.run_steps``). CPython 3.11
+    keeps the AST converter's recursion depth in interpreter-wide state, so a parse interrupted by
+    a thread switch (a garbage collection running a finaliser mid-parse is enough) while another
+    thread parses can raise ``SystemError: AST constructor recursion depth mismatch``: a valid
+    calculator call then came back as an error observation, once in ~7300 calls of a benchmark
+    run (docs/results.md, "Session 6"). Serialising the parse costs microseconds per call.
+    """
+    with _PARSE_LOCK:
+        return ast.parse(text, mode="eval")
 
 
 class ToolError(Exception):

@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jsonschema
 
-from trace_rl.envs.base import Environment, TaskItem, ToolError
+from trace_rl.envs.base import Environment, TaskItem, ToolError, parse_expression
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import load_jsonl, row_field
 from trace_rl.rollout.format import system_prompt
@@ -130,7 +130,7 @@ def _dotted(node: ast.AST) -> str:
 def parse_python_call(text: str) -> tuple[str, list[Any], dict[str, Any]]:
     """``f(1, b='x')`` -> ("f", [1], {"b": "x"}); only literal arguments."""
     try:
-        node = ast.parse(text.strip(), mode="eval").body
+        node = parse_expression(text.strip()).body
     except SyntaxError as exc:
         raise CallParseError(f"not a Python call: {text!r:.80}") from exc
     if not isinstance(node, ast.Call):
@@ -179,7 +179,7 @@ def parse_calls(answer: Any) -> list[dict[str, Any]]:
     except json.JSONDecodeError:
         pass
     try:
-        node = ast.parse(text, mode="eval").body
+        node = parse_expression(text).body
     except SyntaxError as exc:
         raise CallParseError(f"neither JSON calls nor Python calls: {text!r:.80}") from exc
     nodes = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]

@@ -17,7 +17,7 @@ import operator
 import random
 from typing import Any, Callable, Mapping
 
-from trace_rl.envs.base import TaskItem, ToolError
+from trace_rl.envs.base import TaskItem, ToolError, parse_expression
 from trace_rl.envs.synthetic.common import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
 from trace_rl.rollout.types import Action, Verdict
 
@@ -65,7 +65,7 @@ def calculate(expression: str) -> str:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ToolError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = parse_expression(expression.strip())
     except SyntaxError as exc:
         raise ToolError(f"cannot parse expression {expression!r}: {exc.msg}") from None
     value = _eval(tree)
