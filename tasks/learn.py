@@ -18,12 +18,8 @@ from trace_core.predictor import auc, brier
 from trace_core.tree import backup as tree_backup
 from trace_core.tree import root_to_leaf_paths
 from trace_rl.config import TrainConfig
-from trace_rl.policy.update import PathSample, PolicyTrainer, UpdateSettings
+from trace_rl.policy.update import PathSample, PolicyTrainer, UpdateSettings, warmup_scale
 from trace_rl.rollout.treeio import group_trees, parent_array, predictor_examples
-
-ESTIMATORS = adv.ESTIMATORS
-"""Advantage estimator registry (config name -> function of (parent, leaf_reward))."""
-
 
 def _trees(workdir: str, run_id: str, step: int) -> dict[int, list[dict[str, Any]]]:
     """The step's trees, each as rows in local-index order (= trace_core.tree arrays)."""
@@ -76,7 +72,7 @@ def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> dic
 def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa.Table:
     """Per root-to-leaf path: its node ids and the advantage of each turn (estimator from the
     config). Each node also stores the mean advantage over the paths through it."""
-    estimator = ESTIMATORS[cfg.advantage]
+    estimator = adv.ESTIMATORS[cfg.advantage]
     leaf_ids, path_nodes, path_adv = [], [], []
     node_sum: dict[str, float] = defaultdict(float)
     node_cnt: dict[str, int] = defaultdict(int)
@@ -124,12 +120,6 @@ def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[Path
             a += [0.0] * len(r["obs_token_ids"])
         out.append(PathSample(ids, mask, a, group=int(root["tree_id"])))
     return out
-
-
-def warmup_scale(warmup_steps: int, step: int) -> float:
-    """Learning-rate factor of RL step ``step`` (0-based) under a linear warm-up over
-    ``warmup_steps`` steps: (step + 1) / warmup_steps, then 1 (0 steps: always 1)."""
-    return 1.0 if warmup_steps <= 0 else min(1.0, (step + 1) / warmup_steps)
 
 
 @task(name="policy-update", cache_policy=runtime.PHASE_KEY)

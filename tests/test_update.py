@@ -15,6 +15,7 @@ from trace_rl.policy.update import (
     _pad,
     position_kl,
     token_logprobs,
+    warmup_scale,
 )
 
 
@@ -174,8 +175,6 @@ def test_mini_batches_hold_whole_groups_of_balanced_size():
 def test_lr_scale_scales_adamws_first_step_and_is_reported(tiny_model_dir):
     """AdamW's first step moves each parameter by about lr (sign of its gradient), so the largest
     move is lr * lr_scale: a warm-up step at scale 1/4 moves the weights a quarter as far."""
-    from tasks.learn import warmup_scale
-
     moves, lrs = [], []
     for scale in (1.0, 0.25):
         trainer = PolicyTrainer(tiny_model_dir, _settings(learning_rate=1e-3))

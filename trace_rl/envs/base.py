@@ -27,8 +27,8 @@ def parse_expression(text: str) -> ast.Expression:
     keeps the AST converter's recursion depth in interpreter-wide state, so a parse interrupted by
     a thread switch (a garbage collection running a finaliser mid-parse is enough) while another
     thread parses can raise ``SystemError: AST constructor recursion depth mismatch``: a valid
-    calculator call then came back as an error observation, once in ~7300 calls of a benchmark
-    run (docs/results.md, "Session 6"). Serialising the parse costs microseconds per call.
+    calculator call then came back as an error observation (1 in ~36,000 calls over four
+    benchmark runs; docs/results.md, "Session 6"). Serialising the parse costs microseconds per call.
     """
     with _PARSE_LOCK:
         return ast.parse(text, mode="eval")

@@ -147,6 +147,13 @@ def position_kl(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     return (top + rest).clamp_min(0.0)
 
 
+def warmup_scale(warmup_steps: int, step: int) -> float:
+    """Learning-rate factor of RL step ``step`` (0-based) under a linear warm-up over
+    ``warmup_steps`` steps: (step + 1) / warmup_steps, then 1 (0 steps: always 1); what
+    ``PolicyTrainer.update`` takes as ``lr_scale``."""
+    return 1.0 if warmup_steps <= 0 else min(1.0, (step + 1) / warmup_steps)
+
+
 class PolicyTrainer:
     """Holds the policy, its optimiser and (for KL) a frozen reference, across steps."""
 
