@@ -150,3 +150,18 @@ def test_plot_inputs_are_checked():
 
 def test_flatten_dots_nested_keys():
     assert flatten({"a": {"b": {"c": 1}}, "d": 2}) == {"a.b.c": 1, "d": 2}
+
+
+def test_a_step_logged_again_after_a_crash_is_not_duplicated(workdir):
+    """Killed after logging step 1 but before the store marked it complete, a resumed run
+    redoes step 1: its metrics keep one point per step, and keys new to the step are added."""
+    tr = Tracker(workdir)
+    run_id = tr.start_or_resume("run-d")
+    tr.log_metrics(1, {"rollout/leaves": 32.0})
+    again = Tracker(workdir)
+    again.start_or_resume("run-d")
+    again.log_metrics(1, {"rollout/leaves": 32.0, "loss/lr": 1e-4})
+    again.log_metrics(2, {"rollout/leaves": 32.0})
+    hist = again.client.get_metric_history
+    assert sorted(m.step for m in hist(run_id, "rollout/leaves")) == [1, 2]
+    assert [m.step for m in hist(run_id, "loss/lr")] == [1]

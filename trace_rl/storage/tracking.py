@@ -174,10 +174,17 @@ class Tracker:
                 raise TrackingError(f"metric {k!r} is not a number: {v!r}") from None
             if math.isinf(values[k]):
                 raise TrackingError(f"metric {k!r} is infinite")
+        if values and self._has_step(next(iter(values)), step):
+            # A step logged before (a run killed after logging it but before the store marked
+            # it complete, then resumed): log only the keys that step does not hold yet.
+            values = {k: v for k, v in values.items() if not self._has_step(k, step)}
         ts = int(time.time() * 1000)
         batch = [Metric(k, v, ts, step) for k, v in values.items()]
         for i in range(0, len(batch), _BATCH):
             self.client.log_batch(self._run(), metrics=batch[i:i + _BATCH])
+
+    def _has_step(self, key: str, step: int) -> bool:
+        return any(m.step == step for m in self.client.get_metric_history(self._run(), key))
 
     # ---------------------------------------------------------------- artifacts
 
