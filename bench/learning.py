@@ -3,7 +3,8 @@
 Every method is the same ``train`` flow with another ``allocator``: grpo, dapo, prompt_only,
 random_prefix, trace. Each (method, seed) run starts from the same bootstrapped tiny policy, spends
 the same number of trajectories (leaves) per step, and is evaluated on held-out items of the family
-at a few checkpoints (greedy, so the accuracy of a checkpoint is exact on its items). Printed per
+at a few checkpoints (``--eval-samples`` rollouts per item at ``--eval-temperature``, the
+training temperature by default: greedy decoding saturates). Printed per
 method (mean and spread over seeds): final and best held-out accuracy, the area under accuracy
 versus cumulative leaf budget (normalised to [0, 1]), the mean effective ratio over steps, tokens
 and tool calls spent, and wall time. A plot of accuracy against cumulative budget is saved.
@@ -207,8 +208,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "items greedily while sampling succeeds ~50%%)")
     ap.add_argument("--learning-rate", type=float, default=None,
                     help="policy learning rate for every method (default: the config's)")
-    ap.add_argument("--root-budget", type=int, default=16)
-    ap.add_argument("--multiplier", type=int, default=1)
+    ap.add_argument("--root-budget", type=int, default=16,
+                    help="M: bare rollouts per step of the tree methods (leaves per step: M (1 + N))")
+    ap.add_argument("--multiplier", type=int, default=2,
+                    help="N: continuation multiplier (2: the smallest of the paper's budget "
+                         "configurations, as in bench/allocation.py)")
     ap.add_argument("--pool-size", type=int, default=32)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further TrainConfig fields for every method (e.g. loss_agg=seq-mean-token-mean)")

@@ -83,6 +83,8 @@ def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> p
         a = estimator(parent, reward)  # [L, D]
         if cfg.centre_advantages:
             a = adv.centred(a)
+        if cfg.count_turns_once:
+            a = adv.per_node(parent, reward, a)
         paths = root_to_leaf_paths(parent)  # [L, D+1]
         for l in range(paths.shape[0]):
             nodes = [tree[i]["node_id"] for i in paths[l] if i >= 0]

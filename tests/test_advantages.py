@@ -243,3 +243,43 @@ def test_centred_makes_treepo_zero_sum_and_leaves_flat_groups_alone():
     r = np.array([np.nan, 1.0, 0.0, 0.0])
     assert np.allclose(centred(treepo(flat, r)), treepo(flat, r))
     assert np.allclose(centred(grpo(flat, r)), grpo(flat, r))
+
+
+def test_per_node_counts_each_sampled_turn_once():
+    from trace_core.advantages import per_node
+
+    # root -> a (-> a1 r=1, -> a2 r=0, -> a3 r=0: a prefix continued twice), root -> b (r=1).
+    parent = np.array([-1, 0, 1, 1, 1, 0])
+    reward = np.array([np.nan, np.nan, 1.0, 0.0, 0.0, 1.0])
+    a = branch(parent, reward)  # V^(root) = 0.5, V^(a) = 1/3
+    w = per_node(parent, reward, a)
+    # The turn "a" lies on three paths: each push is a third, and together they give
+    # V^(a) - V^(root), the turn's own advantage, once.
+    assert np.allclose(w[:3, 0], a[:3, 0] / 3)
+    assert w[:3, 0].sum() == pytest.approx(1 / 3 - 0.5)
+    # Turns on one path (the continuations, the bare rollout "b") keep their advantage.
+    np.testing.assert_allclose(w[:3, 1], a[:3, 1])
+    assert w[3, 0] == a[3, 0] == pytest.approx(0.5)
+    assert np.isnan(w[3, 1])
+
+
+def test_per_node_sums_to_the_mean_push_on_random_trees_and_leaves_flat_groups_alone():
+    from trace_core.advantages import per_node
+    from trace_core.tree import backup, root_to_leaf_paths
+
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        parent, reward = random_tree(rng, int(rng.integers(3, 14)))
+        a = branch(parent, reward)
+        w = per_node(parent, reward, a)
+        turns = root_to_leaf_paths(parent)[:, 1:]
+        _, n = backup(parent, reward)
+        for y in np.unique(turns[turns >= 0]):
+            on = turns == y
+            assert on.sum() == n[y]
+            assert w[on].sum() == pytest.approx(a[on].mean())
+    flat = Tree.from_paths([["a", "b"], ["c"], ["d", "e"]], [1, 0, 0])
+    a = branch(flat.parent, flat.leaf_reward)
+    np.testing.assert_array_equal(per_node(flat.parent, flat.leaf_reward, a), a)
+    with pytest.raises(ValueError, match="do not match"):
+        per_node(flat.parent, flat.leaf_reward, a[:, :1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -195,3 +196,24 @@ def test_joint_split_never_offers_a_mixed_root(workdir):
                                   scored.column("observed").to_pylist())], pa.float64()))
     chosen, _ = prefixes.allocate_joint.fn(cfg, RUN, 0, mixed, _roots(), [2, 2, 2, 0], 6)
     assert [r["k"] for r in chosen.to_pylist() if r["tree_id"] == 2] == [0]
+
+
+def test_tree_advantages_count_a_continued_turn_once_when_asked(workdir):
+    """After Stage 2 tree 0's turn 1 (slot 1) lies on three paths (its bare rollout's success and
+    two failed continuations): with ``count_turns_once`` each of its pushes is a third of what it
+    is without; turns on one path, and trees without continuations, are unchanged."""
+    from tasks import learn
+
+    _continue_tree0(workdir)
+    rows = {}
+    for once in (False, True):
+        table = learn.tree_advantages.fn(_cfg(count_turns_once=once), workdir, RUN, 0).to_pylist()
+        rows[once] = {r["leaf_id"]: (r["path"], r["advantages"]) for r in table}
+    assert rows[False].keys() == rows[True].keys() and len(rows[True]) == 8
+    sharing = Counter(path[1] for path, _ in rows[False].values())  # paths through each turn 1
+    assert sorted(sharing.values()) == [1, 1, 1, 1, 1, 3]  # tree 0's slot 1 carries three paths
+    for leaf, (path, plain) in rows[False].items():
+        _, once = rows[True][leaf]
+        assert len(plain) == len(path) - 1
+        assert once[0] == pytest.approx(plain[0] / sharing[path[1]])
+        assert once[1:] == pytest.approx(plain[1:])  # turn 2 lies on one path

@@ -170,6 +170,25 @@ def centred(a: np.ndarray) -> np.ndarray:
     return a - np.nanmean(np.nanmean(a, axis=1))
 
 
+def per_node(parent: np.ndarray, leaf_reward: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """[L, D]: one tree's per-turn advantages ``a`` with each turn's entry divided by n_y, the
+    number of leaves under the turn's node y (the paths that share the turn).
+
+    Every root-to-leaf path is a training sequence, so a turn shared by n_y paths is pushed n_y
+    times: a prefix continued K times weighs K + 1 sampled turns although it was sampled once,
+    and where the allocation chose which prefixes to continue, that weight follows the
+    allocation. Divided by n_y, the pushes a turn gets over its paths sum to their mean (for
+    ``branch``: V^(y) - V^(b(y)), the turn's own advantage), so every sampled turn counts once.
+    Flat groups are unchanged (each turn lies on one path).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    _, n = backup(np.asarray(parent, dtype=np.int64), leaf_reward)  # [N] leaves below each node
+    turns = root_to_leaf_paths(parent)[:, 1:]  # [L, D] the node of each turn
+    if a.shape != turns.shape:
+        raise ValueError(f"per_node: advantages of shape {a.shape} do not match the tree's paths {turns.shape}")
+    return np.where(turns >= 0, a / n[np.maximum(turns, 0)], np.nan)
+
+
 def concat_forest(per_tree: Sequence[np.ndarray]) -> np.ndarray:
     """[sum L, max D]: per-tree estimator outputs stacked, shorter trees padded with NaN."""
     if not per_tree:

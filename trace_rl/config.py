@@ -58,6 +58,10 @@ class TrainConfig:
     centre_advantages: bool = False
     """Shift each tree's advantages so that its paths' advantages sum to zero
     (``trace_core.advantages.centred``); a no-op for flat groups and zero-sum estimators."""
+    count_turns_once: bool = False
+    """Divide each turn's advantage by the number of paths that share the turn
+    (``trace_core.advantages.per_node``), so a prefix continued K times weighs once in the loss,
+    not K + 1 times; a no-op for flat groups."""
     steps: int = 3
     """Training steps (each: roots -> level 0 -> level 1 -> update)."""
     pool_size: int = 16
