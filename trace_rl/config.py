@@ -61,7 +61,8 @@ class TrainConfig:
     count_turns_once: bool = False
     """Divide each turn's advantage by the number of paths that share the turn
     (``trace_core.advantages.per_node``), so a prefix continued K times weighs once in the loss,
-    not K + 1 times; a no-op for flat groups."""
+    not K + 1 times; a no-op for flat groups. Off by measurement (docs/results.md, "Session 7"):
+    TRACE +0.6 points (inside the seeds' spread), one random_prefix run of three broke."""
     steps: int = 3
     """Training steps (each: roots -> level 0 -> level 1 -> update)."""
     pool_size: int = 16
