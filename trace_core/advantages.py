@@ -182,7 +182,8 @@ def per_node(parent: np.ndarray, leaf_reward: np.ndarray, a: np.ndarray) -> np.n
     Flat groups are unchanged (each turn lies on one path).
     """
     a = np.asarray(a, dtype=np.float64)
-    _, n = backup(np.asarray(parent, dtype=np.int64), leaf_reward)  # [N] leaves below each node
+    parent = np.asarray(parent, dtype=np.int64)
+    _, n = backup(parent, leaf_reward)  # [N] leaves below each node
     turns = root_to_leaf_paths(parent)[:, 1:]  # [L, D] the node of each turn
     if a.shape != turns.shape:
         raise ValueError(f"per_node: advantages of shape {a.shape} do not match the tree's paths {turns.shape}")

@@ -134,8 +134,9 @@ class TrainConfig:
     seq-mean-token-sum every method of the d = 1 learning benchmark ended higher (no run broke
     against 1 of 15); on the pool of uneven prompts the methods moved -1.7 ... +2.0 points, bar one
     TRACE run that broke there (none had with seq-mean-token-mean). Its gradient norms reach ~130
-    (medians 7-12), so ``max_grad_norm`` clips nearly every optimiser step to norm 1. token-mean was worst in
-    session 1 (10 steps took the tiny policy from 16.3% to 9.3% / 6.7% greedy accuracy)."""
+    (medians 7-12), so ``max_grad_norm`` clips nearly every optimiser step to norm 1. token-mean
+    was worst in session 1 (10 steps took the tiny policy from 16.3% to 9.3% / 6.7% greedy
+    accuracy)."""
     ppo_epochs: int = 1
     """Passes over a step's paths."""
     micro_batch: int = 8
