@@ -12,7 +12,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 def test_quick_learning_benchmark(tmp_path, capsys):
     from bench.learning import METHODS, main
 
-    out = main(["--quick", "--workdir", str(tmp_path / "wd"), "--plot", str(tmp_path / "curve.png")])
+    out = main(["--quick", "--workdir", str(tmp_path / "wd"), "--plot", str(tmp_path / "curve.png"),
+                "--train-items", "12"])
     printed = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"TRACE vs best baseline: [+-]\d+\.\d points held-out accuracy; "
                         r"effective ratio (\d+\.\d+|nan)x GRPO", printed[-1])
@@ -37,3 +38,11 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert any(r["depth"] >= 1 and r["allocator"] == "trace" for r in rows)  # Stage 2 continued
     calibration(["--workdir", str(tmp_path / "wd")])
     assert "predicted" in capsys.readouterr().out
+    # --train-items: every method's prompts came from the first 12 items of the train split.
+    from tasks.runtime import environment
+    from trace_rl.storage.store import TreeStore
+
+    train = {item.id for item in environment("synth_arith", 1, (("n_train", 12),)).load("train")}
+    used = TreeStore(tmp_path / "wd" / "trace.duckdb", create=False).query(
+        "SELECT DISTINCT item_id FROM nodes").column("item_id").to_pylist()
+    assert used and set(used) <= train
