@@ -15,8 +15,12 @@ benchmark's leaves per step, of
 * ``grpo``          ``leaves / n`` prompts taken at random, ``n`` rollouts each (checks the fit
                     against the observed share);
 * ``oracle_stage1`` the paper's Stage 1 objective solved exactly (``trace_core.allocation``) with
-                    each prompt's TRUE p in place of the predictor: the most any predictor can give
-                    TRACE's root allocation (outcome feedback adds nothing once p is known);
+                    each prompt's TRUE p in place of the predictor, all leaves at once: what that
+                    objective reaches with perfect predictions;
+* ``oracle_joint``  TRACE's two waves with true p: Stage 1 on ``--root-budget`` leaves, outcomes
+                    drawn, then the rest split by ``allocate_joint`` between further rollouts of
+                    the prompts whose rollouts all agree and pairs of fresh prompts (TRACE's joint
+                    split at the root; deeper prefixes need a model of turns and are left out);
 * ``oracle_top``    the ``leaves / n`` prompts with p nearest 1/2, ``n`` rollouts each, and
 * ``oracle_top2``   half as many such prompts with ``2n`` each (one more with ``n`` if
                     ``leaves / n`` is odd): allocations that chase the ratio itself (fewer, larger
@@ -24,7 +28,8 @@ benchmark's leaves per step, of
 
     python -m bench.ceiling --workdir bench_runs/n2
 
-The last line reads ``ceiling: oracle Stage 1 <x>x GRPO; oracle top-<k> <y>x; oracle top-<k/2> x 2n <z>x``
+The last line reads ``ceiling: oracle Stage 1 <x>x GRPO; oracle two waves <w>x; oracle top-<k> <y>x;
+oracle top-<k/2> x 2n <z>x``
 (ratios of the step-averaged effective ratios, as bench.learning reports them).
 """
 
@@ -38,10 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import allocate_roots
+from trace_core.allocation import allocate_joint, allocate_roots
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+NAMES = ("grpo", "oracle_stage1", "oracle_joint", "oracle_top", "oracle_top2")
+"""The allocations compared, in the order printed."""
 
 RHO_FLOOR = 1e-3
 """Smallest rho fitted: a pool whose groups vary less than binomial noise is read as nearly alike."""
@@ -67,17 +75,38 @@ def mixed_probability(p: np.ndarray, m: np.ndarray) -> np.ndarray:
     return np.where(m > 0, 1.0 - p**m - (1.0 - p) ** m, 0.0)
 
 
+def two_waves(p: np.ndarray, first: int, leaves: int, rng: np.random.Generator) -> tuple[float, int]:
+    """(expected mixed prompts, prompts rolled out) of TRACE's two waves with true success rates
+    ``p``: Stage 1 on ``first`` leaves, outcomes drawn, the other leaves by ``allocate_joint``
+    (more rollouts of agreeing prompts, or fresh prompts); the second wave's outcomes are not
+    drawn but taken in expectation."""
+    m = allocate_roots(p, first)  # [pool]
+    wins = rng.binomial(m, p)
+    active = m > 0
+    agree = active & ((wins == 0) | (wins == m))
+    fresh = ~active
+    extra, k = allocate_joint(p[fresh], p[agree], (wins[agree] > 0).astype(np.float64),
+                              leaves - first)
+    q = np.where(wins[agree] > 0, p[agree], 1.0 - p[agree])  # a further rollout repeats
+    mixed = float(np.count_nonzero(active & ~agree) + np.sum(1.0 - q**k)
+                  + mixed_probability(p[fresh], extra).sum())
+    return mixed, int(np.count_nonzero(active) + np.count_nonzero(extra))
+
+
 def pool_shares(mu: float, rho: float, *, pool_size: int, leaves: int, group: int, draws: int,
-                rng: np.random.Generator) -> dict[str, dict[str, float]]:
+                rng: np.random.Generator, first: int | None = None) -> dict[str, dict[str, float]]:
     """Expected effective ratio ("share") and expected number of mixed prompts ("mixed") per
-    allocation of the module docstring, averaged over ``draws`` pools (the same pools for all)."""
+    allocation of the module docstring, averaged over ``draws`` pools (the same pools for all);
+    ``first``: the first wave of ``oracle_joint`` (default a third of ``leaves``, as at N = 2)."""
     if group < 2 or leaves % group or not 0 < leaves // group <= pool_size:
         raise ValueError(f"pool_shares: need group >= 2 and leaves={leaves} a positive multiple of "
                          f"group={group} with leaves / group <= pool_size={pool_size}")
+    first = leaves // 3 if first is None else first
+    if not 2 <= first <= leaves:
+        raise ValueError(f"pool_shares: first={first} must lie in [2, leaves={leaves}]")
     a, b = mu * (1.0 - rho) / rho, (1.0 - mu) * (1.0 - rho) / rho
     k = leaves // group
-    out: dict[str, list[tuple[float, float]]] = {m: [] for m in
-                                                  ("grpo", "oracle_stage1", "oracle_top", "oracle_top2")}
+    out: dict[str, list[tuple[float, float]]] = {m: [] for m in NAMES}
     for _ in range(draws):
         p = rng.beta(a, b, size=pool_size)  # [pool]
         nearest = np.argsort(np.abs(p - 0.5), kind="stable")
@@ -94,6 +123,8 @@ def pool_shares(mu: float, rho: float, *, pool_size: int, leaves: int, group: in
             assert int(m.sum()) == leaves
             mixed = mixed_probability(p, m)
             out[name].append((float(mixed.sum() / np.count_nonzero(m)), float(mixed.sum())))
+        mixed_joint, rolled = two_waves(p, first, leaves, rng)
+        out["oracle_joint"].append((mixed_joint / rolled, mixed_joint))
     return {name: {"share": float(np.mean([s for s, _ in v])), "mixed": float(np.mean([c for _, c in v]))}
             for name, v in out.items()}
 
@@ -118,7 +149,7 @@ def read_groups(workdir: Path, allocator: str = "grpo") -> list[tuple[str, int, 
 
 
 def ceiling(groups: list[tuple[str, int, float, int]], *, window: int, pool_size: int, draws: int,
-            seed: int) -> list[dict[str, Any]]:
+            seed: int, first: int | None = None) -> list[dict[str, Any]]:
     """One row per window of ``window`` steps: the fit, the observed GRPO share, and
     ``pool_shares`` at the groups' size and the runs' leaves per step."""
     sizes = {n for *_, n in groups}
@@ -136,7 +167,7 @@ def ceiling(groups: list[tuple[str, int, float, int]], *, window: int, pool_size
         v = [x for _, s, x, _ in groups if lo <= s < lo + window]
         mu, rho = fit_pool(v, group)
         shares = pool_shares(mu, rho, pool_size=pool_size, leaves=leaves, group=group, draws=draws,
-                             rng=rng)
+                             rng=rng, first=first)
         rows.append({"steps": (lo, min(lo + window, last + 1) - 1), "groups": len(v), "mu": mu,
                      "rho": rho, "observed": float(np.mean([0.0 < x < 1.0 for x in v])),
                      "leaves": leaves, "group": group, **shares})
@@ -149,12 +180,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--window", type=int, default=5, help="steps per fitted window")
     ap.add_argument("--pool-size", type=int, default=32, help="candidate prompts per step (as in "
                     "bench.learning's --pool-size)")
+    ap.add_argument("--root-budget", type=int, default=None, help="first wave of oracle_joint "
+                    "(bench.learning's --root-budget; default a third of the leaves, as at N = 2)")
     ap.add_argument("--draws", type=int, default=400, help="simulated pools per window")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     rows = ceiling(read_groups(Path(args.workdir)), window=args.window, pool_size=args.pool_size,
-                   draws=args.draws, seed=args.seed)
-    names = ("grpo", "oracle_stage1", "oracle_top", "oracle_top2")
+                   draws=args.draws, seed=args.seed, first=args.root_budget)
+    names = NAMES
     print(f"{rows[0]['leaves']} leaves per step, GRPO groups of {rows[0]['group']}, pools of "
           f"{args.pool_size}; effective ratio (expected mixed prompts per step)")
     print(f"{'steps':>7}{'groups':>7}{'mu':>6}{'rho':>6}{'observed':>9}"
@@ -165,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                                                  for n in names))
     mean = {n: float(np.mean([r[n]["share"] for r in rows])) for n in names}
     k = rows[0]["leaves"] // rows[0]["group"]
-    print(f"ceiling: oracle Stage 1 {mean['oracle_stage1'] / mean['grpo']:.2f}x GRPO; oracle top-{k} "
+    print(f"ceiling: oracle Stage 1 {mean['oracle_stage1'] / mean['grpo']:.2f}x GRPO; oracle two "
+          f"waves {mean['oracle_joint'] / mean['grpo']:.2f}x; oracle top-{k} "
           f"{mean['oracle_top'] / mean['grpo']:.2f}x; oracle top-{(k + 1) // 2} x 2n "
           f"{mean['oracle_top2'] / mean['grpo']:.2f}x")
     return rows

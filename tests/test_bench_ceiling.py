@@ -9,7 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bench.ceiling import ceiling, fit_pool, main, mixed_probability, pool_shares, read_groups
+from bench.ceiling import (ceiling, fit_pool, main, mixed_probability, pool_shares, read_groups,
+                           two_waves)
+from trace_core.allocation import allocate_roots
 from tasks.runtime import Paths
 from trace_rl.rollout.types import Action
 from trace_rl.storage import TreeStore
@@ -49,20 +51,38 @@ def test_pool_shares_on_a_pool_of_coin_flips():
     assert out["oracle_stage1"]["mixed"] == pytest.approx(12.0, abs=0.1)
     assert out["oracle_top"]["share"] == pytest.approx(0.875, abs=0.01)
     assert out["oracle_top2"]["share"] == pytest.approx(1 - 2 / 256, abs=0.01)
+    assert out["oracle_joint"]["mixed"] > out["oracle_stage1"]["mixed"]
+    with pytest.raises(ValueError, match="first=1"):
+        pool_shares(0.5, 0.1, pool_size=32, leaves=48, group=4, draws=1, rng=np.random.default_rng(),
+                    first=1)
     with pytest.raises(ValueError, match="multiple of group"):
         pool_shares(0.5, 0.1, pool_size=32, leaves=50, group=4, draws=1, rng=np.random.default_rng())
 
 
 def test_an_oracle_gains_most_on_a_polarised_pool():
     rng = np.random.default_rng(2)
-    alike = pool_shares(0.8, 0.05, pool_size=32, leaves=48, group=4, draws=200, rng=rng)
-    polar = pool_shares(0.3, 0.6, pool_size=32, leaves=48, group=4, draws=200, rng=rng)
+    alike = pool_shares(0.8, 0.05, pool_size=32, leaves=48, group=4, draws=80, rng=rng)
+    polar = pool_shares(0.3, 0.6, pool_size=32, leaves=48, group=4, draws=80, rng=rng)
     gain = {k: v["oracle_stage1"]["mixed"] / v["grpo"]["mixed"] for k, v in
             (("alike", alike), ("polar", polar))}
     assert gain["polar"] > 1.5 > gain["alike"] > 1.0
     # An odd number of GRPO groups: the top2 allocation still spends every leaf.
     odd = pool_shares(0.5, 0.2, pool_size=8, leaves=12, group=4, draws=5, rng=rng)
     assert 0.0 < odd["oracle_top2"]["share"] <= 1.0
+
+
+def test_two_waves_gain_from_seeing_the_first():
+    rng = np.random.default_rng(3)
+    # Prompts that always or never succeed are never mixed, whatever the waves do.
+    mixed, rolled = two_waves(np.array([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]), 4, 12, rng)
+    assert mixed == 0.0 and 1 <= rolled <= 6
+    # On coin flips the second wave, chosen after the first, buys more mixed prompts than the
+    # same objective spending every leaf at once (12 for 48 leaves, see above; ~13 in two waves:
+    # a third rollout of an agreeing pair flips it with 0.5, a fresh pair buys 0.25 per leaf).
+    p = np.full(32, 0.5)
+    once = mixed_probability(p, allocate_roots(p, 48)).sum()
+    waves = np.mean([two_waves(p, 16, 48, rng)[0] for _ in range(60)])
+    assert once == pytest.approx(12.0) and waves > once + 0.4
 
 
 def test_mixed_probability_by_hand():
@@ -110,6 +130,7 @@ def test_reader_and_report_on_a_stored_grpo_run(tmp_path, capsys):
     assert len(rows) == 1 and rows[0]["leaves"] == 12 and rows[0]["observed"] == pytest.approx(3 / 6)
     main(["--workdir", str(tmp_path), "--pool-size", "8", "--draws", "10"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("ceiling: oracle Stage 1 ") and "x GRPO; oracle top-3 " in last
+    assert last.startswith("ceiling: oracle Stage 1 ") and "x GRPO; oracle two waves " in last
+    assert "; oracle top-3 " in last
     with pytest.raises(ValueError, match="no dapo roots"):
         read_groups(tmp_path / "job-grpo-s0", allocator="dapo")
