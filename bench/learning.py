@@ -7,7 +7,8 @@ at a few checkpoints (``--eval-samples`` rollouts per item at ``--eval-temperatu
 training temperature by default: greedy decoding saturates). Printed per
 method (mean and spread over seeds): final and best held-out accuracy, the area under accuracy
 versus cumulative leaf budget (normalised to [0, 1]), the mean effective ratio over steps, tokens
-and tool calls spent, and wall time. A plot of accuracy against cumulative budget is saved.
+and tool calls spent, and wall time; above the last line, TRACE minus each method paired by seed
+(mean and standard error). A plot of accuracy against cumulative budget is saved.
 
     python -m bench.learning                 # the full benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
