@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -159,13 +160,17 @@ def ceiling(groups: list[tuple[str, int, float, int]], *, window: int, pool_size
     spent: dict[tuple[str, int], int] = {}
     for run, step, _, n in groups:
         spent[run, step] = spent.get((run, step), 0) + n
-    leaves = max(set(spent.values()), key=list(spent.values()).count)  # the usual step's budget
+    leaves = Counter(spent.values()).most_common(1)[0][0]  # the usual step's budget
     rng = np.random.default_rng(seed)
     rows = []
     last = max(step for _, step, _, _ in groups)
     for lo in range(0, last + 1, window):
         v = [x for _, s, x, _ in groups if lo <= s < lo + window]
-        mu, rho = fit_pool(v, group)
+        try:
+            mu, rho = fit_pool(v, group)
+        except ValueError as exc:
+            raise ValueError(f"bench.ceiling, steps {lo}-{lo + window - 1}: {exc} "
+                             "(try a larger --window)") from exc
         shares = pool_shares(mu, rho, pool_size=pool_size, leaves=leaves, group=group, draws=draws,
                              rng=rng, first=first)
         rows.append({"steps": (lo, min(lo + window, last + 1) - 1), "groups": len(v), "mu": mu,

@@ -257,8 +257,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--pool-size", type=int, default=32)
     ap.add_argument("--train-items", type=int, default=None,
                     help="size of the train split (default: the family's, 2000 for the synthetic "
-                         "ones, so a 20-step run sees ~300 distinct prompts once each); a smaller "
-                         "split makes prompts recur across steps, as in multi-epoch training")
+                         "ones, so a 20-step run rarely rolls out a prompt twice); a smaller split "
+                         "makes prompts recur across steps, as in multi-epoch training")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further TrainConfig fields for every method (e.g. loss_agg=seq-mean-token-mean)")
     ap.add_argument("--workdir", default="bench_runs/learning",

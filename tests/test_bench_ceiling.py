@@ -132,5 +132,7 @@ def test_reader_and_report_on_a_stored_grpo_run(tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("ceiling: oracle Stage 1 ") and "x GRPO; oracle two waves " in last
     assert "; oracle top-3 " in last
+    with pytest.raises(ValueError, match=r"steps 0-4: .*all successes"):
+        ceiling([("r", 0, 1.0, 4), ("r", 1, 1.0, 4)], window=5, pool_size=8, draws=1, seed=0)
     with pytest.raises(ValueError, match="no dapo roots"):
         read_groups(tmp_path / "job-grpo-s0", allocator="dapo")
