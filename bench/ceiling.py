@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_core.allocation import allocate_joint, allocate_roots
+from trace_core.allocation import (allocate_joint, allocate_roots, prefix_objective, root_gain,
+                                   root_objective)
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -70,12 +71,6 @@ def fit_pool(values: Sequence[float], n: int) -> tuple[float, float]:
     return mu, float(np.clip(rho, RHO_FLOOR, 1.0 - RHO_FLOOR))
 
 
-def mixed_probability(p: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """P(m independent rollouts at success rate p hold a success and a failure); 0 at m = 0."""
-    p, m = np.asarray(p, dtype=np.float64), np.asarray(m)
-    return np.where(m > 0, 1.0 - p**m - (1.0 - p) ** m, 0.0)
-
-
 def two_waves(p: np.ndarray, first: int, leaves: int, rng: np.random.Generator) -> tuple[float, int]:
     """(expected mixed prompts, prompts rolled out) of TRACE's two waves with true success rates
     ``p``: Stage 1 on ``first`` leaves, outcomes drawn, the other leaves by ``allocate_joint``
@@ -86,11 +81,10 @@ def two_waves(p: np.ndarray, first: int, leaves: int, rng: np.random.Generator) 
     active = m > 0
     agree = active & ((wins == 0) | (wins == m))
     fresh = ~active
-    extra, k = allocate_joint(p[fresh], p[agree], (wins[agree] > 0).astype(np.float64),
-                              leaves - first)
-    q = np.where(wins[agree] > 0, p[agree], 1.0 - p[agree])  # a further rollout repeats
-    mixed = float(np.count_nonzero(active & ~agree) + np.sum(1.0 - q**k)
-                  + mixed_probability(p[fresh], extra).sum())
+    observed = (wins[agree] > 0).astype(np.float64)  # the outcome an agreeing prompt repeated
+    extra, k = allocate_joint(p[fresh], p[agree], observed, leaves - first)
+    mixed = (np.count_nonzero(active & ~agree) + prefix_objective(p[agree], observed, k)
+             + root_objective(p[fresh], extra))
     return mixed, int(np.count_nonzero(active) + np.count_nonzero(extra))
 
 
@@ -122,7 +116,7 @@ def pool_shares(mu: float, rho: float, *, pool_size: int, leaves: int, group: in
         allocations["oracle_top2"][nearest[k // 2:k // 2 + k % 2]] = group
         for name, m in allocations.items():
             assert int(m.sum()) == leaves
-            mixed = mixed_probability(p, m)
+            mixed = root_gain(p, m)  # [pool] P(prompt i's m_i rollouts are mixed)
             out[name].append((float(mixed.sum() / np.count_nonzero(m)), float(mixed.sum())))
         mixed_joint, rolled = two_waves(p, first, leaves, rng)
         out["oracle_joint"].append((mixed_joint / rolled, mixed_joint))

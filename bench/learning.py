@@ -131,14 +131,24 @@ def area_under_curve(budget: Sequence[float], accuracy: Sequence[float]) -> floa
     return float(np.trapezoid(y, x) / (x[-1] - x[0])) if x[-1] > x[0] else float(y[-1])
 
 
+def _final(r: RunResult) -> float:
+    return r.accuracy[-1]
+
+
+def _auc(r: RunResult) -> float:
+    """Area under accuracy vs cumulative budget; the budget is proportional to the steps and the
+    area is normalised by its span, so steps stand in for leaves."""
+    return area_under_curve([e + 1 for e in r.eval_steps], r.accuracy)
+
+
 def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     for method in dict.fromkeys(r.method for r in results):
         rs = [r for r in results if r.method == method]
         budget = [(s + 1) * leaves_per_step for s in rs[0].eval_steps]
-        final = [r.accuracy[-1] for r in rs]
+        final = [_final(r) for r in rs]
         best = [max(r.accuracy[1:]) for r in rs]
-        auc = [area_under_curve(budget, r.accuracy) for r in rs]
+        auc = [_auc(r) for r in rs]
         table[method] = {
             "final": (float(np.mean(final)), float(np.std(final))),
             "best": (float(np.mean(best)), float(np.std(best))),
@@ -152,15 +162,6 @@ def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[
             "curve": np.mean([r.accuracy for r in rs], axis=0).tolist(),
         }
     return table
-
-
-def _final(r: RunResult) -> float:
-    return r.accuracy[-1]
-
-
-def _auc(r: RunResult) -> float:
-    """As in ``summarise``: budget is proportional to steps, and the area is normalised."""
-    return area_under_curve([e + 1 for e in r.eval_steps], r.accuracy)
 
 
 def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[str, Any]]:
@@ -319,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"held-out items x {args.eval_samples} samples at temperature {args.eval_temperature}), "
           f"workdir {workdir} (per-run curves: {record})")
     print_table(table, args.seeds)
-    diffs = paired(results) if "trace" in table else {}
+    diffs = paired(results)
     print_paired(diffs)
     if args.plot:
         plot(table, Path(args.plot))

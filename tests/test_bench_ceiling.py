@@ -9,9 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bench.ceiling import (ceiling, fit_pool, main, mixed_probability, pool_shares, read_groups,
-                           two_waves)
-from trace_core.allocation import allocate_roots
+from bench.ceiling import ceiling, fit_pool, main, pool_shares, read_groups, two_waves
+from trace_core.allocation import allocate_roots, root_gain
 from tasks.runtime import Paths
 from trace_rl.rollout.types import Action
 from trace_rl.storage import TreeStore
@@ -80,13 +79,13 @@ def test_two_waves_gain_from_seeing_the_first():
     # same objective spending every leaf at once (12 for 48 leaves, see above; ~13 in two waves:
     # a third rollout of an agreeing pair flips it with 0.5, a fresh pair buys 0.25 per leaf).
     p = np.full(32, 0.5)
-    once = mixed_probability(p, allocate_roots(p, 48)).sum()
+    once = root_gain(p, allocate_roots(p, 48)).sum()
     waves = np.mean([two_waves(p, 16, 48, rng)[0] for _ in range(60)])
     assert once == pytest.approx(12.0) and waves > once + 0.4
 
 
-def test_mixed_probability_by_hand():
-    assert mixed_probability(np.array([0.5, 0.5, 0.9]), np.array([0, 2, 3])).tolist() == \
+def test_mixed_probability_by_hand():  # the ceiling reads root_gain at correlation 0
+    assert root_gain(np.array([0.5, 0.5, 0.9]), np.array([0, 2, 3])).tolist() == \
         pytest.approx([0.0, 0.5, 1 - 0.729 - 0.001])
 
 
