@@ -7,11 +7,16 @@ at a few checkpoints (``--eval-samples`` rollouts per item at ``--eval-temperatu
 training temperature by default: greedy decoding saturates). Printed per
 method (mean and spread over seeds): final and best held-out accuracy, the area under accuracy
 versus cumulative leaf budget (normalised to [0, 1]), the mean effective ratio over steps, tokens
-and tool calls spent, and wall time; above the last line, TRACE minus each method paired by seed
-(mean and standard error). A plot of accuracy against cumulative budget is saved.
+and tool calls spent, and wall time; held-out accuracy at equal generated tokens (``@tokens``: at the
+smallest token total any run spent, read off each run's accuracy-vs-tokens curve); above the last
+line, TRACE minus each method paired by seed (mean and standard error). A plot of accuracy against
+cumulative budget (leaves, and generated tokens) is saved. The last line compares at equal leaf
+budget, the issue's basis; ``@tokens`` is a second view of the same runs (a continuation leaf
+generates only its suffix, so tree methods spend fewer tokens per leaf).
 
     python -m bench.learning                 # the full benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
+    python -m bench.learning --workdir DIR --summarise-only   # re-print a finished benchmark
 
 With ``--jobs 2`` (the default on a 2-core machine) the runs go to two worker processes, each
 with its own work dir under ``--workdir`` (``job-<method>-s<seed>``; query one with
@@ -49,6 +54,7 @@ class RunResult:
     tool_calls: float
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    eval_tokens: list[float] = field(default_factory=list)  # generated tokens spent before each evaluation
 
 
 def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int, skip: int, samples: int,
@@ -83,6 +89,7 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
     steps = store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r AND status = 'complete' "
                         "ORDER BY step", {"r": run_id}).to_pylist()
     metrics = [json.loads(s["metrics_json"]) for s in steps]
+    spent = np.cumsum([m["ledger/generated_tokens"] for m in metrics])  # through step s
     acc = [start_accuracy]
     eval_cfg = {**config, "run_id": "learn-eval"}  # one evaluation engine, weights reloaded
     for s in eval_steps:
@@ -93,7 +100,34 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      leaves=[m["rollout/leaves"] for m in metrics],
                      generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
-                     extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics]))})
+                     extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics]))},
+                     eval_tokens=[0.0, *(float(spent[s]) for s in eval_steps)])
+
+
+def fill_eval_tokens(workdir: Path, r: RunResult) -> RunResult:
+    """``r`` with its tokens per evaluation read back from the run's stored steps, for a results
+    file written before they were recorded (the job's own work dir, else the shared one)."""
+    if r.eval_tokens:
+        return r
+    from trace_rl.storage.store import TreeStore
+
+    db = workdir / f"job-{r.method}-s{r.seed}" / "trace.duckdb"
+    db = db if db.exists() else workdir / "trace.duckdb"
+    if not db.exists():
+        raise FileNotFoundError(f"{r.method} seed {r.seed}: no trace.duckdb under {workdir} to read "
+                                "its generated tokens from")
+    rows = TreeStore(db, create=False).query(
+        "SELECT run_id, step, metrics_json FROM steps WHERE status = 'complete' AND run_id LIKE $p "
+        "ORDER BY step", {"p": f"learn-{r.method}-s{r.seed}-%"}).to_pylist()
+    runs = {row["run_id"] for row in rows}
+    if len(runs) != 1:
+        raise ValueError(f"{r.method} seed {r.seed}: {len(runs)} matching runs in {db} "
+                         f"({sorted(runs)[:3]}); expected one")
+    spent = np.cumsum([json.loads(row["metrics_json"])["ledger/generated_tokens"] for row in rows])
+    if max(r.eval_steps) >= len(spent):
+        raise ValueError(f"{r.method} seed {r.seed}: {db} holds {len(spent)} steps, evaluations at "
+                         f"{r.eval_steps[1:]}")
+    return RunResult(**{**r.__dict__, "eval_tokens": [0.0, *(float(spent[s]) for s in r.eval_steps[1:])]})
 
 
 def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
@@ -141,18 +175,41 @@ def _auc(r: RunResult) -> float:
     return area_under_curve([e + 1 for e in r.eval_steps], r.accuracy)
 
 
+def token_budget(results: Sequence[RunResult]) -> float:
+    """The generated-token budget every run reached: the smallest total any run spent (nan when
+    no run recorded its tokens per evaluation)."""
+    totals = [r.eval_tokens[-1] for r in results if r.eval_tokens]
+    return float(min(totals)) if totals else float("nan")
+
+
+def accuracy_at_tokens(r: RunResult, tokens: float) -> float:
+    """Held-out accuracy of run ``r`` after ``tokens`` generated tokens: linear between its
+    evaluations on the cumulative-token axis (the start at 0 tokens). nan beyond the run's total
+    (no extrapolation) or without the run's tokens per evaluation."""
+    if not r.eval_tokens or not (0 <= tokens <= r.eval_tokens[-1]):
+        return float("nan")
+    if len(r.eval_tokens) != len(r.accuracy) or np.any(np.diff(r.eval_tokens) < 0):
+        raise ValueError(f"{r.method} seed {r.seed}: eval_tokens {r.eval_tokens} must rise with "
+                         f"the {len(r.accuracy)} evaluations")
+    return float(np.interp(tokens, r.eval_tokens, r.accuracy))
+
+
 def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
+    budget_tokens = token_budget(results)
     for method in dict.fromkeys(r.method for r in results):
         rs = [r for r in results if r.method == method]
         budget = [(s + 1) * leaves_per_step for s in rs[0].eval_steps]
         final = [_final(r) for r in rs]
         best = [max(r.accuracy[1:]) for r in rs]
         auc = [_auc(r) for r in rs]
+        at_tokens = [accuracy_at_tokens(r, budget_tokens) for r in rs]
         table[method] = {
             "final": (float(np.mean(final)), float(np.std(final))),
             "best": (float(np.mean(best)), float(np.std(best))),
             "auc": (float(np.mean(auc)), float(np.std(auc))),
+            "at_tokens": (float(np.mean(at_tokens)), float(np.std(at_tokens))),
+            "token_budget": budget_tokens,
             "effective_ratio": float(np.mean([np.mean(r.effective_ratio) for r in rs])),
             "generated_tokens": float(np.mean([r.generated_tokens for r in rs])),
             "tool_calls": float(np.mean([r.tool_calls for r in rs])),
@@ -160,6 +217,8 @@ def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[
             "leaves": float(np.mean([sum(r.leaves) for r in rs])),
             "curve_budget": budget,
             "curve": np.mean([r.accuracy for r in rs], axis=0).tolist(),
+            "curve_tokens": (np.mean([r.eval_tokens for r in rs], axis=0).tolist()
+                             if all(r.eval_tokens for r in rs) else []),
         }
     return table
 
@@ -173,13 +232,15 @@ def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[st
         return {r.seed: r for r in results if r.method == m}
 
     mine, out = by_seed(method), {}
+    budget_tokens = token_budget(results)
     for other in dict.fromkeys(r.method for r in results if r.method != method):
         theirs = by_seed(other)
         seeds = sorted(set(mine) & set(theirs))
         if not seeds:
             continue
         row: dict[str, Any] = {"seeds": seeds}
-        for key, get in (("final", _final), ("auc", _auc)):
+        at_tokens = lambda r: accuracy_at_tokens(r, budget_tokens)  # noqa: E731
+        for key, get in (("final", _final), ("auc", _auc), ("at_tokens", at_tokens)):
             d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
             se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
             row[key] = (float(d.mean()), se)
@@ -189,14 +250,15 @@ def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[st
 
 def print_paired(diffs: dict[str, dict[str, Any]], method: str = "trace") -> None:
     for other, row in diffs.items():
-        f, a = row["final"], row["auc"]
+        f, a, t = row["final"], row["auc"], row["at_tokens"]
         print(f"{method} - {other:<14} final {100 * f[0]:+5.1f} ± {100 * f[1]:3.1f}   "
-              f"AUC {100 * a[0]:+5.1f} ± {100 * a[1]:3.1f}   (paired over seeds "
+              f"AUC {100 * a[0]:+5.1f} ± {100 * a[1]:3.1f}   "
+              f"@tokens {100 * t[0]:+5.1f} ± {100 * t[1]:3.1f}   (paired over seeds "
               f"{','.join(map(str, row['seeds']))}; ± = s.e.)")
 
 
 def print_table(table: dict[str, dict[str, Any]], seeds: int) -> None:
-    head = (f"{'method':<14}{'final acc':>14}{'best acc':>14}{'AUC':>14}{'eff.ratio':>10}"
+    head = (f"{'method':<14}{'final acc':>14}{'best acc':>14}{'AUC':>14}{'@tokens':>14}{'eff.ratio':>10}"
             f"{'leaves':>8}{'gen tokens':>12}{'tool calls':>11}{'wall s':>8}")
     print(f"held-out accuracy: mean ± std over {seeds} seed(s)")
     print(head)
@@ -204,8 +266,11 @@ def print_table(table: dict[str, dict[str, Any]], seeds: int) -> None:
     for m, t in table.items():
         pm = lambda v: f"{100 * v[0]:5.1f} ± {100 * v[1]:4.1f}"  # noqa: E731
         print(f"{m:<14}{pm(t['final']):>14}{pm(t['best']):>14}{pm(t['auc']):>14}"
-              f"{t['effective_ratio']:>10.2f}{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}"
+              f"{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}"
               f"{t['tool_calls']:>11.0f}{t['wall_s']:>8.0f}")
+    budget = next(iter(table.values()), {}).get("token_budget", float("nan"))
+    print(f"@tokens: held-out accuracy at {budget:.0f} generated tokens (the smallest total of any "
+          "run), linear between evaluations; AUC, final, best: at equal leaves")
 
 
 def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
@@ -214,14 +279,20 @@ def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m, t in table.items():
-        ax.plot(t["curve_budget"], [100 * a for a in t["curve"]], marker="o", label=m,
-                linewidth=2.5 if m == "trace" else 1.2)
-    ax.set_xlabel("cumulative budget (trajectories)")
-    ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title("accuracy vs sampling budget (mean over seeds)")
-    ax.legend()
+    tokens = all(t.get("curve_tokens") for t in table.values())
+    fig, axes = plt.subplots(1, 2 if tokens else 1, figsize=(11 if tokens else 6, 4), squeeze=False)
+    for i, (key, label) in enumerate([("curve_budget", "cumulative budget (trajectories)"),
+                                      ("curve_tokens", "cumulative generated tokens")][:1 + tokens]):
+        ax = axes[0, i]
+        for m, t in table.items():
+            ax.plot(t[key], [100 * a for a in t["curve"]], marker="o", label=m,
+                    linewidth=2.5 if m == "trace" else 1.2)
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.legend()
+    axes[0, 0].set_title("accuracy vs sampling budget (mean over seeds)")
+    if tokens:
+        axes[0, 1].set_title("the same runs against generated tokens")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -270,7 +341,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "each (default: 2 on a machine with >= 2 cores, 1 with --quick); 1 = all "
                          "in this process, in one work dir")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
+    ap.add_argument("--summarise-only", action="store_true",
+                    help="run nothing: re-print (and re-plot) the benchmark recorded in "
+                         "<workdir>/learning_results.json")
     args = ap.parse_args(argv)
+    if args.summarise_only:
+        return summarise_recorded(Path(args.workdir), args.plot)
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.eval_items, args.eval_samples = 1, 2, 2, 8, 2
         args.root_budget, args.pool_size = 4, 8
@@ -310,21 +386,39 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    for m, s in jobs]
     else:
         results = run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev)
-    leaves_per_step = args.root_budget * (1 + args.multiplier)
-    table = summarise(results, leaves_per_step)
     record = workdir / "learning_results.json"  # every run's curve, per seed, for later reading
     record.write_text(json.dumps({"args": vars(args), "start_accuracy": start,
                                   "results": [r.__dict__ for r in results]}, indent=1) + "\n")
-    print(f"\nfamily {args.family} (difficulty {args.mix or args.difficulty}), {args.steps} steps x "
-          f"{leaves_per_step} leaves, starting accuracy {100 * start:.1f}% ({args.eval_items} "
-          f"held-out items x {args.eval_samples} samples at temperature {args.eval_temperature}), "
-          f"workdir {workdir} (per-run curves: {record})")
-    print_table(table, args.seeds)
+    return report(results, vars(args), start, record)
+
+
+def summarise_recorded(workdir: Path, plot_path: str) -> dict[str, Any]:
+    """The report of a finished benchmark from its ``learning_results.json`` (tokens per evaluation
+    read back from the runs' stores where the file predates them)."""
+    record = workdir / "learning_results.json"
+    if not record.exists():
+        raise FileNotFoundError(f"--summarise-only: no {record}; run the benchmark with --workdir "
+                                f"{workdir} first")
+    data = json.loads(record.read_text())
+    results = [fill_eval_tokens(workdir, RunResult(**r)) for r in data["results"]]
+    return report(results, {**data["args"], "plot": plot_path}, data["start_accuracy"], record)
+
+
+def report(results: list[RunResult], args: dict[str, Any], start: float,
+           record: Path) -> dict[str, Any]:
+    """Print the table, the paired differences and the last line; save the plot."""
+    leaves_per_step = args["root_budget"] * (1 + args["multiplier"])
+    table = summarise(results, leaves_per_step)
+    print(f"\nfamily {args['family']} (difficulty {args['mix'] or args['difficulty']}), {args['steps']} "
+          f"steps x {leaves_per_step} leaves, starting accuracy {100 * start:.1f}% "
+          f"({args['eval_items']} held-out items x {args['eval_samples']} samples at temperature "
+          f"{args['eval_temperature']}), workdir {args['workdir']} (per-run curves: {record})")
+    print_table(table, len({r.seed for r in results}))
     diffs = paired(results)
     print_paired(diffs)
-    if args.plot:
-        plot(table, Path(args.plot))
-        print(f"plot: {args.plot}")
+    if args["plot"]:
+        plot(table, Path(args["plot"]))
+        print(f"plot: {args['plot']}")
     if "trace" in table and len(table) > 1:
         others = {m: t for m, t in table.items() if m != "trace"}
         best = max(others, key=lambda m: others[m]["final"][0])

@@ -28,6 +28,18 @@ def test_quick_learning_benchmark(tmp_path, capsys):
             assert t["leaves"] == budget > 0
         assert 0.0 <= t["final"][0] <= 1.0
     assert (tmp_path / "curve.png").stat().st_size > 0
+    # Tokens per evaluation: recorded, rising, and read back alike from the stored steps.
+    from bench.learning import RunResult, fill_eval_tokens
+
+    for r in out["results"]:
+        assert r["eval_tokens"][0] == 0.0 and len(r["eval_tokens"]) == len(r["accuracy"])
+        assert all(b >= a for a, b in zip(r["eval_tokens"], r["eval_tokens"][1:]))
+        assert r["eval_tokens"][-1] == r["generated_tokens"]
+        bare = RunResult(**{**r, "eval_tokens": []})
+        assert fill_eval_tokens(tmp_path / "wd", bare).eval_tokens == r["eval_tokens"]
+    again = main(["--workdir", str(tmp_path / "wd"), "--summarise-only", "--plot", ""])
+    reprinted = capsys.readouterr().out.strip().splitlines()
+    assert reprinted[-1] == printed[-1] and again["table"]["trace"] == out["table"]["trace"]
     # The calibration report reads the same work dir (one DuckDB store, --jobs 1 with --quick).
     from bench.calibration import main as calibration, rows_for
 

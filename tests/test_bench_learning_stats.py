@@ -43,3 +43,32 @@ def test_paired_differences_by_hand(capsys):
 
 def test_paired_without_the_method_is_empty():
     assert paired([_run("grpo", 0, [0.5, 0.6, 0.7])]) == {}
+
+
+def _tok(method: str, seed: int, accuracy: list[float], tokens: list[float]) -> RunResult:
+    r = _run(method, seed, accuracy)
+    r.eval_tokens = tokens
+    return r
+
+
+def test_accuracy_at_equal_tokens_by_hand():
+    from bench.learning import accuracy_at_tokens, summarise, token_budget
+
+    tree = _tok("trace", 0, [0.5, 0.7, 0.8], [0.0, 100.0, 300.0])
+    flat = _tok("grpo", 0, [0.5, 0.6, 0.9], [0.0, 200.0, 400.0])
+    assert token_budget([tree, flat]) == 300.0  # the smallest total any run spent
+    assert accuracy_at_tokens(tree, 200.0) == pytest.approx(0.75)  # halfway from 100 to 300
+    assert accuracy_at_tokens(tree, 300.0) == pytest.approx(0.8)
+    assert accuracy_at_tokens(flat, 300.0) == pytest.approx(0.75)  # halfway from 200 to 400
+    assert math.isnan(accuracy_at_tokens(tree, 301.0))  # never extrapolated
+    assert math.isnan(accuracy_at_tokens(_run("grpo", 1, [0.5, 0.6, 0.7]), 10.0))  # not recorded
+    with pytest.raises(ValueError, match="trace seed 0: eval_tokens"):
+        accuracy_at_tokens(_tok("trace", 0, [0.5, 0.7, 0.8], [0.0, 300.0, 100.0]), 50.0)
+    table = summarise([tree, flat], leaves_per_step=48)
+    assert table["trace"]["at_tokens"][0] == pytest.approx(0.8)
+    assert table["grpo"]["at_tokens"][0] == pytest.approx(0.75)
+    assert table["trace"]["token_budget"] == 300.0
+    assert table["trace"]["curve_tokens"] == [0.0, 100.0, 300.0]
+    out = paired([tree, flat])
+    assert out["grpo"]["at_tokens"][0] == pytest.approx(0.05)
+    assert math.isnan(token_budget([_run("grpo", 0, [0.5, 0.6, 0.7])]))
