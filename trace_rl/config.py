@@ -139,18 +139,24 @@ class TrainConfig:
     (medians 7-12), so ``max_grad_norm`` clips nearly every optimiser step to norm 1. token-mean
     was worst in session 1 (10 steps took the tiny policy from 16.3% to 9.3% / 6.7% greedy
     accuracy)."""
-    ppo_epochs: int = 1
-    """Passes over a step's paths."""
+    ppo_epochs: int = 4
+    """Passes over a step's paths (each pass: ``mini_batches`` optimiser steps). Default 4 with
+    ``mini_batches`` 1, four AdamW steps on the whole batch, by measurement (docs/results.md,
+    "Session 9" item 4): with 4 steps on quarters of the batch, TRACE's ~5 mixed trees per step
+    gave each step 1.2 prompts; on the whole batch every method's final held-out accuracy rose
+    (+0.7 to +5.8 points; mean of the five 80.3 -> 83.4) at ~1.3-1.7x the run's wall time."""
     micro_batch: int = 8
     """Paths per forward/backward pass (memory); gradients are accumulated over micro-batches."""
-    mini_batches: int = 4
+    mini_batches: int = 1
     """Optimiser steps per PPO epoch (verl's ppo_mini_batch): a step's paths are split into this
     many mini-batches of whole trees (at most one per ``micro_batch`` paths), gradients
     accumulated over their micro-batches. Whole trees keep each step's advantages centred: a
     mini-batch of mostly negative-advantage paths from split groups once moved the KL to 0.16 in
-    one step (docs/results.md). Measured
-    (docs/results.md, synth_arith d=1, 10 steps): 4 steps per epoch reached 78.0% (GRPO) /
-    68.2% (TRACE) held-out sampled accuracy from 48.0%, one step per epoch 62.3% / 56.2%."""
+    one step (docs/results.md). What counts is the optimiser steps per RL step
+    (``ppo_epochs`` x ``mini_batches``) and the prompts each sees (docs/results.md, synth_arith
+    d=1, 10 steps: 4 steps reached 78.0% (GRPO) / 68.2% (TRACE) held-out sampled accuracy from
+    48.0%, one step 62.3% / 56.2%; session 9: 4 steps on the whole batch beat 4 on quarters of
+    it for every method). Default 1 with ``ppo_epochs`` 4."""
     target_kl: float = 0.1
     """Trust-region guard of the policy update (0 = off): an optimiser step after which the
     approximate KL of the sampling policy from the new one, on the mini-batch it used, exceeds
