@@ -409,7 +409,7 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
     """Print the table, the paired differences and the last line; save the plot."""
     leaves_per_step = args["root_budget"] * (1 + args["multiplier"])
     table = summarise(results, leaves_per_step)
-    print(f"\nfamily {args['family']} (difficulty {args['mix'] or args['difficulty']}), {args['steps']} "
+    print(f"\nfamily {args['family']} (difficulty {args.get('mix') or args['difficulty']}), {args['steps']} "
           f"steps x {leaves_per_step} leaves, starting accuracy {100 * start:.1f}% "
           f"({args['eval_items']} held-out items x {args['eval_samples']} samples at temperature "
           f"{args['eval_temperature']}), workdir {args['workdir']} (per-run curves: {record})")
