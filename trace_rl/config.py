@@ -144,7 +144,8 @@ class TrainConfig:
     ``mini_batches`` 1, four AdamW steps on the whole batch, by measurement (docs/results.md,
     "Session 9" item 4): with 4 steps on quarters of the batch, TRACE's ~5 mixed trees per step
     gave each step 1.2 prompts; on the whole batch every method's final held-out accuracy rose
-    (+0.7 to +5.8 points; mean of the five 80.3 -> 83.4) at ~1.3-1.7x the run's wall time."""
+    (+0.7 to +5.8 points; mean of the five 80.3 -> 83.4) at 1.4-2.0x a run's training wall time
+    (the whole benchmark's: 1.27x)."""
     micro_batch: int = 8
     """Paths per forward/backward pass (memory); gradients are accumulated over micro-batches."""
     mini_batches: int = 1
