@@ -89,7 +89,6 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
     steps = store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r AND status = 'complete' "
                         "ORDER BY step", {"r": run_id}).to_pylist()
     metrics = [json.loads(s["metrics_json"]) for s in steps]
-    spent = np.cumsum([m["ledger/generated_tokens"] for m in metrics])  # through step s
     acc = [start_accuracy]
     eval_cfg = {**config, "run_id": "learn-eval"}  # one evaluation engine, weights reloaded
     for s in eval_steps:
@@ -101,7 +100,16 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
                      extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics]))},
-                     eval_tokens=[0.0, *(float(spent[s]) for s in eval_steps)])
+                     eval_tokens=tokens_at_evals(metrics, eval_steps))
+
+
+def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]) -> list[float]:
+    """Generated tokens spent before each evaluation: 0 before the first step, then the sum
+    through each evaluated step, from the per-step metrics (step order)."""
+    spent = np.cumsum([m["ledger/generated_tokens"] for m in metrics])
+    if eval_steps and max(eval_steps) >= len(spent):
+        raise ValueError(f"{len(spent)} steps stored, evaluations at steps {list(eval_steps)}")
+    return [0.0, *(float(spent[s]) for s in eval_steps)]
 
 
 def fill_eval_tokens(workdir: Path, r: RunResult) -> RunResult:
@@ -123,11 +131,11 @@ def fill_eval_tokens(workdir: Path, r: RunResult) -> RunResult:
     if len(runs) != 1:
         raise ValueError(f"{r.method} seed {r.seed}: {len(runs)} matching runs in {db} "
                          f"({sorted(runs)[:3]}); expected one")
-    spent = np.cumsum([json.loads(row["metrics_json"])["ledger/generated_tokens"] for row in rows])
-    if max(r.eval_steps) >= len(spent):
-        raise ValueError(f"{r.method} seed {r.seed}: {db} holds {len(spent)} steps, evaluations at "
-                         f"{r.eval_steps[1:]}")
-    return RunResult(**{**r.__dict__, "eval_tokens": [0.0, *(float(spent[s]) for s in r.eval_steps[1:])]})
+    try:
+        tokens = tokens_at_evals([json.loads(row["metrics_json"]) for row in rows], r.eval_steps[1:])
+    except ValueError as exc:
+        raise ValueError(f"{r.method} seed {r.seed}, {db}: {exc}") from exc
+    return RunResult(**{**r.__dict__, "eval_tokens": tokens})
 
 
 def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
@@ -186,11 +194,13 @@ def accuracy_at_tokens(r: RunResult, tokens: float) -> float:
     """Held-out accuracy of run ``r`` after ``tokens`` generated tokens: linear between its
     evaluations on the cumulative-token axis (the start at 0 tokens). nan beyond the run's total
     (no extrapolation) or without the run's tokens per evaluation."""
-    if not r.eval_tokens or not (0 <= tokens <= r.eval_tokens[-1]):
+    if not r.eval_tokens:
         return float("nan")
     if len(r.eval_tokens) != len(r.accuracy) or np.any(np.diff(r.eval_tokens) < 0):
         raise ValueError(f"{r.method} seed {r.seed}: eval_tokens {r.eval_tokens} must rise with "
                          f"the {len(r.accuracy)} evaluations")
+    if not 0 <= tokens <= r.eval_tokens[-1]:
+        return float("nan")
     return float(np.interp(tokens, r.eval_tokens, r.accuracy))
 
 
@@ -233,13 +243,13 @@ def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[st
 
     mine, out = by_seed(method), {}
     budget_tokens = token_budget(results)
+    at_tokens = lambda r: accuracy_at_tokens(r, budget_tokens)  # noqa: E731
     for other in dict.fromkeys(r.method for r in results if r.method != method):
         theirs = by_seed(other)
         seeds = sorted(set(mine) & set(theirs))
         if not seeds:
             continue
         row: dict[str, Any] = {"seeds": seeds}
-        at_tokens = lambda r: accuracy_at_tokens(r, budget_tokens)  # noqa: E731
         for key, get in (("final", _final), ("auc", _auc), ("at_tokens", at_tokens)):
             d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
             se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")

@@ -72,3 +72,12 @@ def test_accuracy_at_equal_tokens_by_hand():
     out = paired([tree, flat])
     assert out["grpo"]["at_tokens"][0] == pytest.approx(0.05)
     assert math.isnan(token_budget([_run("grpo", 0, [0.5, 0.6, 0.7])]))
+
+
+def test_tokens_at_evaluations_by_hand():
+    from bench.learning import tokens_at_evals
+
+    metrics = [{"ledger/generated_tokens": t} for t in (10, 20, 30, 40)]
+    assert tokens_at_evals(metrics, [1, 3]) == [0.0, 30.0, 100.0]
+    with pytest.raises(ValueError, match="4 steps stored, evaluations at steps"):
+        tokens_at_evals(metrics, [1, 4])
