@@ -19,11 +19,7 @@ rho = 1 - realised / predicted is the intra-class correlation the pipeline estim
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
-
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def rows_for(workdir: Path) -> list[dict]:

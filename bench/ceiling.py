@@ -36,7 +36,6 @@ oracle top-<k/2> x 2n <z>x``
 from __future__ import annotations
 
 import argparse
-import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,9 +45,6 @@ import numpy as np
 
 from trace_core.allocation import (allocate_joint, allocate_roots, prefix_objective, root_gain,
                                    root_objective)
-
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 NAMES = ("grpo", "oracle_stage1", "oracle_joint", "oracle_top", "oracle_top2")
 """The allocations compared, in the order printed."""

@@ -35,10 +35,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 METHODS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
 
 

@@ -1,1 +1,5 @@
 """Prefect flows: the control loop of TRACE, as named phases (DESIGN.md section 2)."""
+
+from trace_rl import environ as _environ
+
+_environ.apply()  # before any prefect import (trace_rl/environ.py says why)

@@ -1,6 +1,7 @@
 """The ``bootstrap-policy`` flow: the project's own tiny CPU policy, warm-started by SFT on
-synthetic expert traces (trace_rl.policy.bootstrap). Cached on disk: a second call with the same
-inputs returns the existing directory."""
+synthetic expert traces (trace_rl.policy.bootstrap). Built once per machine: the policy is cached
+under ``trace_rl.environ.cache_dir()`` (``$TRACE_CACHE_DIR``) by the hash of its inputs, and each
+work dir gets a copy; a second call in the same work dir returns the existing directory."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from prefect import flow
 
 from flows.common import resolve_workdir
+from trace_rl.environ import cache_dir
 from trace_rl.policy.bootstrap import bootstrap_policy
 
 
@@ -20,4 +22,4 @@ def bootstrap(family: str = "synth_arith", difficulty: int = 2, workdir: str | N
     tag = f"-m{''.join(str(d) for d in mix)}" if mix else ""
     out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"
     return str(bootstrap_policy(family, out, difficulty=difficulty, preset=preset, seed=seed,
-                                mix=tuple(mix or ())))
+                                mix=tuple(mix or ()), cache_dir=cache_dir(), show_progress=True))

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import pytest
-import torch
+# No test may lean on a warm machine: Prefect's home (its database, profiles) and TRACE's shared
+# cache (bootstrapped policies) are new, empty folders for every session, inherited by the CLI
+# subprocesses the tests start. Set before anything imports prefect, which reads them on import.
+_FRESH = tempfile.mkdtemp(prefix="trace-tests-")
+os.environ["PREFECT_HOME"] = os.path.join(_FRESH, "prefect")
+os.environ["TRACE_CACHE_DIR"] = os.path.join(_FRESH, "cache")
+atexit.register(shutil.rmtree, _FRESH, ignore_errors=True)
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from trace_rl import environ  # noqa: E402
+
+environ.apply()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
 # Test models are tiny: their matmuls gain little from a second thread, while OpenMP spin-waiting
 # on a busy 2-core machine made a 30-step fit 8x slower with 2 threads than with 1 (25 s vs 3 s).
 torch.set_num_threads(1)

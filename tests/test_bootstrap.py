@@ -207,3 +207,35 @@ def test_sft_raises_held_out_success_over_the_untrained_model(small_policy, tmp_
     assert rates["untrained"] == 0.0
     assert rates["sft"] >= 3 / 32, rates
     assert json.loads((out / RECORD).read_text())["success_greedy"] > 0.0
+
+
+# Small enough to build twice in a test: one epoch of 64 traces, two items measured.
+TINY = dict(difficulty=1, preset="test", seed=0, sft_examples=64, sft_epochs=1,
+            eval_items=2, report_items=2, vocab_size=600, threads=1)
+
+
+@pytest.mark.slow
+def test_cache_builds_once_per_machine_and_shows_progress(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    first = tmp_path / "work-a" / "policy"
+    bootstrap_policy("synth_arith", first, cache_dir=cache, show_progress=True, **TINY)
+    err = capsys.readouterr().err
+    assert "training a tokenizer" in err and "measuring the untrained policy" in err
+    assert "epoch 1/1" in err and "kept epoch 1" in err
+    [cached] = [p for p in (cache / "policies").iterdir() if p.is_dir()]
+    assert read_record(cached)["input_hash"] == read_record(first)["input_hash"]
+    weights = (cached / "model.safetensors").read_bytes()
+    stamp = (cached / "model.safetensors").stat().st_mtime_ns
+
+    second = tmp_path / "work-b" / "policy"  # another work dir: a copy, no training
+    bootstrap_policy("synth_arith", second, cache_dir=cache, show_progress=True, **TINY)
+    err = capsys.readouterr().err
+    assert "reusing the policy cached at" in err and "training a tokenizer" not in err
+    assert (second / "model.safetensors").read_bytes() == weights
+    assert (cached / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not (second / "model.safetensors").samefile(cached / "model.safetensors")
+
+    # A different input (here the seed) is a different policy: a second cache entry.
+    bootstrap_policy("synth_arith", tmp_path / "work-c" / "policy", cache_dir=cache,
+                     **{**TINY, "seed": 1})
+    assert len([p for p in (cache / "policies").iterdir() if p.is_dir()]) == 2

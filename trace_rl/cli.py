@@ -17,9 +17,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from trace_rl import environ
+
+environ.apply()  # Prefect's start-up limit and quiet defaults, before any flow imports prefect
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="TRACE: tree rollout allocation for sample-efficient agentic RL.")

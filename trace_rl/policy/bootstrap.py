@@ -40,6 +40,7 @@ import math
 import os
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -55,6 +56,7 @@ from trace_rl.engines.hf import HFEngine
 from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.envs.registry import make_env
 from trace_rl.policy.tiny import PRESETS, build_model, build_tokenizer, save_policy
+from trace_rl.progress import Progress, Silent
 from trace_rl.rollout.format import render_action
 from trace_rl.rollout.react import Start, expert_episode, run_episodes
 from trace_rl.rollout.types import Action, Episode, SamplingSettings
@@ -368,11 +370,14 @@ def read_record(out_dir: str | Path) -> dict[str, Any] | None:
 def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int = 2, preset: str = "tiny",
                      seed: int = 0, sft_examples: int = 1600, sft_epochs: int = 8,
                      target_success: tuple[float, float] = (0.3, 0.7), threads: int | None = None,
+                     cache_dir: str | Path | None = None, show_progress: bool = False,
                      **settings: Any) -> Path:
     """Build (or reuse) the SFT-warm-started tiny policy of ``family`` in ``out_dir``; return it.
 
     ``settings`` are further ``BootstrapConfig`` fields (noise, vocab_size, batch_size, ...).
-    Cached: when ``out_dir/bootstrap.json`` holds the same input hash, nothing is recomputed.
+    Cached: when ``out_dir/bootstrap.json`` holds the same input hash, nothing is recomputed; with
+    ``cache_dir``, a policy built once for the same inputs is copied from there (``run_bootstrap``).
+    ``show_progress``: report each phase and SFT step (``trace_rl.progress``).
     """
     try:
         config = BootstrapConfig(family=family, difficulty=difficulty, preset=preset, seed=seed,
@@ -381,7 +386,8 @@ def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int = 2, p
     except TypeError as exc:
         fields = sorted(f.name for f in dataclasses.fields(BootstrapConfig))
         raise TypeError(f"bootstrap_policy: {exc}; known settings: {fields}") from None
-    return run_bootstrap(config, out_dir, threads=threads)
+    return run_bootstrap(config, out_dir, threads=threads, cache_dir=cache_dir,
+                         show_progress=show_progress)
 
 
 def auto_threads() -> int:
@@ -392,23 +398,61 @@ def auto_threads() -> int:
     return max(1, min(cores, round(cores - os.getloadavg()[0])))
 
 
-def run_bootstrap(config: BootstrapConfig, out_dir: str | Path, threads: int | None = None) -> Path:
+def run_bootstrap(config: BootstrapConfig, out_dir: str | Path, threads: int | None = None,
+                  cache_dir: str | Path | None = None, show_progress: bool = False) -> Path:
     """``bootstrap_policy`` for a ready ``BootstrapConfig``; ``threads`` (default
-    ``auto_threads()``) sets torch's CPU threads during the run (restored afterwards)."""
+    ``auto_threads()``) sets torch's CPU threads during the run (restored afterwards).
+
+    With ``cache_dir`` (``trace_rl.environ.cache_dir()`` from the flows) the policy is built once
+    per machine: it lives in ``cache_dir/policies/<family>-<input hash>``, keyed by everything that
+    determines it (``input_hash``: recipe version, config, system prompt, items), and each work
+    dir gets its own copy, so a work dir stays whole when moved or when the cache is cleared. A
+    file lock makes a second process wanting the same policy wait for the first instead of
+    training it twice."""
     out = Path(out_dir)
     env = make_env(config.family, difficulty=config.difficulty, seed=config.seed,
                    n_train=config.sft_examples,
                    n_test=config.eval_items + config.report_items,
                    **({"mix": tuple(config.mix)} if config.mix else {}))
     train, test = env.load("train"), env.load("test")
-    eval_items, report_items = test[:config.eval_items], test[config.eval_items:]
     digest = input_hash(config, env, train + test)
-    record = read_record(out) if out.exists() else None
-    if record is not None and record.get("input_hash") == digest:
+    if _holds(out, digest):
         return out
-    if out.exists() and record is None and any(out.iterdir()):
+    if out.exists() and read_record(out) is None and any(out.iterdir()):
         raise FileExistsError(f"bootstrap_policy: {out} exists, is not empty and has no {RECORD}; "
                               "refusing to overwrite it (choose an empty or new directory)")
+    if cache_dir is None:
+        _build(config, env, train, test, digest, out, threads, show_progress)
+        return out
+    from filelock import FileLock
+
+    cached = Path(cache_dir) / "policies" / f"{config.family}-{digest[:16]}"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cached) + ".lock"):
+        if _holds(cached, digest):
+            if show_progress:
+                print(f"bootstrap: reusing the policy cached at {cached}", file=sys.stderr,
+                      flush=True)
+        else:
+            _build(config, env, train, test, digest, cached, threads, show_progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
+        staged = Path(work) / "policy"
+        shutil.copytree(cached, staged)
+        _replace_dir(staged, out, Path(work))
+    return out
+
+
+def _holds(directory: Path, digest: str) -> bool:
+    """Whether ``directory`` holds a finished policy built from inputs with hash ``digest``."""
+    record = read_record(directory) if directory.is_dir() else None
+    return record is not None and record.get("input_hash") == digest
+
+
+def _build(config: BootstrapConfig, env: Environment, train: list[TaskItem], test: list[TaskItem],
+           digest: str, out: Path, threads: int | None, show_progress: bool) -> None:
+    """Train the policy and move it onto ``out`` atomically (``_replace_dir``)."""
+    eval_items, report_items = test[:config.eval_items], test[config.eval_items:]
     previous_threads = torch.get_num_threads()
     threads = threads or auto_threads()
     torch.set_num_threads(threads)
@@ -416,14 +460,14 @@ def run_bootstrap(config: BootstrapConfig, out_dir: str | Path, threads: int | N
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
             staged = Path(work) / "policy"
-            record = _train(config, env, train, eval_items, report_items, staged, Path(work))
+            record = _train(config, env, train, eval_items, report_items, staged, Path(work),
+                            show_progress)
             record["input_hash"] = digest
             record["threads"] = threads
             (staged / RECORD).write_text(json.dumps(record, indent=2) + "\n")
             _replace_dir(staged, out, Path(work))
     finally:
         torch.set_num_threads(previous_threads)
-    return out
 
 
 def _replace_dir(staged: Path, out: Path, work: Path) -> None:
@@ -436,8 +480,19 @@ def _replace_dir(staged: Path, out: Path, work: Path) -> None:
 
 def _train(config: BootstrapConfig, env: Environment, train: list[TaskItem],
            eval_items: list[TaskItem], report_items: list[TaskItem], staged: Path,
-           work: Path) -> dict[str, Any]:
+           work: Path, show_progress: bool = False) -> dict[str, Any]:
+    total_steps = math.ceil(len(train) / config.batch_size) * config.sft_epochs  # at most
+    label = f"bootstrap {config.family} d{config.difficulty}"
+    with (Progress(label, total_steps) if show_progress else Silent()) as progress:
+        return _train_steps(config, env, train, eval_items, report_items, staged, work,
+                            progress)
+
+
+def _train_steps(config: BootstrapConfig, env: Environment, train: list[TaskItem],
+                 eval_items: list[TaskItem], report_items: list[TaskItem], staged: Path,
+                 work: Path, progress: Progress | Silent) -> dict[str, Any]:
     t_start = time.perf_counter()
+    progress.note(f"training a tokenizer and writing {len(train)} SFT traces")
     rng = random.Random(f"bootstrap:{config.family}:{config.seed}")
     tokenizer = build_tokenizer(_tokenizer_texts(env, train[:config.tokenizer_items]),
                                 vocab_size=config.vocab_size, split_digits=config.split_digits)
@@ -470,7 +525,10 @@ def _train(config: BootstrapConfig, env: Environment, train: list[TaskItem],
                                seed=config.seed * 1000 + salt, max_turn_tokens=max_turn_tokens,
                                max_context=max_context)
 
+    progress.note(f"measuring the untrained policy on {len(eval_items)} held-out items")
     success_init = measure(eval_items, 1.0, 0)
+    progress.note(f"SFT: up to {config.sft_epochs} epochs, stopping once held-out success is in "
+                  f"[{config.target_success[0]}, {config.target_success[1]}]")
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
     total_steps = steps_per_epoch * config.sft_epochs
     opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
@@ -495,8 +553,11 @@ def _train(config: BootstrapConfig, env: Environment, train: list[TaskItem],
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
+            progress.advance(epoch=f"{epoch}/{config.sft_epochs}", loss=losses[-1])
         model.eval()
+        progress.note(f"epoch {epoch}: measuring held-out success on {len(eval_items)} items")
         success = measure(eval_items, 1.0, epoch)
+        progress.advance(0, success=success)
         history.append({"epoch": epoch, "loss": sum(losses) / len(losses), "eval_success": success,
                         "seconds": time.perf_counter() - t_sft})
         log.info("bootstrap %s epoch %d: loss %.4f, held-out success %.3f (%.0fs)", config.family,
@@ -510,6 +571,8 @@ def _train(config: BootstrapConfig, env: Environment, train: list[TaskItem],
     assert best is not None
     model.load_state_dict(best[2])
     model.eval()
+    progress.note(f"kept epoch {best[1]}; measuring it on {len(report_items)} report items "
+                  "(sampled and greedy)")
     success_sampled = measure(report_items, 1.0, 10_000)
     success_greedy = measure(report_items, 0.0, 20_000)
     engine.close()
