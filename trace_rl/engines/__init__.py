@@ -9,6 +9,8 @@ measurement in docs/results.md ("Engines benchmark").
 from __future__ import annotations
 
 import atexit
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +27,9 @@ on this 2-core CPU machine vLLM generated 4.4x (tiny preset) and 4.8x (SmolLM2-1
 of the transformers engine on the same 32-sample batches. Its start-up (20-65 s here) is paid once
 per process; short tests that build engines should ask for "hf" explicitly. CUDA: vLLM by design,
 to be confirmed by the same benchmark on a GPU machine."""
+
+STARTUP_HINT: dict[str, str] = {"vllm": "20-65 s on this project's 2-core CPU machine"}
+"""What an engine's start-up costs, as measured (docs/results.md, "Engines benchmark")."""
 
 _CACHE: dict[tuple, Engine] = {}
 
@@ -47,7 +52,14 @@ def get_engine(kind: str, model_dir: str | Path, **opts: Any) -> Engine:
     """
     key = (kind, str(Path(model_dir).resolve()), tuple(sorted(opts.items())))
     if key not in _CACHE:
+        # Announced: vLLM's start-up is the longest silent-looking wait of a run after the bootstrap.
+        print(f"starting the {kind} rollout engine on {model_dir} "
+              f"({STARTUP_HINT.get(kind, 'a few seconds')}, once per process)", file=sys.stderr,
+              flush=True)
+        t0 = time.perf_counter()
         _CACHE[key] = make_engine(kind, model_dir, **opts)
+        print(f"{kind} rollout engine ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+              flush=True)
     return _CACHE[key]
 
 

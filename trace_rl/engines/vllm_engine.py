@@ -94,6 +94,7 @@ class VLLMEngine:
             seed=seed, max_model_len=max_model_len, enable_prefix_caching=True,
             enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
             disable_log_stats=False,
+            use_tqdm_on_load=False,  # no "Loading safetensors checkpoint shards" bar per weight sync
             worker_extension_cls=f"{__name__}.{SyncWorkerExtension.__qualname__}")
         if on_cpu:
             kwargs["block_size"] = block_size or 32
