@@ -44,6 +44,7 @@ def run_main_command(home: Path, cache: Path, workdir: Path, overrides: list[str
             longest = max(longest, now - last)
             last = now
             out.write(f"{now - t0:8.1f} {line}")
+            out.flush()  # readable while it runs
         rc = proc.wait()
     end = time.monotonic()
     return {"rc": rc, "seconds": end - t0, "longest_silence_s": max(longest, end - last)}

@@ -1,0 +1,65 @@
+"""trace_core.stats: hand-worked intervals, a naive loop as reference, invariants."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trace_core.stats import Interval, mean_interval, paired_gain
+
+
+def test_hand_worked_interval():
+    # values 0, 1, 1, 0: mean 0.5, sd (ddof 1) = sqrt(1/3), se = sqrt(1/3)/2
+    iv = mean_interval([0.0, 1.0, 1.0, 0.0])
+    half = 1.959963984540054 * math.sqrt(1 / 3) / 2
+    assert iv.mean == 0.5 and iv.n == 4
+    assert iv.low == pytest.approx(0.5 - half) and iv.high == pytest.approx(0.5 + half)
+    assert not iv.excludes_zero
+
+
+def test_paired_gain_matches_a_naive_loop():
+    rng = np.random.default_rng(0)
+    before = rng.integers(0, 5, size=50) / 4  # 4 samples per item
+    after = np.clip(before + rng.integers(-1, 3, size=50) / 4, 0, 1)
+    diffs = [a - b for a, b in zip(after, before)]
+    m = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1))
+    iv = paired_gain(before, after)
+    assert iv.mean == pytest.approx(m)
+    assert iv.half_width == pytest.approx(1.959963984540054 * sd / math.sqrt(len(diffs)))
+
+
+def test_pairing_removes_item_spread():
+    # Items of very different difficulty, each gaining 0.1: unpaired the spread hides the gain.
+    before = np.array([0.0, 0.25, 0.5, 0.75] * 2)
+    after = before + 0.1
+    gain = paired_gain(before, after)
+    assert gain.mean == pytest.approx(0.1) and gain.half_width == pytest.approx(0.0)
+    assert gain.excludes_zero
+    assert mean_interval(after).low < mean_interval(before).high  # the two intervals overlap
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_invariants_on_random_cases(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.random(int(rng.integers(2, 300)))
+    iv = mean_interval(x)
+    assert iv.low <= iv.mean <= iv.high and iv.low < iv.high
+    assert mean_interval(x, level=0.99).half_width > iv.half_width
+    shifted = mean_interval(x + 1.0)
+    assert shifted.mean == pytest.approx(iv.mean + 1.0)
+    assert shifted.half_width == pytest.approx(iv.half_width)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="at least 2"):
+        mean_interval([1.0])
+    with pytest.raises(ValueError, match="finite"):
+        mean_interval([1.0, float("nan")])
+    with pytest.raises(ValueError, match="level"):
+        mean_interval([0.0, 1.0], level=1.0)
+    with pytest.raises(ValueError, match="same items"):
+        paired_gain([0.0, 1.0], [0.0, 1.0, 1.0])
+    assert isinstance(mean_interval([0.0, 1.0]), Interval)

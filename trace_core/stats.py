@@ -1,0 +1,68 @@
+"""Confidence intervals for held-out accuracy: how a run tells a gain from its own noise.
+
+Held-out accuracy is the mean over items of each item's success rate over its samples. Items, not
+samples, are the independent units (the samples of one item share its difficulty and are
+correlated), so the interval is taken over the item means:
+
+    acc = (1/n) sum_i a_i,    95% CI = acc +- z_{0.975} * sd(a) / sqrt(n)
+
+The gain of a training run is paired by item: the same items (and sampling seeds) are evaluated
+before and after, and the interval is that of d_i = a_i^after - a_i^before, which removes the
+between-item spread from the comparison. The quantile is the normal one (stdlib ``NormalDist``):
+with the train flow's 200 items the Student-t interval is 0.5% wider; with fewer than 30 items it
+is too narrow by up to a few per cent, and ``n < 2`` has no interval at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean and its two-sided confidence interval over ``n`` independent units."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    level: float = 0.95
+
+    @property
+    def excludes_zero(self) -> bool:
+        """Whether the interval lies wholly on one side of 0 (the effect is larger than noise)."""
+        return self.low > 0.0 or self.high < 0.0
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2.0
+
+
+def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:
+    """The mean of ``values`` (one per independent unit) with its ``level`` confidence interval."""
+    x = np.asarray(values, dtype=np.float64)  # [n]
+    if x.ndim != 1 or x.size < 2:
+        raise ValueError(f"mean_interval: need a flat sequence of at least 2 values, got shape "
+                         f"{x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("mean_interval: values must be finite")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"mean_interval: level={level} must lie in (0, 1)")
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    mean = float(x.mean())
+    half = z * float(x.std(ddof=1)) / np.sqrt(x.size)
+    return Interval(mean=mean, low=mean - half, high=mean + half, n=int(x.size), level=level)
+
+
+def paired_gain(before: Sequence[float], after: Sequence[float], level: float = 0.95) -> Interval:
+    """``mean(after - before)`` with its interval; ``before[i]`` and ``after[i]`` are one item."""
+    b = np.asarray(before, dtype=np.float64)
+    a = np.asarray(after, dtype=np.float64)
+    if b.shape != a.shape:
+        raise ValueError(f"paired_gain: before has shape {b.shape}, after {a.shape}; the same "
+                         "items must be evaluated twice")
+    return mean_interval(a - b, level)
