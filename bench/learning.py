@@ -368,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
             "root_budget": args.root_budget, "multiplier": args.multiplier,
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf",
+            "eval_items": 0,  # evaluated here, at eval_steps, not by the flow
             "checkpoint_every": args.eval_every}
     seen = json.loads((Path(policy) / "bootstrap.json").read_text())["config"]
     skip = seen["eval_items"] + seen["report_items"]

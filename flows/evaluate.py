@@ -9,41 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from prefect import flow, task
 
 from flows.common import resolve_workdir
 from tasks import runtime
+from tasks.evaluate import rollout_eval
 from trace_rl.config import config_from_mapping
-from trace_rl.rollout.react import Start, run_episodes
-from trace_rl.rollout.types import SamplingSettings
 
 
 @task(name="evaluate-rollouts")
 def evaluate_rollouts(config: dict[str, Any], policy_dir: str, split: str, limit: int | None,
                       samples: int, temperature: float, skip: int = 0) -> dict[str, Any]:
-    """``limit`` items of ``split`` after the first ``skip`` (e.g. those a bootstrap selected on)."""
+    """``limit`` items of ``split`` after the first ``skip`` (e.g. those a bootstrap selected on);
+    ``tasks.evaluate.rollout_eval`` without the per-item rates."""
     cfg = config_from_mapping(config, "evaluate(config=...)")
-    env = runtime.env_for(cfg)
-    items = list(runtime.items_for(cfg, split).values())[skip:][: limit or None]
-    if not items:
-        raise ValueError(f"evaluate: split {split!r} of {cfg.family} has no items")
-    engine = runtime.engine_for(cfg, policy_dir)
-    episodes = run_episodes(engine, env, [Start(it, (), samples) for it in items],
-                            sampling=SamplingSettings(max_tokens=cfg.max_new_tokens,
-                                                      temperature=temperature, seed=cfg.seed),
-                            max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s, seed=cfg.seed)
-    rewards = np.array([float(ep.reward or 0.0) for ep in episodes]).reshape(len(items), samples)
-    per_item = rewards.mean(axis=1)
-    return {
-        "accuracy": float(rewards.mean()),
-        "items": len(items),
-        "samples": samples,
-        "mixed_share": float(np.mean((per_item > 0) & (per_item < 1))) if samples > 1 else 0.0,
-        "any_success": float(np.mean(per_item > 0)),
-        "generated_tokens": int(sum(ep.ledger.generated_tokens for ep in episodes)),
-        "tool_calls": int(sum(ep.ledger.tool_calls for ep in episodes)),
-    }
+    result = rollout_eval(cfg, policy_dir, split, limit, samples, temperature, skip)
+    del result["per_item"]
+    return result
 
 
 @flow(name="evaluate", log_prints=True)

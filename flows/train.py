@@ -4,6 +4,11 @@
     -> allocate prefixes -> expand level 1 -> persist -> backup -> fit predictor -> advantages
     -> policy update -> sync weights -> log
 
+Before the first step and after the last, the policy is evaluated on held-out items (paired:
+same items, same sampling seeds; ``TrainConfig.eval_items``), and the run ends with a summary of
+what it achieved (``tasks.track.run_summary``): printed by the CLI, the flow run's Markdown
+artifact, ``eval/`` metrics and a reward curve in MLflow.
+
 With ``joint_split`` (TRACE), "allocate prefixes" splits the rest of the budget between
 continuations and prompts not yet rolled out; the latter are one more level-0 wave.
 
@@ -25,7 +30,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.common import bind, resolve_workdir
-from tasks import expand, learn, prefixes, roots, runtime, track
+from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import RootPool
 from trace_rl.config import TrainConfig, config_from_mapping
 from trace_rl.storage.tracking import Tracker
@@ -164,7 +169,13 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
     if start >= cfg.steps:
         logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)
     history = []
+    held_out = bind(evaluate.evaluate_policy, workdir)
+    skip = evaluate.bootstrap_items(str(initial))
     try:
+        if cfg.eval_items:  # a stored evaluation (a resumed run) is read back, not redone
+            before = held_out(cfg, workdir, run_id, 0, str(initial), skip)
+            logger.info("held-out accuracy before training: %.3f (%d items x %d samples)",
+                        before["accuracy"], before["items"], before["samples"])
         for step in range(start, cfg.steps):
             store.mark_step(run_id, step, "running")
             policy_dir, metrics = run_step(cfg, workdir, run_id, step, policy_dir, mlflow_run_id)
@@ -174,6 +185,10 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
             logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
                         metrics["rollout/reward_mean"], metrics["tree/effective_ratio"],
                         metrics["rollout/leaves"], metrics["time/step_s"])
+        if cfg.eval_items:
+            held_out(cfg, workdir, run_id, cfg.steps, policy_dir, skip)
+        summary = bind(track.log_summary, workdir)(workdir, mlflow_run_id, run_id,
+                                                   where_to_look(workdir, run_id))
     except BaseException:
         store.set_run(run_id, status="failed")
         tracker.end("FAILED")
@@ -182,4 +197,15 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
     tracker.end("FINISHED")
     return {"run_id": run_id, "workdir": workdir, "policy_dir": policy_dir,
             "mlflow_run_id": mlflow_run_id, "steps_run": len(history),
-            "last_metrics": history[-1] if history else {}}
+            "last_metrics": history[-1] if history else {}, "summary": summary,
+            "where": where_to_look(workdir, run_id)}
+
+
+def where_to_look(workdir: str, run_id: str) -> dict[str, str]:
+    """Commands that open what a run left behind (printed by the CLI, in the flow's artifact)."""
+    return {"MLflow UI": f"mlflow ui --backend-store-uri sqlite:///{Path(workdir) / 'mlflow.db'}",
+            "SQL on the trees": f"trace sql --workdir {workdir} \"SELECT step, level, count(*) AS "
+                                f"nodes, avg(reward) AS reward FROM nodes WHERE run_id = "
+                                f"'{run_id}' GROUP BY ALL ORDER BY ALL\"",
+            "SQL on the evaluations": f"trace sql --workdir {workdir} \"SELECT step, accuracy, "
+                                      f"ci_low, ci_high FROM evals WHERE run_id = '{run_id}'\""}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+import json
+import re
+from typing import Any, Mapping
 
 import numpy as np
 from prefect import task
 
 from tasks import runtime
+from trace_core.stats import paired_gain
 from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import parent_array
 from trace_rl.storage import plots
@@ -60,6 +63,9 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
     tracker.log_checkpoint("predictor", predictor_file, step)
     if not plot:
         return
+    done = run_summary(workdir, run_id)  # the steps before this one (it is not complete yet)
+    _log_reward_curve(tracker, done, [s for s in done["steps"] if s["step"] < step]
+                      + [{"step": step, "reward": metrics["rollout/reward_mean"]}])
     store = runtime.store(workdir)
     step_nodes = store.read_step(run_id, step)
     trees = step_nodes.column("tree_id").to_pylist()
@@ -82,3 +88,108 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
                                      scored.column("value").to_pylist(),
                                      title=f"predictor calibration, step {step}")
         tracker.log_figure(fig, f"figures/calibration_step_{step:04d}.png")
+
+
+def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
+    """What a run achieved, read from the store with the SQL a user would run: held-out accuracy
+    before and after with intervals, the paired gain, and per step the reward, effective ratio,
+    leaves and generated tokens (``trace sql`` on ``evals``, ``steps``, ``nodes``, ``ledger``)."""
+    store = runtime.store(workdir)
+    q = {"r": run_id}
+    steps = []
+    for row in store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r "
+                           "AND status = 'complete' ORDER BY step", q).to_pylist():
+        m = json.loads(row["metrics_json"] or "{}")
+        steps.append({"step": row["step"], "reward": m.get("rollout/reward_mean"),
+                      "effective_ratio": m.get("tree/effective_ratio"),
+                      "leaves": int(m.get("rollout/leaves", 0)),
+                      "generated_tokens": int(m.get("ledger/generated_tokens", 0))})
+    totals = store.query("SELECT count(*) AS leaves FROM nodes WHERE run_id = $r AND is_leaf",
+                         q).to_pylist()[0]
+    tokens = store.query("SELECT coalesce(sum(generated_tokens), 0) AS t FROM ledger "
+                         "WHERE run_id = $r", q).to_pylist()[0]["t"]
+    evals = store.query("SELECT * FROM evals WHERE run_id = $r ORDER BY step", q).to_pylist()
+    before = next((e for e in evals if e["step"] == 0), None)
+    last = max((e for e in evals if e["step"] > 0), key=lambda e: e["step"], default=None)
+    gain = None
+    if before and last and len(before["per_item"]) >= 2:
+        g = paired_gain(before["per_item"], last["per_item"])
+        gain = {"mean": g.mean, "low": g.low, "high": g.high, "excludes_zero": g.excludes_zero}
+
+    def brief(e: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        return None if e is None else {k: e[k] for k in ("step", "accuracy", "ci_low", "ci_high",
+                                                          "items", "samples")}
+
+    return {"run_id": run_id, "steps": steps, "leaves": int(totals["leaves"]),
+            "generated_tokens": int(tokens), "before": brief(before), "after": brief(last),
+            "gain": gain}
+
+
+def summary_markdown(summary: Mapping[str, Any], where: Mapping[str, str]) -> str:
+    """The summary as the Markdown of the flow's Prefect artifact (the CLI prints the same)."""
+    lines = [f"# {summary['run_id']}", ""]
+    b, a, g = summary["before"], summary["after"], summary["gain"]
+    if b and a:
+        lines += ["| held-out accuracy | value | 95% CI |", "|---|---|---|",
+                  f"| before (step {b['step']}) | {b['accuracy']:.3f} | {_ci(b)} |",
+                  f"| after (step {a['step']}) | {a['accuracy']:.3f} | {_ci(a)} |"]
+        if g:
+            lines.append(f"| gain (paired over {b['items']} items) | {g['mean']:+.3f} | "
+                         f"[{g['low']:+.3f}, {g['high']:+.3f}] |")
+        lines.append("")
+    lines += ["| step | reward | effective ratio | leaves | generated tokens |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {s['step']} | {s['reward']:.3f} | {s['effective_ratio']:.2f} | {s['leaves']} | "
+              f"{s['generated_tokens']} |" for s in summary["steps"]]
+    lines += ["", f"Spent: {summary['leaves']} leaves, {summary['generated_tokens']} generated "
+              "tokens in training.", ""]
+    lines += [f"* {name}: `{value}`" for name, value in where.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _ci(e: Mapping[str, Any]) -> str:
+    return "-" if e["ci_low"] is None else f"[{e['ci_low']:.3f}, {e['ci_high']:.3f}]"
+
+
+@task(name="log-summary")
+def log_summary(workdir: str, mlflow_run_id: str, run_id: str, where: Mapping[str, str]
+                ) -> dict[str, Any]:
+    """The run's summary (``run_summary``) as MLflow metrics (``eval/accuracy`` at step 0 and at
+    the last evaluation, their intervals, the paired gain), the reward curve as one figure, and a
+    Markdown artifact of the Prefect flow run; returns the summary."""
+    from prefect.artifacts import create_markdown_artifact
+
+    summary = run_summary(workdir, run_id)
+    tracker = Tracker(workdir)
+    tracker.start_or_resume(run_id, mlflow_run_id=mlflow_run_id)
+    for e in (summary["before"], summary["after"]):
+        if e is not None:
+            tracker.log_metrics(e["step"], {"eval/accuracy": e["accuracy"],
+                                            **({"eval/ci_low": e["ci_low"],
+                                                "eval/ci_high": e["ci_high"]}
+                                               if e["ci_low"] is not None else {})})
+    if summary["gain"] is not None and summary["after"] is not None:
+        g = summary["gain"]
+        tracker.log_metrics(summary["after"]["step"], {"eval/gain": g["mean"],
+                                                       "eval/gain_low": g["low"],
+                                                       "eval/gain_high": g["high"]})
+    _log_reward_curve(tracker, summary, summary["steps"])
+    create_markdown_artifact(key=_artifact_key(run_id), markdown=summary_markdown(summary, where),
+                             description=f"TRACE run {run_id}: what training achieved")
+    return summary
+
+
+def _artifact_key(run_id: str) -> str:
+    """Prefect artifact keys allow lower-case letters, digits and dashes only."""
+    return "summary-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+
+
+def _log_reward_curve(tracker: Tracker, summary: Mapping[str, Any],
+                      steps: list[Mapping[str, Any]]) -> None:
+    """``figures/reward.png``, one file per run, redrawn as steps finish."""
+    evals = {e["step"]: (e["accuracy"], e["ci_low"], e["ci_high"])
+             for e in (summary["before"], summary["after"])
+             if e is not None and e["ci_low"] is not None}
+    fig = plots.reward_curve([s["step"] for s in steps], [s["reward"] for s in steps],
+                             evals=evals, title=summary["run_id"])
+    tracker.log_figure(fig, "figures/reward.png")

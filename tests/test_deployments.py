@@ -72,7 +72,7 @@ def test_retrain_latest_refuses_a_pinned_run_id(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ a real server and worker
 
 TINY = {"engine": "hf", "steps": 1, "root_budget": 4, "pool_size": 4, "max_turns": 2,
-        "max_new_tokens": 16, "multiplier": 1}
+        "max_new_tokens": 16, "multiplier": 1, "eval_items": 4, "eval_samples": 2}
 
 
 def _free_port() -> int:

@@ -21,7 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TRACE = Path(sys.executable).with_name("trace")
 SHORT = ["engine=hf", "steps=1", "root_budget=4", "pool_size=4", "max_turns=2",
-         "max_new_tokens=16", "plot_every=0"]
+         "max_new_tokens=16", "plot_every=0", "eval_items=4",
+         "eval_samples=2"]
 
 
 def _fresh_env(tmp_path: Path) -> dict[str, str]:

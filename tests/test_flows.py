@@ -20,7 +20,7 @@ from trace_rl.storage.store import TreeStore
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
         "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
-        "plot_every": 1}
+        "plot_every": 1, "eval_items": 6, "eval_samples": 2}
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
@@ -95,6 +95,7 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
     figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
     assert any("tree_step" in f for f in figures)
     assert client.search_model_versions("name = 'trace-policy'")
+    _check_summary(summary, tmp_path, client)
 
     # The predictor refit over the stored trees, with the last step held out.
     from flows.retrain_predictor import retrain_predictor
@@ -107,6 +108,52 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
     again = train(config=cfg, workdir=str(tmp_path))
     assert again["steps_run"] == 0
     _check_trees(store, summary["run_id"], TINY["steps"], leaves)
+    assert again["summary"] == summary["summary"]  # the stored evaluations, not new ones
+
+
+def _check_summary(result: dict, workdir: Path, client) -> None:
+    """The run's summary equals what `trace sql` and the MLflow store hold."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from trace_core.stats import paired_gain
+
+    s, run_id = result["summary"], result["run_id"]
+    sql = subprocess.run([str(Path(sys.executable).with_name("trace")), "sql", "--workdir",
+                          str(workdir), "--format", "json",
+                          f"SELECT step, accuracy, ci_low, ci_high, items, samples, per_item "
+                          f"FROM evals WHERE run_id = '{run_id}' ORDER BY step"],
+                         env=_env(), capture_output=True, text=True, check=True)
+    before, after = json.loads(sql.stdout)
+    assert (before["step"], after["step"]) == (0, TINY["steps"])
+    for mine, stored in ((s["before"], before), (s["after"], after)):
+        for k in ("step", "accuracy", "ci_low", "ci_high", "items", "samples"):
+            assert mine[k] == stored[k], k
+    assert before["items"] == TINY["eval_items"] and before["samples"] == TINY["eval_samples"]
+    gain = paired_gain(before["per_item"], after["per_item"])
+    assert (s["gain"]["mean"], s["gain"]["low"], s["gain"]["high"]) == (gain.mean, gain.low,
+                                                                        gain.high)
+    store = TreeStore(workdir / "trace.duckdb", create=False)
+    q = {"r": run_id}
+    assert s["leaves"] == _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r "
+                                        "AND is_leaf", **q)
+    assert s["generated_tokens"] == _count(store, "SELECT sum(generated_tokens) AS n FROM ledger "
+                                                  "WHERE run_id = $r", **q)
+
+    run = result["mlflow_run_id"]
+    metric = lambda key: {m.step: m.value for m in client.get_metric_history(run, key)}  # noqa: E731
+    assert metric("eval/accuracy") == {0: before["accuracy"], TINY["steps"]: after["accuracy"]}
+    assert metric("eval/ci_low") == {0: before["ci_low"], TINY["steps"]: after["ci_low"]}
+    assert metric("eval/gain") == {TINY["steps"]: gain.mean}
+    assert metric("rollout/reward_mean") == {st["step"]: st["reward"] for st in s["steps"]}
+    assert metric("tree/effective_ratio") == {st["step"]: st["effective_ratio"]
+                                              for st in s["steps"]}
+    assert "figures/reward.png" in [a.path for a in client.list_artifacts(run, "figures")]
+
+    with get_client(sync_client=True) as prefect:
+        [artifact] = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[f"summary-{run_id.lower()}"])))
+    assert f"| {after['accuracy']:.3f} |" in artifact.data and "generated tokens" in artifact.data
 
 
 def test_sigkill_mid_step_then_resume(tiny_model_dir, tmp_path):

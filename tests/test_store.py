@@ -294,11 +294,32 @@ def test_query_is_read_only(store):
 
 def test_parquet_round_trip(store, tmp_path):
     files = store.export_parquet("run1", tmp_path / "export")
-    assert set(files) == {"runs", "steps", "nodes", "allocations", "ledger"}
+    assert set(files) == {"runs", "steps", "nodes", "allocations", "ledger", "evals"}
     back = pq.read_table(files["nodes"])
     assert back.to_pylist() == store.read_step("run1", 0).to_pylist()
     assert back.schema.field("gen_token_ids").type == pa.list_(pa.int32())
     assert pq.read_table(files["ledger"]).num_rows == 2
+
+
+def _eval_row(step: int, accuracy: float) -> dict:
+    return {"run_id": "run1", "step": step, "policy_dir": "/p", "split": "test", "skip": 144,
+            "items": 3, "samples": 2, "temperature": 1.0, "accuracy": accuracy,
+            "ci_low": accuracy - 0.1, "ci_high": accuracy + 0.1, "per_item": [0.5, 1.0, 0.0],
+            "generated_tokens": 40, "tool_calls": 3}
+
+
+def test_evals_are_stored_once_per_step_and_replaced_on_repeat(store):
+    assert store.get_eval("run1", 0) is None
+    store.record_eval(_eval_row(0, 0.5))
+    store.record_eval(_eval_row(2, 0.6))
+    store.record_eval(_eval_row(2, 0.7))  # a repeat of (run, step) replaces, never duplicates
+    rows = store.query("SELECT step, accuracy, per_item FROM evals WHERE run_id = 'run1' "
+                       "ORDER BY step").to_pylist()
+    assert rows == [{"step": 0, "accuracy": 0.5, "per_item": [0.5, 1.0, 0.0]},
+                    {"step": 2, "accuracy": 0.7, "per_item": [0.5, 1.0, 0.0]}]
+    assert store.get_eval("run1", 2)["ci_high"] == pytest.approx(0.8)
+    with pytest.raises(StoreError, match="missing"):
+        store.record_eval({"run_id": "run1", "step": 3})
 
 
 WRITER = textwrap.dedent("""

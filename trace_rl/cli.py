@@ -48,19 +48,39 @@ def train(
                   f"workdir {wd}")
     from flows.train import train as train_flow
 
-    summary = train_flow(config=cfg.to_dict(), workdir=wd)
-    m = summary["last_metrics"]
-    if m:
-        console.print(f"last step: reward {m['rollout/reward_mean']:.3f}, effective ratio "
-                      f"{m['tree/effective_ratio']:.2f}, {int(m['rollout/leaves'])} leaves")
-    db = Path(wd) / "trace.duckdb"
+    result = train_flow(config=cfg.to_dict(), workdir=wd)
+    print_summary(result["summary"])
     console.print("\n[bold]Where to look[/]")
-    console.print(f"  policy checkpoint: {summary['policy_dir']}")
-    console.print(f"  SQL on the rollout trees: trace sql --workdir {wd} "
-                  f"\"SELECT step, level, count(*) AS nodes, avg(reward) AS reward "
-                  f"FROM nodes WHERE run_id = '{summary['run_id']}' GROUP BY ALL ORDER BY ALL\"")
-    console.print(f"  (or with the duckdb CLI: duckdb -readonly {db})")
-    console.print(f"  MLflow UI: mlflow ui --backend-store-uri sqlite:///{Path(wd) / 'mlflow.db'}")
+    console.print(f"  policy checkpoint: {result['policy_dir']}")
+    for name, command in result["where"].items():
+        console.print(f"  {name}: {command}")
+
+
+def print_summary(summary: dict) -> None:
+    """What the run achieved: held-out accuracy before/after with intervals, then per step."""
+    b, a, g = summary["before"], summary["after"], summary["gain"]
+    if b and a:
+        t = Table("held-out accuracy", "value", "95% CI", title=f"run {summary['run_id']}")
+        for name, e in ((f"before (step {b['step']})", b), (f"after (step {a['step']})", a)):
+            t.add_row(name, f"{e['accuracy']:.3f}", "-" if e["ci_low"] is None
+                      else f"[{e['ci_low']:.3f}, {e['ci_high']:.3f}]")
+        if g:
+            t.add_row(f"gain, paired over {b['items']} items x {b['samples']} samples",
+                      f"{g['mean']:+.3f}", f"[{g['low']:+.3f}, {g['high']:+.3f}]")
+        console.print(t)
+        if g:
+            verdict = ("larger than its noise" if g["excludes_zero"] and g["mean"] > 0 else
+                       "a loss larger than its noise" if g["excludes_zero"] else
+                       "not distinguishable from noise (the interval holds 0)")
+            console.print(f"training changed held-out accuracy by {100 * g['mean']:+.1f} points: "
+                          f"{verdict}")
+    t = Table("step", "reward", "effective ratio", "leaves", "generated tokens")
+    for st in summary["steps"]:
+        t.add_row(str(st["step"]), f"{st['reward']:.3f}", f"{st['effective_ratio']:.2f}",
+                  str(st["leaves"]), str(st["generated_tokens"]))
+    console.print(t)
+    console.print(f"spent {summary['leaves']} leaves and {summary['generated_tokens']} generated "
+                  "tokens in training")
 
 
 @app.command("eval")
@@ -156,7 +176,7 @@ def export(
     out: Path = typer.Option(Path("export"), help="Output folder for the Parquet files."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
-    """Export a run's tables (runs, steps, nodes, allocations, ledger) to Parquet."""
+    """Export a run's tables (runs, steps, nodes, allocations, ledger, evals) to Parquet."""
     from trace_rl.storage.store import TreeStore
 
     written = TreeStore(Path(_workdir(workdir)) / "trace.duckdb", create=False).export_parquet(run_id, out)

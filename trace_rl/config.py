@@ -24,8 +24,9 @@ ENGINES = ("auto", "hf", "vllm")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A TRACE training run. ``trace train`` with no config runs these defaults: a few steps of
-    the tiny CPU policy on a synthetic family, small enough for a 2-core machine."""
+    """A TRACE training run. ``trace train`` with no config runs these defaults: ten steps of
+    the tiny CPU policy on a synthetic family, evaluated on held-out items before and after, small
+    enough for a 2-core machine (docs/results.md, "The default run")."""
 
     run_name: str = "trace-default"
     """Human name; the run id is ``<run_name>-<config hash>`` unless ``run_id`` is set."""
@@ -40,7 +41,14 @@ class TrainConfig:
     train_split: str = "train"
     """Split (or data file, for real families) that roots are drawn from."""
     eval_split: str = "test"
-    """Held-out split for ``evaluate``."""
+    """Held-out split for ``evaluate`` and the train flow's before/after evaluation."""
+    eval_items: int = 200
+    """Held-out items the train flow evaluates the policy on before the first step and after the
+    last (paired: same items, same sampling seeds; 0 = no evaluation). A bootstrapped policy's
+    own selection and report items are skipped. The interval of the gain over 200 items x 4
+    samples is about +-4 points (docs/results.md, "The default run")."""
+    eval_samples: int = 4
+    """Rollouts per held-out item, at the training temperature; an item's score is their mean."""
     policy: str = "tiny"
     """A Hugging Face causal LM directory, or ``tiny`` for the project's bootstrapped CPU model."""
     engine: str = "auto"
@@ -63,13 +71,13 @@ class TrainConfig:
     (``trace_core.advantages.per_node``), so a prefix continued K times weighs once in the loss,
     not K + 1 times; a no-op for flat groups. Off by measurement (docs/results.md, "Session 7"):
     TRACE +0.6 points (inside the seeds' spread), one random_prefix run of three broke."""
-    steps: int = 3
+    steps: int = 10
     """Training steps (each: roots -> level 0 -> level 1 -> update)."""
-    pool_size: int = 16
+    pool_size: int = 32
     """Candidate prompts scored by the predictor per step (Stage 1 pool)."""
     root_budget: int = 16
     """M: bare rollouts per step, shared across the pool by Stage 1."""
-    multiplier: int = 1
+    multiplier: int = 2
     """N: continuation multiplier; Stage 2 spends m_i * N continuations on prompt i."""
     min_per_root: int = 2
     """Smallest non-zero root allocation (one rollout can never be mixed)."""

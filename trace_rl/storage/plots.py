@@ -152,3 +152,39 @@ def contrast_curve(steps: Sequence[int], series: Mapping[str, Sequence[float]],
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` values (fewer at the start), one per value."""
+    v = _as_1d("values", values)
+    if window < 1:
+        raise ValueError(f"moving_average: window={window} must be >= 1")
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    idx = np.arange(1, len(v) + 1)
+    lo = np.maximum(idx - window, 0)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def reward_curve(steps: Sequence[int], rewards: Sequence[float], window: int = 3,
+                 evals: Mapping[int, tuple[float, float, float]] | None = None,
+                 title: str | None = None) -> Figure:
+    """A run's training reward per step, its trailing ``window``-step mean, and held-out accuracy
+    with its interval at the steps in ``evals`` (step -> (accuracy, low, high))."""
+    s = _as_1d("steps", steps)
+    r = _as_1d("rewards", rewards, len(s))
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.plot(s, r, marker="o", ms=3, alpha=0.4, label="reward (leaves of the step)")
+    if len(r):
+        ax.plot(s, moving_average(r, window), lw=2, label=f"moving average ({window} steps)")
+    for i, (step, (acc, lo, hi)) in enumerate(sorted((evals or {}).items())):
+        ax.errorbar([step], [acc], yerr=[[acc - lo], [hi - acc]], fmt="s", color="black",
+                    capsize=4, label="held-out accuracy (95% CI)" if i == 0 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig

@@ -98,6 +98,25 @@ CREATE TABLE IF NOT EXISTS ledger (
     wall_seconds     DOUBLE NOT NULL,
     PRIMARY KEY (run_id, step, level, method)
 );
+
+CREATE TABLE IF NOT EXISTS evals (
+    run_id           TEXT NOT NULL,
+    step             INTEGER NOT NULL,  -- 0: before the first update; steps: after the last
+    policy_dir       TEXT NOT NULL,
+    split            TEXT NOT NULL,
+    skip             INTEGER NOT NULL,  -- items of the split passed over (a bootstrap's own)
+    items            INTEGER NOT NULL,
+    samples          INTEGER NOT NULL,
+    temperature      DOUBLE NOT NULL,
+    accuracy         DOUBLE NOT NULL,
+    ci_low           DOUBLE,            -- 95% interval over items (trace_core.stats)
+    ci_high          DOUBLE,
+    per_item         DOUBLE[] NOT NULL, -- success rate of each item, in item order
+    generated_tokens BIGINT NOT NULL,
+    tool_calls       BIGINT NOT NULL,
+    created_at       TIMESTAMP NOT NULL,
+    PRIMARY KEY (run_id, step)
+);
 """
 
 # Views are recreated on every schema init so that a fix to a view reaches old databases.

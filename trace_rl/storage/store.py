@@ -260,6 +260,30 @@ class TreeStore:
                        {"r": run_id})
         return t.column("s")[0].as_py()
 
+    # ---------------------------------------------------------------- held-out evaluations
+
+    EVAL_COLUMNS = ("run_id", "step", "policy_dir", "split", "skip", "items", "samples",
+                    "temperature", "accuracy", "ci_low", "ci_high", "per_item",
+                    "generated_tokens", "tool_calls")
+
+    def record_eval(self, row: Mapping[str, Any]) -> None:
+        """Store one held-out evaluation (``EVAL_COLUMNS``); a repeat of (run, step) replaces it."""
+        missing = [c for c in self.EVAL_COLUMNS if c not in row]
+        if missing:
+            raise StoreError(f"record_eval: missing {missing}")
+        _check_run_id(row["run_id"])
+        values = [row[c] for c in self.EVAL_COLUMNS] + [_now()]
+        marks = ", ".join("?" * len(values))
+        with self._transaction() as con:
+            _exec(con, f"INSERT OR REPLACE INTO evals ({', '.join(self.EVAL_COLUMNS)}, created_at) "
+                       f"VALUES ({marks})", values)
+
+    def get_eval(self, run_id: str, step: int) -> dict[str, Any] | None:
+        """The stored evaluation of (run, step) as a dict, or None."""
+        rows = self.query("SELECT * FROM evals WHERE run_id = $r AND step = $s",
+                          {"r": run_id, "s": step}).to_pylist()
+        return rows[0] if rows else None
+
     def has_level(self, run_id: str, step: int, level: int) -> bool:
         """Whether any tree of this step has rows at this level."""
         t = self.query("SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s "
@@ -396,7 +420,7 @@ class TreeStore:
         written = {}
         order = {"runs": "", "steps": "ORDER BY step", "nodes": "ORDER BY step, tree_id, local_index",
                  "allocations": "ORDER BY step, level, node_id, allocator",
-                 "ledger": "ORDER BY step, level, method"}
+                 "ledger": "ORDER BY step, level, method", "evals": "ORDER BY step"}
         with self._connect(read_only=True) as con:
             for table, order_by in order.items():
                 t = con.sql(f"SELECT * FROM {table} WHERE run_id = ? {order_by}",

@@ -32,7 +32,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-NAMESPACES = ("rollout/", "alloc/", "tree/", "predictor/", "loss/", "ledger/", "time/")
+NAMESPACES = ("rollout/", "alloc/", "tree/", "predictor/", "loss/", "ledger/", "time/", "eval/")
 CHECKPOINT_KINDS = ("policy", "predictor")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 RUN_TAG = "trace.run_id"

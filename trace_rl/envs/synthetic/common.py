@@ -37,8 +37,10 @@ class SynthConfig:
     """Seed of item generation; the same seed gives the same items everywhere."""
     n_train: int = 2000
     """Items in the train split."""
-    n_test: int = 200
-    """Items in the test split (disjoint from train by problem key)."""
+    n_test: int = 400
+    """Items in the test split (disjoint from train by problem key): room for the 144 a
+    bootstrapped policy is selected and reported on and the train flow's 200 held-out items after
+    them (item k does not depend on n_test)."""
     mix: tuple[int, ...] = ()
     """Difficulties of the items, taken in turn (item k of a split has difficulty
     ``mix[k % len(mix)]``), for a pool of prompts of uneven difficulty as in real datasets.
