@@ -1,26 +1,33 @@
-"""Hostile code in the sandboxed Python tool: each attack is contained, the batch finishes, and no
-process is left running afterwards (checked independently of the sandbox's own sweep)."""
+"""The sandboxed Python tool: plain code works, a batch of attacks is contained and finishes, no
+process is left running afterwards (checked independently of the sandbox's own sweep), and a
+machine without namespaces refuses model code unless the user opts out.
+tests/test_sandbox_hostile.py holds the full hostile battery."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
 
-from trace_rl.envs.sandbox import SandboxLimits, probe_containment, run_python
+from trace_rl.envs import sandbox
+from trace_rl.envs.sandbox import (SandboxLimits, SandboxUnavailable, probe_containment,
+                                    run_python)
 
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=2.5, memory_bytes=512 << 20, max_processes=16)
 
 
 def _sandbox_processes() -> list[psutil.Process]:
-    """Every process started by a sandbox call: their argv names a ``trace-sbx-`` folder."""
+    """Every process started by a sandbox call: the launcher's argv names a ``trace-sbx-``
+    folder; the code inside runs as uid 65534 (host nobody) when the tests run as root."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "uids"]):
         try:
-            if any("trace-sbx-" in a for a in (p.info["cmdline"] or [])):
+            if (any("trace-sbx-" in a for a in (p.info["cmdline"] or []))
+                    or (os.geteuid() == 0 and p.info["uids"].real == 65534)):
                 found.append(p)
         except psutil.Error:
             continue
@@ -78,7 +85,9 @@ def test_hostile_batch_is_contained(tmp_path):
     assert "MemoryError" in results["huge allocation"].stderr
     for name in ("read outside", "read outside via os.open", "spawn a program", "native escape"):
         assert "root:" not in results[name].stdout and "TOP-SECRET" not in results[name].stdout, name
-        assert "PermissionError" in results[name].stderr, (name, results[name].stderr)
+    for name in ("read outside", "read outside via os.open", "spawn a program"):
+        # neither the host's files nor its programs exist in the box
+        assert "FileNotFoundError" in results[name].stderr, (name, results[name].stderr)
     assert "connected" not in results["socket"].stdout
     assert victim.read_text() == "keep me" and secret.exists()
     assert results["background daemon"].stdout == "parent leaves\n"
@@ -100,10 +109,14 @@ def test_background_process_killed_even_when_it_leaves_the_group():
     assert _sandbox_processes() == []
 
 
-def test_temp_folder_removed(tmp_path):
-    r = run_python("import os\nprint(os.getcwd())", LIMITS)
-    folder = r.stdout.strip()
-    assert "trace-sbx-" in folder and not os.path.exists(folder)
+def test_host_folders_removed():
+    def folders() -> set[str]:
+        return {e.name for e in os.scandir(tempfile.gettempdir()) if e.name.startswith("trace-sbx-")}
+
+    before = folders()
+    r = run_python("import os\nopen('x', 'w').write('x')\nprint(os.getcwd())", LIMITS)
+    assert r.stdout == "/tmp\n"  # the box's own scratch folder
+    assert folders() <= before
 
 
 def test_containment_probe_reports_layers():
@@ -116,6 +129,35 @@ def test_containment_probe_reports_layers():
     pid, nets = r.stdout.split(" ", 1)
     assert pid == "1"  # first process of its own PID namespace
     assert nets.strip() == "['lo']"  # a fresh network namespace: loopback only, and down
+
+
+def test_no_namespaces_refuses_unless_opted_out(monkeypatch):
+    def broken(*args, **kwargs):
+        raise sandbox.SandboxError("unshare the namespaces: Operation not permitted (errno 1)")
+
+    probe_containment.cache_clear()
+    monkeypatch.setattr(sandbox, "_run_boxed", broken)
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    try:
+        box = probe_containment()
+        assert not box.namespaces and "Operation not permitted" in box.reason
+        with pytest.raises(SandboxUnavailable, match="TRACE_SANDBOX=unsafe-no-namespaces"):
+            run_python("print(1)", LIMITS)
+        from trace_rl.envs.mathenv import MathEnv
+        env = MathEnv(limits=LIMITS)
+        item = env.load("test", 1)[0]
+        assert env.verify(item, item.gold).reward == 1.0  # grading needs no box
+        with pytest.raises(SandboxUnavailable):
+            env.reset(item)  # an episode would run model code: refused
+        # opting out runs the code unconfined (it sees the host's file system)
+        r = run_python("import os\nprint(os.path.exists('/etc/passwd'))",
+                       SandboxLimits(unsafe_no_namespaces=True))
+        assert r.stdout == "True\n"
+        monkeypatch.setenv(sandbox.UNSAFE_ENV, sandbox.UNSAFE_VALUE)
+        assert run_python("print(6 * 7)", LIMITS).stdout == "42\n"
+        assert _sandbox_processes() == []
+    finally:
+        probe_containment.cache_clear()
 
 
 def test_limits_validate():
