@@ -275,9 +275,10 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGKILL))
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "clear dumpable")
     _, status = os.waitpid(init, 0)
-    if os.WIFSIGNALED(status):
+    if os.WIFSIGNALED(status):  # end by the same signal, so the host sees what killed the code
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
