@@ -6,6 +6,7 @@ tests/test_sandbox_hostile.py holds the full hostile battery."""
 from __future__ import annotations
 
 import os
+import platform
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -122,9 +123,11 @@ def test_host_folders_removed():
 def test_containment_probe_reports_layers():
     box = probe_containment()
     if os.geteuid() == 0:
-        assert box.namespaces, "running as root, `unshare --net --pid` should be available"
+        assert box.namespaces, f"running as root, the box should build: {box.reason}"
+        if platform.machine() == "x86_64":
+            assert box.seccomp
     if not box.namespaces:
-        pytest.skip("no namespaces here: network containment rests on the audit hook alone")
+        pytest.skip(f"no namespaces here: {box.reason}")
     r = run_python("import os\nprint(os.getpid(), sorted(n for _, n in __import__('socket').if_nameindex()))", LIMITS)
     pid, nets = r.stdout.split(" ", 1)
     assert pid == "1"  # first process of its own PID namespace

@@ -27,6 +27,7 @@ the host can tell a broken sandbox from code that fails.
 import ctypes
 import json
 import os
+import re
 import signal
 import struct
 import sys
@@ -104,7 +105,7 @@ def submounts(path):
     found = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
-            point = line.split()[4].encode().decode("unicode_escape")
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
             if point == path or point.startswith(path.rstrip("/") + "/"):
                 found.append(point)
     return found
