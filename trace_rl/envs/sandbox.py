@@ -5,8 +5,8 @@ its own user, mount, PID, network, IPC and UTS namespaces, built by ``sandbox_in
 docstring for the steps):
 
 * **File system.** A new root (tmpfs, then read-only) holding read-only binds of only the
-  interpreter, the virtual environment and the system libraries (``/usr/lib``, ``/lib*``,
-  ``/etc/ld.so.cache``); five device nodes; a fresh ``/proc`` of the new PID namespace (its
+  interpreter, the virtual environment and the shared libraries (``/usr/lib/<multiarch>``,
+  ``/usr/lib64``, ``/usr/local/lib``, ``/etc/ld.so.cache``); five device nodes; a fresh ``/proc`` of the new PID namespace (its
   ``sys``, ``sysrq-trigger``, ``irq`` and ``bus`` read-only); an empty, size-limited tmpfs ``/tmp``
   as the working folder. No work dir, no host ``/proc``, ``/tmp``, ``/run``, ``/home``, ``/etc``,
   no shell or other programs (``/usr/bin`` is not there), no databases, no host Unix sockets.
@@ -54,6 +54,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -65,8 +66,10 @@ TOKEN_VAR = "TRACE_SANDBOX_TOKEN"
 _INIT = Path(__file__).with_name("sandbox_init.py")
 _PR_SET_PDEATHSIG = 1
 _CGROUP_BASES = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
-_SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib", "/lib64", "/lib32",
-                "/etc/ld.so.cache")
+_MULTIARCH = sysconfig.get_config_var("MULTIARCH") or ""
+_SYSTEM_LIBS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache")
+"""Where the dynamic loader finds shared libraries; of ``/lib`` and ``/usr/lib`` only the
+platform's multiarch folder (e.g. ``x86_64-linux-gnu``) is bound when there is one."""
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
 _SETUP_FAILED = 125
 
@@ -203,7 +206,11 @@ def _mounts(python: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     for path in _SYSTEM_LIBS:
         if os.path.islink(path):
             links.append((path, os.readlink(path)))
-        elif os.path.exists(path):
+            continue
+        arch = os.path.join(path, _MULTIARCH)
+        if path in ("/lib", "/usr/lib") and _MULTIARCH and os.path.isdir(arch):
+            path = arch
+        if os.path.exists(path):
             wanted.append((path, path))
     for dst, src in sorted(set(wanted), key=lambda b: len(b[0])):
         if not any(dst == d or dst.startswith(d.rstrip("/") + "/") for d, _ in binds):
