@@ -5,10 +5,12 @@ by the package (it imports only the standard library). The steps, in order:
 
 1. L (this process) reads the model's code from the host folder while it still can.
 2. L forks a helper H that stays behind in the host's user namespace, then calls
-   ``unshare(CLONE_NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS)``. H writes L's uid and
+   ``unshare(CLONE_NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS | NEWCGROUP)`` (the
+   cgroup namespace's root is the call's own pids cgroup, joined before). H writes L's uid and
    gid maps from outside (a process cannot write a multi-line map for itself): as root,
    ``0 -> 0`` for the set-up and ``65534 -> 65534`` for the code; as a user U, only ``65534 -> U``.
-3. L forks I, the new PID namespace's first process (pid 1). I builds the root: a tmpfs holding
+3. L forks I, the new PID namespace's first process (pid 1). I dies with L (parent-death
+   signal, and a pipe that shows whether L died before that was set). I builds the root: a tmpfs holding
    read-only binds of the interpreter, the virtual environment and the system libraries, the
    device nodes null/zero/full/random/urandom, a fresh ``/proc`` (``/proc/sys`` and friends
    read-only), an empty tmpfs ``/tmp`` as scratch; ``pivot_root`` into it drops the host's file
@@ -28,6 +30,7 @@ import ctypes
 import json
 import os
 import re
+import select
 import signal
 import struct
 import sys
@@ -199,9 +202,19 @@ def drop_privileges(spec):
         install_seccomp()
 
 
-def run_init(spec, code, report):
-    """pid 1 of the new PID namespace: build the root, drop privileges, exec the code."""
+def die_with_launcher(alive):
+    """Set the parent-death signal, then make sure L did not die before it was set: its end of
+    the ``alive`` pipe (never written) reads as end-of-file once L is gone."""
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "set the parent-death signal")
+    ready, _, _ = select.select([alive], [], [], 0)
+    if ready:
+        os._exit(1)
+
+
+def run_init(spec, code, report, alive):
+    """pid 1 of the new PID namespace: build the root, drop privileges, exec the code."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_launcher(alive)
     build_root(spec)
     with open("/tmp/main.py", "wb") as f:
         f.write(code)
@@ -210,11 +223,10 @@ def run_init(spec, code, report):
         import resource
         resource.setrlimit(resource.RLIMIT_NPROC, (spec["nproc"], spec["nproc"]))
     drop_privileges(spec)
-    # the uid change cleared the parent-death signal: L must still take us with it
-    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "set the parent-death signal")
+    die_with_launcher(alive)  # the uid change cleared the parent-death signal
     os.set_inheritable(report, False)  # closed by the exec: the code cannot fake a set-up error
     os.closerange(3, report)
-    os.closerange(report + 1, 1 << 16)
+    os.closerange(report + 1, 1 << 16)  # the alive pipe too
     os.execve(spec["python"], [spec["python"], "-I", "main.py"], spec["env"])
 
 
@@ -240,6 +252,15 @@ def fail(report, exc):
 def main():
     spec = json.loads(sys.argv[1])
     report = spec["report_fd"]
+    init = []
+
+    def on_term(*_):  # the host's timeout: kill pid 1, which takes the namespace with it
+        if init:
+            os.kill(init[0], signal.SIGKILL)
+        else:
+            os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
     with open(spec["code"], "rb") as f:
         code = f.read()
     go_r, go_w = os.pipe()
@@ -256,7 +277,8 @@ def main():
     os.close(go_r)
     try:
         check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET
-                           | CLONE_NEWIPC | CLONE_NEWUTS), "unshare the namespaces")
+                           | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP),
+              "unshare the namespaces")
     except SetupError as exc:
         os.close(go_w)
         os.waitpid(helper, 0)
@@ -266,16 +288,19 @@ def main():
     _, status = os.waitpid(helper, 0)
     if status != 0:
         os._exit(125)
-    init = os.fork()
-    if init == 0:  # I
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # I
         try:
-            run_init(spec, code, report)
+            os.close(alive_w)
+            run_init(spec, code, report, alive_r)
         except BaseException as exc:  # noqa: BLE001
             fail(report, exc)
+    init.append(pid)
+    os.close(alive_r)
     os.close(report)
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGKILL))
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "clear dumpable")
-    _, status = os.waitpid(init, 0)
+    _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):  # end by the same signal, so the host sees what killed the code
         sig = os.WTERMSIG(status)
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
