@@ -1,10 +1,10 @@
 """Math with a sandboxed Python tool: GSM8K, MATH-500 and AIME 2024 (../shared/data/math).
 
 The agent may call ``python(code)`` (run by ``trace_rl.envs.sandbox.run_python``: a fresh
-interpreter in its own namespaces per call, so nothing persists between calls; ``reset`` refuses
-to start an episode where the machine cannot build that box, unless the limits opt out) and ends
-with ``<answer>…</answer>``. The reward is 1 when ``math_verify.verify(gold, prediction)`` holds (paper: answers checked with
-math-verify), else 0.
+interpreter in its own namespaces per call, so nothing persists between calls; ``reset`` refuses to
+start an episode where the machine cannot build that box, unless the limits opt out) and ends with
+``<answer>…</answer>``. The reward is 1 when ``math_verify.verify(gold, prediction)`` holds (paper:
+answers checked with math-verify), else 0.
 
 Gold answers: GSM8K, the number after ``#### `` (thousands separators removed); MATH-500, the
 ``answer`` field; AIME, the integer ``answer``. Both sides are parsed by ``math_verify.parse``; a

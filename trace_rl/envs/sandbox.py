@@ -6,10 +6,11 @@ docstring for the steps):
 
 * **File system.** A new root (tmpfs, then read-only) holding read-only binds of only the
   interpreter, the virtual environment and the shared libraries (``/usr/lib/<multiarch>``,
-  ``/usr/lib64``, ``/usr/local/lib``, ``/etc/ld.so.cache``); five device nodes; a fresh ``/proc`` of the new PID namespace (its
-  ``sys``, ``sysrq-trigger``, ``irq`` and ``bus`` read-only); an empty, size-limited tmpfs ``/tmp``
-  as the working folder. No work dir, no host ``/proc``, ``/tmp``, ``/run``, ``/home``, ``/etc``,
-  no shell or other programs (``/usr/bin`` is not there), no databases, no host Unix sockets.
+  ``/usr/lib64``, ``/usr/local/lib``, ``/etc/ld.so.cache``); five device nodes; a fresh ``/proc``
+  of the new PID namespace (its ``sys``, ``sysrq-trigger``, ``irq`` and ``bus`` read-only); an
+  empty, size-limited tmpfs ``/tmp`` as the working folder. No work dir, no host ``/proc``,
+  ``/tmp``, ``/run``, ``/home``, ``/etc``, no shell (``/bin`` and ``/usr/bin`` are not there), no
+  databases, no host Unix sockets.
 * **Identity.** uid/gid 65534 with no supplementary groups, mapped to the host's 65534 (nobody)
   when TRACE runs as root, so even a file system escape lands as nobody; no capabilities;
   ``no_new_privs``.

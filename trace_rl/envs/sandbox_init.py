@@ -9,12 +9,12 @@ by the package (it imports only the standard library). The steps, in order:
    cgroup namespace's root is the call's own pids cgroup, joined before). H writes L's uid and
    gid maps from outside (a process cannot write a multi-line map for itself): as root,
    ``0 -> 0`` for the set-up and ``65534 -> 65534`` for the code; as a user U, only ``65534 -> U``.
-3. L forks I, the new PID namespace's first process (pid 1). I dies with L (parent-death
-   signal, and a pipe that shows whether L died before that was set). I builds the root: a tmpfs holding
-   read-only binds of the interpreter, the virtual environment and the system libraries, the
-   device nodes null/zero/full/random/urandom, a fresh ``/proc`` (``/proc/sys`` and friends
-   read-only), an empty tmpfs ``/tmp`` as scratch; ``pivot_root`` into it drops the host's file
-   system, and the root is then remounted read-only.
+3. L forks I, the new PID namespace's first process (pid 1). I dies with L (parent-death signal,
+   and a pipe that shows whether L died before that was set). I builds the root: a tmpfs holding
+   read-only binds of the interpreter, the virtual environment and the system libraries, the device
+   nodes null/zero/full/random/urandom, a fresh ``/proc`` (``/proc/sys`` and friends read-only), an
+   empty tmpfs ``/tmp`` as scratch; ``pivot_root`` into it drops the host's file system, and the
+   root is then remounted read-only.
 4. I drops to uid/gid 65534 with no supplementary groups (so no capabilities survive), sets
    ``no_new_privs``, installs the seccomp filter (x86-64), and ``exec``s ``python -I main.py`` in
    ``/tmp``. From here on the code is pid 1 of its namespace: when it exits, the kernel kills
