@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
@@ -132,6 +136,40 @@ def test_containment_probe_reports_layers():
     pid, nets = r.stdout.split(" ", 1)
     assert pid == "1"  # first process of its own PID namespace
     assert nets.strip() == "['lo']"  # a fresh network namespace: loopback only, and down
+
+
+FORK_COUNT = ("import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+              "            __import__('time').sleep(5)\n            os._exit(0)\n        n += 1\n"
+              "except OSError:\n    pass\nprint(os.getuid(), os.path.exists('/etc/passwd'), n)")
+
+
+def test_box_builds_for_an_unprivileged_user():
+    """The launcher's other path: run by a user (uid 1000 in a user namespace, so no cgroup),
+    the uid map is written unprivileged and the code is 65534 inside, seeing only the box."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root to start a test process as another user")
+    probe = ("import os\nfrom trace_rl.envs.sandbox import run_python, probe_containment\n"
+             "assert os.geteuid() == 1000\nbox = probe_containment()\n"
+             "assert box.namespaces and box.pids_cgroup is None, box\n"
+             "r = run_python('import os\\nprint(os.getuid(), os.path.exists(\"/etc/passwd\"))')\n"
+             "print(r.stdout, end='')")
+    out = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000",
+                          sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[2])})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "65534 False\n"
+
+
+def test_process_limit_without_a_cgroup(monkeypatch):
+    """No pids cgroup: RLIMIT_NPROC, set inside the box for uid 65534, bounds the processes."""
+    box = probe_containment()
+    if os.geteuid() != 0 or not box.namespaces:
+        pytest.skip("as a user in a user namespace mapped to root, RLIMIT_NPROC does not apply")
+    monkeypatch.setattr(sandbox, "probe_containment",
+                        lambda: sandbox.Containment(True, box.seccomp, None))
+    r = run_python(FORK_COUNT, SandboxLimits(max_processes=8))
+    uid, passwd, forks = r.stdout.split()
+    assert (uid, passwd) == ("65534", "False") and int(forks) < 8
 
 
 def test_no_namespaces_refuses_unless_opted_out(monkeypatch):
