@@ -10,8 +10,9 @@ A program prints ``ESC`` + ``APED`` when it got through (spelt apart so that a t
 the source line never reads as one). Each test asserts that its program was contained (no marker,
 no secret in its output, its own expectation for resource attacks) and that the host is intact
 afterwards: files, databases, listeners, the secret process, the interpreter, and no process
-left behind. The programs run four at a time; the host is checked once they have all finished,
-and each program's own folder is checked for that program.
+left behind. The programs run four at a time; the host is checked once they have all finished.
+A change is charged to the program it belongs to where that is clear (its own folder, what it
+sent to a listener, a shared resource only it names, see SUSPECTS), else to every program.
 
 The battery holds each escape reported against the audit-hook sandbox of commit 105f60b; run
 against that commit's sandbox.py, 38 of these 75 programs get out (docs/families.md).
