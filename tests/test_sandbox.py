@@ -1,26 +1,38 @@
-"""Hostile code in the sandboxed Python tool: each attack is contained, the batch finishes, and no
-process is left running afterwards (checked independently of the sandbox's own sweep)."""
+"""The sandboxed Python tool: plain code works, a batch of attacks is contained and finishes, no
+process is left running afterwards (checked independently of the sandbox's own sweep), and a
+machine without namespaces refuses model code unless the user opts out.
+tests/test_sandbox_hostile.py holds the full hostile battery."""
 
 from __future__ import annotations
 
 import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
 
-from trace_rl.envs.sandbox import SandboxLimits, probe_containment, run_python
+from trace_rl.envs import sandbox
+from trace_rl.envs.sandbox import (SandboxLimits, SandboxUnavailable, probe_containment,
+                                    run_python)
 
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=2.5, memory_bytes=512 << 20, max_processes=16)
 
 
 def _sandbox_processes() -> list[psutil.Process]:
-    """Every process started by a sandbox call: their argv names a ``trace-sbx-`` folder."""
+    """Every process started by a sandbox call: the launcher's argv names a ``trace-sbx-``
+    folder; the code inside runs as uid 65534 (host nobody) when the tests run as root."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "uids"]):
         try:
-            if any("trace-sbx-" in a for a in (p.info["cmdline"] or [])):
+            if (any("trace-sbx-" in a for a in (p.info["cmdline"] or []))
+                    or (os.geteuid() == 0 and p.info["uids"].real == 65534)):
                 found.append(p)
         except psutil.Error:
             continue
@@ -78,7 +90,9 @@ def test_hostile_batch_is_contained(tmp_path):
     assert "MemoryError" in results["huge allocation"].stderr
     for name in ("read outside", "read outside via os.open", "spawn a program", "native escape"):
         assert "root:" not in results[name].stdout and "TOP-SECRET" not in results[name].stdout, name
-        assert "PermissionError" in results[name].stderr, (name, results[name].stderr)
+    for name in ("read outside", "read outside via os.open", "spawn a program"):
+        # neither the host's files nor its programs exist in the box
+        assert "FileNotFoundError" in results[name].stderr, (name, results[name].stderr)
     assert "connected" not in results["socket"].stdout
     assert victim.read_text() == "keep me" and secret.exists()
     assert results["background daemon"].stdout == "parent leaves\n"
@@ -100,22 +114,91 @@ def test_background_process_killed_even_when_it_leaves_the_group():
     assert _sandbox_processes() == []
 
 
-def test_temp_folder_removed(tmp_path):
-    r = run_python("import os\nprint(os.getcwd())", LIMITS)
-    folder = r.stdout.strip()
-    assert "trace-sbx-" in folder and not os.path.exists(folder)
+def test_host_folders_removed():
+    def folders() -> set[str]:
+        return {e.name for e in os.scandir(tempfile.gettempdir()) if e.name.startswith("trace-sbx-")}
+
+    before = folders()
+    r = run_python("import os\nopen('x', 'w').write('x')\nprint(os.getcwd())", LIMITS)
+    assert r.stdout == "/tmp\n"  # the box's own scratch folder
+    assert folders() <= before
 
 
 def test_containment_probe_reports_layers():
     box = probe_containment()
     if os.geteuid() == 0:
-        assert box.namespaces, "running as root, `unshare --net --pid` should be available"
+        assert box.namespaces, f"running as root, the box should build: {box.reason}"
+        if platform.machine() == "x86_64":
+            assert box.seccomp
     if not box.namespaces:
-        pytest.skip("no namespaces here: network containment rests on the audit hook alone")
+        pytest.skip(f"no namespaces here: {box.reason}")
     r = run_python("import os\nprint(os.getpid(), sorted(n for _, n in __import__('socket').if_nameindex()))", LIMITS)
     pid, nets = r.stdout.split(" ", 1)
     assert pid == "1"  # first process of its own PID namespace
     assert nets.strip() == "['lo']"  # a fresh network namespace: loopback only, and down
+
+
+FORK_COUNT = ("import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+              "            __import__('time').sleep(5)\n            os._exit(0)\n        n += 1\n"
+              "except OSError:\n    pass\nprint(os.getuid(), os.path.exists('/etc/passwd'), n)")
+
+
+def test_box_builds_for_an_unprivileged_user():
+    """The launcher's other path: run by a user (uid 1000 in a user namespace, so no cgroup),
+    the uid map is written unprivileged and the code is 65534 inside, seeing only the box."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root to start a test process as another user")
+    probe = ("import os\nfrom trace_rl.envs.sandbox import run_python, probe_containment\n"
+             "assert os.geteuid() == 1000\nbox = probe_containment()\n"
+             "assert box.namespaces and box.pids_cgroup is None, box\n"
+             "r = run_python('import os\\nprint(os.getuid(), os.path.exists(\"/etc/passwd\"))')\n"
+             "print(r.stdout, end='')")
+    out = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000",
+                          sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[2])})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "65534 False\n"
+
+
+def test_process_limit_without_a_cgroup(monkeypatch):
+    """No pids cgroup: RLIMIT_NPROC, set inside the box for uid 65534, bounds the processes."""
+    box = probe_containment()
+    if os.geteuid() != 0 or not box.namespaces:
+        pytest.skip("as a user in a user namespace mapped to root, RLIMIT_NPROC does not apply")
+    monkeypatch.setattr(sandbox, "probe_containment",
+                        lambda: sandbox.Containment(True, box.seccomp, None))
+    r = run_python(FORK_COUNT, SandboxLimits(max_processes=8))
+    uid, passwd, forks = r.stdout.split()
+    assert (uid, passwd) == ("65534", "False") and int(forks) < 8
+
+
+def test_no_namespaces_refuses_unless_opted_out(monkeypatch):
+    def broken(*args, **kwargs):
+        raise sandbox.SandboxError("unshare the namespaces: Operation not permitted (errno 1)")
+
+    probe_containment.cache_clear()
+    monkeypatch.setattr(sandbox, "_run_boxed", broken)
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    try:
+        box = probe_containment()
+        assert not box.namespaces and "Operation not permitted" in box.reason
+        with pytest.raises(SandboxUnavailable, match="TRACE_SANDBOX=unsafe-no-namespaces"):
+            run_python("print(1)", LIMITS)
+        from trace_rl.envs.mathenv import MathEnv
+        env = MathEnv(limits=LIMITS)
+        item = env.load("test", 1)[0]
+        assert env.verify(item, item.gold).reward == 1.0  # grading needs no box
+        with pytest.raises(SandboxUnavailable):
+            env.reset(item)  # an episode would run model code: refused
+        # opting out runs the code unconfined (it sees the host's file system)
+        r = run_python("import os\nprint(os.path.exists('/etc/passwd'))",
+                       SandboxLimits(unsafe_no_namespaces=True))
+        assert r.stdout == "True\n"
+        monkeypatch.setenv(sandbox.UNSAFE_ENV, sandbox.UNSAFE_VALUE)
+        assert run_python("print(6 * 7)", LIMITS).stdout == "42\n"
+        assert _sandbox_processes() == []
+    finally:
+        probe_containment.cache_clear()
 
 
 def test_limits_validate():

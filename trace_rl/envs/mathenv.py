@@ -1,9 +1,10 @@
 """Math with a sandboxed Python tool: GSM8K, MATH-500 and AIME 2024 (../shared/data/math).
 
-The agent may call ``python(code)`` (run by ``trace_rl.envs.sandbox.run_python``: a fresh, limited
-interpreter per call, so nothing persists between calls) and ends with ``<answer>…</answer>``.
-The reward is 1 when ``math_verify.verify(gold, prediction)`` holds (paper: answers checked with
-math-verify), else 0.
+The agent may call ``python(code)`` (run by ``trace_rl.envs.sandbox.run_python``: a fresh
+interpreter in its own namespaces per call, so nothing persists between calls; ``reset`` refuses to
+start an episode where the machine cannot build that box, unless the limits opt out) and ends with
+``<answer>…</answer>``. The reward is 1 when ``math_verify.verify(gold, prediction)`` holds (paper:
+answers checked with math-verify), else 0.
 
 Gold answers: GSM8K, the number after ``#### `` (thousands separators removed); MATH-500, the
 ``answer`` field; AIME, the integer ``answer``. Both sides are parsed by ``math_verify.parse``; a
@@ -30,7 +31,7 @@ from math_verify import parse, verify
 from trace_rl.envs.base import Environment, TaskItem, ToolError
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import load_jsonl, row_field
-from trace_rl.envs.sandbox import SandboxLimits, run_python
+from trace_rl.envs.sandbox import SandboxLimits, require_sandbox, run_python
 from trace_rl.rollout.format import system_prompt
 from trace_rl.rollout.types import Action, Verdict
 
@@ -167,6 +168,9 @@ class MathEnv(Environment):
         return system_prompt(INSTRUCTIONS, self.tools())
 
     def reset(self, item: TaskItem) -> dict[str, Any]:
+        # An episode may run model-written code: refuse it here, where the error ends the run,
+        # not in call_tool, where it would become an observation. Loading and grading need no box.
+        require_sandbox(self.config.limits)
         return {"item_id": item.id}
 
     def call_tool(self, state: Any, name: str, arguments: Mapping[str, Any]) -> str:
