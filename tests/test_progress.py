@@ -20,7 +20,7 @@ def test_plain_lines_report_phases_fields_and_a_heartbeat():
     assert lines[0].startswith("job: 0/10 steps") and lines[0].endswith("warming up")
     beats = [ln for ln in lines[1:-1] if "3/10 steps" in ln]
     assert len(beats) >= 2, lines  # at least one line per 0.2 s while the caller was silent
-    assert "epoch 1/2, loss 0.123" in lines[-1]
+    assert "| done |" in lines[-1] and "epoch 1/2, loss 0.123" in lines[-1]
 
 
 def test_advance_is_throttled_between_heartbeats():

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -32,6 +33,29 @@ def _workdir(workdir: Optional[str]) -> str:
     return str(Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve())
 
 
+@contextmanager
+def prefect_ready() -> Iterator[None]:
+    """Import the flow modules (the body) and start Prefect's temporary server, saying so at least
+    every 10 s: on a loaded machine the imports (torch, Prefect, MLflow) and the first start of
+    the server on a new PREFECT_HOME (it creates its database) each take up to a minute, which
+    reads as a hang when nothing is printed. The flow then finds the server running (Prefect
+    keeps one per process). With PREFECT_API_URL set, a real server is used and nothing starts."""
+    from trace_rl.progress import Progress
+
+    with Progress("trace", 0, every_s=10) as progress:
+        progress.note("loading torch, Prefect and the flows")
+        yield
+        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+        if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+            return
+        from prefect.server.api.server import SubprocessASGIServer
+
+        progress.note("starting Prefect's temporary server (the first start on a new "
+                      "PREFECT_HOME creates its database)")
+        SubprocessASGIServer().start()
+
+
 @app.command()
 def train(
     overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (e.g. steps=5)."),
@@ -46,8 +70,8 @@ def train(
     console.print(f"[bold]trace train[/] run [cyan]{cfg.resolved_run_id}[/]: {cfg.family}, "
                   f"allocator {cfg.allocator}, {cfg.steps} steps, {cfg.leaf_budget} leaves/step; "
                   f"workdir {wd}")
-    from flows.train import train as train_flow
-
+    with prefect_ready():
+        from flows.train import train as train_flow
     result = train_flow(config=cfg.to_dict(), workdir=wd)
     print_summary(result["summary"])
     console.print("\n[bold]Where to look[/]")
@@ -98,7 +122,8 @@ def evaluate(
     from trace_rl.config import load_config
 
     cfg = load_config(config, overrides or [])
-    from flows.evaluate import evaluate as evaluate_flow
+    with prefect_ready():
+        from flows.evaluate import evaluate as evaluate_flow
 
     result = evaluate_flow(policy_dir=policy, config=cfg.to_dict(), split=split,
                            limit=limit or None, samples=samples, temperature=temperature,
@@ -114,7 +139,8 @@ def bootstrap(
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
     """Make (or reuse) the tiny CPU policy by SFT on synthetic expert traces."""
-    from flows.bootstrap import bootstrap as bootstrap_flow
+    with prefect_ready():
+        from flows.bootstrap import bootstrap as bootstrap_flow
 
     console.print(bootstrap_flow(family=family, difficulty=difficulty, workdir=_workdir(workdir),
                                  seed=seed))

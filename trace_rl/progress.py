@@ -17,7 +17,8 @@ from typing import Any, TextIO
 
 
 class Progress:
-    """A bar of ``total`` steps named ``label``, with free-form ``fields`` shown beside it.
+    """A bar of ``total`` steps named ``label``, with free-form ``fields`` shown beside it
+    (``total`` 0: phases only, no bar to fill).
 
     ``note(text)`` announces a phase; ``advance(n, **fields)`` moves the bar and updates the
     fields (``epoch="2/8"``, ``loss=0.31``); ``close()`` ends it. Usable as a context manager.
@@ -48,7 +49,7 @@ class Progress:
                                      MofNCompleteColumn(), TimeElapsedColumn(),
                                      TextColumn("{task.fields[status]}"),
                                      console=Console(file=self.stream), transient=False)
-            self._task = self._bar.add_task(label, total=total, status="")
+            self._task = self._bar.add_task(label, total=total or None, status="")
             self._bar.start()
             self._beat = None
         else:
@@ -94,6 +95,7 @@ class Progress:
                 self._bar.stop()
                 self._bar = None
             else:
+                self.phase = "done"
                 self._line()
 
     def __enter__(self) -> "Progress":
@@ -106,12 +108,13 @@ class Progress:
     def _line(self) -> None:
         """One plain line (caller holds the lock)."""
         elapsed = time.monotonic() - self._t0
-        parts = [f"{self.label}: {self.done}/{self.total} steps", f"{elapsed:.0f} s"]
+        parts = [f"{self.done}/{self.total} steps"] if self.total else []
+        parts.append(f"{elapsed:.0f} s")
         if self.phase:
             parts.append(self.phase)
         if self.fields:
             parts.append(self.status())
-        print(" | ".join(parts), file=self.stream, flush=True)
+        print(f"{self.label}: " + " | ".join(parts), file=self.stream, flush=True)
         self._last = time.monotonic()
 
     def _heartbeat(self) -> None:
