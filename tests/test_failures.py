@@ -211,3 +211,95 @@ def test_full_disk_marks_failed_and_resumes_after_space_is_freed(tiny_model_dir,
     per_step = TINY["root_budget"] * (1 + TINY["multiplier"])
     assert leaves == [{"step": s, "n": per_step} for s in range(3)]
     print(f"full disk: failed at step(s) {failed_at}; resumed and completed")
+
+
+# ---------------------------------------------------------------- the kill harness
+
+NODE_COLUMNS = ("node_id", "parent_id", "tree_id", "step", "level", "depth", "is_leaf", "reward",
+                "text", "action_json", "observation", "allocated_k", "n_leaves", "value")
+"""What must match node by node: the trees (ids, parents, shape), what was generated and what
+it earned, the allocation and the backed-up values."""
+FLOAT_COLUMNS = ("predicted_v", "advantage")
+"""Computed by the predictor and the estimators; compared to 1e-6."""
+PROGRESS = "Finished in state Completed()"  # a phase run for real (a cache hit says Cached)
+
+
+def _nodes(workdir: Path) -> dict[str, dict]:
+    store = TreeStore(workdir, create=False)
+    cols = ", ".join(NODE_COLUMNS + FLOAT_COLUMNS)
+    return {r["node_id"]: r for r in store.query(f"SELECT {cols} FROM nodes ORDER BY node_id").to_pylist()}
+
+
+def _kill_after(proc: subprocess.Popen, log: Path, phases: int, delay_s: float,
+                timeout_s: float = 300) -> str:
+    """SIGKILL ``proc``'s process group ``delay_s`` after its ``phases``-th newly finished phase
+    (0: after the flow run began); return what the log last said, or 'finished' if it ended."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return "finished"
+        text = log.read_text()
+        if "Beginning flow run" in text and text.count(PROGRESS) >= phases:
+            break
+        time.sleep(0.02)
+    time.sleep(delay_s)
+    if proc.poll() is not None:
+        return "finished"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = [ln for ln in log.read_text().splitlines() if "Task run '" in ln]
+    return done[-1].split("Task run '")[1].split("'")[0] if done else "start-up"
+
+
+def test_sigkill_at_ten_random_points_then_resume_matches_uninterrupted_run(tiny_model_dir,
+                                                                            tmp_path):
+    """Crash consistency as a test: a 3-step run SIGKILLed at 10 seeded random points (after
+    0-4 newly finished phases, plus 0-0.8 s), resumed after each, ends with the same nodes (ids,
+    parents, rewards, text, allocations, values) and steps as an uninterrupted run."""
+    cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 3, "run_id": "crash"}
+    api = _api_url()
+    t0 = time.perf_counter()
+    ref = _spawn_train(cfg, tmp_path / "ref", tmp_path / "ref.log", api)
+    assert ref.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    t_ref = time.perf_counter() - t0
+
+    rng = random.Random(24)
+    wd, points = tmp_path / "killed", []
+    for k in range(10):
+        phases, delay = rng.randint(0, 4), round(rng.uniform(0.0, 0.8), 2)
+        log = tmp_path / f"kill{k}.log"
+        proc = _spawn_train(cfg, wd, log, api)
+        last = _kill_after(proc, log, phases, delay)
+        complete = (TreeStore(wd, create=False).last_complete_step("crash")
+                    if (wd / "trace.duckdb").exists() else None)
+        points.append({"kill": k, "after_phases": phases, "delay_s": delay,
+                       "last_finished": last, "last_complete_step": complete})
+    assert all(p["last_finished"] != "finished" for p in points), points
+    final = _spawn_train(cfg, wd, tmp_path / "final.log", api)
+    assert final.wait(timeout=300) == 0, (tmp_path / "final.log").read_text()[-3000:]
+    wall = time.perf_counter() - t0
+
+    want, got = _nodes(tmp_path / "ref"), _nodes(wd)
+    assert sorted(got) == sorted(want)  # same node ids: nothing lost, nothing duplicated
+    for node_id, row in want.items():
+        for col in NODE_COLUMNS:
+            assert got[node_id][col] == row[col], (node_id, col, got[node_id][col], row[col])
+        for col in FLOAT_COLUMNS:
+            a, b = got[node_id][col], row[col]
+            assert (a is None) == (b is None) and (a is None or abs(a - b) <= 1e-6), (node_id, col, a, b)
+    steps_sql = "SELECT step, status FROM steps WHERE run_id = 'crash' ORDER BY step"
+    assert (TreeStore(wd, create=False).query(steps_sql).to_pylist()
+            == TreeStore(tmp_path / "ref", create=False).query(steps_sql).to_pylist()
+            == [{"step": s, "status": "complete"} for s in range(3)])
+    assert _statuses(TreeStore(wd, create=False), "crash")[0] == "complete"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{wd / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "rollout/leaves")
+    assert sorted(m.step for m in history) == [0, 1, 2]  # each step logged once
+    report = {"reference_s": round(t_ref, 1), "harness_s": round(wall, 1),
+              "nodes": len(want), "points": points}
+    (tmp_path / "kill_harness.json").write_text(json.dumps(report, indent=1))
+    print("kill harness:", json.dumps(report))
