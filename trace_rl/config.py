@@ -415,8 +415,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 def check_inputs(cfg: TrainConfig) -> TrainConfig:
     """Check the files a run reads before any work starts: the policy directory (unless
     ``tiny``) and the training split, which must load through its family (a data file: UTF-8
-    text whose every row parses; errors name the file and line) and hold at least ``pool_size``
-    items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix."""
+    text whose every row parses; errors name the file and line) and hold at least
+    ``pool_size`` items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix."""
+    from trace_rl.envs.base import DatasetError
     from trace_rl.envs.io import check_text_file
     from trace_rl.envs.registry import make_env
 
@@ -433,14 +434,18 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
         env = make_env(cfg.family, **kwargs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"config: family={cfg.family!r} with extra={dict(cfg.extra)!r}: {exc}") from exc
+    # Only the training split: the train flow reads nothing else, and a family's default
+    # eval_split ("test") need not exist (hotpotqa names its splits differently).
     split = cfg.train_split
     if Path(split).suffix or Path(split).is_file():  # a data file rather than a split name
         check_text_file(split)
     try:
         items = env.load(split)
-    except (FileNotFoundError, KeyError) as exc:
+    except DatasetError:
+        raise  # names the file and line already
+    except (FileNotFoundError, KeyError, ValueError) as exc:
         raise ValueError(f"config: train_split={split!r} of family {cfg.family!r}: {exc}") from exc
     if len(items) < cfg.pool_size:
         raise ValueError(f"config: train_split={split!r} of family {cfg.family!r} holds "
-                         f"{len(items)} items, fewer than pool_size={cfg.pool_size}")
+                         f"{len(items)} items; pool_size={cfg.pool_size} needs as many")
     return cfg
