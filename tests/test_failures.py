@@ -303,3 +303,20 @@ def test_sigkill_at_ten_random_points_then_resume_matches_uninterrupted_run(tiny
               "nodes": len(want), "points": points}
     (tmp_path / "kill_harness.json").write_text(json.dumps(report, indent=1))
     print("kill harness:", json.dumps(report))
+
+
+def test_interrupt_marks_step_failed_and_run_killed(tiny_model_dir, tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) in a step: the step is failed, the run and its MLflow run
+    killed, the interrupt propagates."""
+    import flows.train as train_mod
+    from flows.train import train
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_mod, "run_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(config={**TINY, "policy": str(tiny_model_dir), "run_id": "ctrlc"}, workdir=str(tmp_path))
+    store = TreeStore(tmp_path, create=False)
+    assert _statuses(store, "ctrlc") == ("killed", {0: "failed"})
+    assert _mlflow_status(tmp_path, store.get_run("ctrlc")["mlflow_run_id"]) == "KILLED"
