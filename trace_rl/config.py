@@ -267,8 +267,9 @@ def _at_least(lo: float) -> Any:
     return lambda v: v >= lo
 
 
-# Range of each numeric field (types come from the defaults, ``_check_type``). A field missing
-# here takes any value of its type; the cross-field rules are in ``TrainConfig.validate``.
+# Range of each field (``bool``: a string field must not be empty); types come from the defaults
+# (``_check_type``). A field missing here takes any value of its type; names checked against a
+# registry and the cross-field rules are in ``TrainConfig.validate``.
 _RANGES: dict[str, tuple[Any, str]] = {
     "run_name": (bool, "a non-empty string"),
     "train_split": (bool, "a non-empty split name or data file"),
@@ -307,7 +308,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "plot_every": (_at_least(0), ">= 0 (0 = never)"),
 }
 
-_DEFAULTS: dict[str, Any] = {}  # filled below, once TrainConfig exists
+_DEFAULTS: dict[str, Any] = {}  # the defaults' values, filled on first use
 
 
 def _kind(name: str) -> type:
