@@ -20,6 +20,7 @@ is duplicated).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,7 +33,7 @@ from prefect.runtime import flow_run
 from flows.common import bind, resolve_workdir
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import RootPool
-from trace_rl.config import TrainConfig, config_from_mapping
+from trace_rl.config import TrainConfig, check_inputs, config_from_mapping
 from trace_rl.storage.tracking import Tracker
 
 
@@ -139,16 +140,64 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     return update["policy_dir"], metrics
 
 
+RESERVE_BYTES = 16 << 20
+"""Space each work dir holds back (the file ``.failure-reserve``) so that a run that fills its
+disk can still record its failure: the handler frees it before writing (a DuckDB update and an
+MLflow status change need a few hundred KB; 16 MiB leaves room for DuckDB's checkpoint)."""
+
+
+def _hold_reserve(workdir: str) -> Path:
+    """Write the reserve file if it is not whole (a failure freed it, or a first run)."""
+    path = Path(workdir) / ".failure-reserve"
+    if path.exists() and path.stat().st_size == RESERVE_BYTES:
+        return path
+    chunk = bytes(1 << 20)
+    with path.open("wb") as fh:  # real blocks, not a sparse file: the space must be taken
+        for _ in range(RESERVE_BYTES // len(chunk)):
+            fh.write(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path
+
+
+def _record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, workdir: str,
+                    step: int | None, exc: BaseException) -> None:
+    """Mark the running step and the run failed (``killed`` on an interrupt) in DuckDB and
+    MLflow, best-effort: each record that cannot be written is logged and skipped, so that the
+    original error, logged here first and re-raised by the caller, is never replaced by a
+    secondary one (e.g. "No space left on device" from the store while the disk is full)."""
+    killed = isinstance(exc, (KeyboardInterrupt, SystemExit))
+    where = "outside a step (set-up, bootstrap or wrap-up)" if step is None else f"at step {step}"
+    logger.error("run %s %s %s: %s: %s", run_id, "killed" if killed else "failed", where,
+                 type(exc).__name__, exc)
+    (Path(workdir) / ".failure-reserve").unlink(missing_ok=True)  # room for the records below
+    records = [("the run's MLflow status", lambda: tracker.end("KILLED" if killed else "FAILED")),
+               ("the run's status in DuckDB",
+                lambda: store.set_run(run_id, status="killed" if killed else "failed"))]
+    if step is not None:
+        records.insert(0, (f"step {step}'s status in DuckDB",
+                           lambda: store.mark_step(run_id, step, "failed")))
+    for what, record in records:
+        try:
+            record()
+        except Exception as secondary:  # noqa: BLE001 -- the original error must win
+            logger.warning("could not record the failure in %s (%s: %s); the run's error is "
+                           "the one above", what, type(secondary).__name__, secondary)
+
+
 @flow(name="train", log_prints=True)
 def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> dict[str, Any]:
     """Train a policy with TRACE (or a baseline allocator) and return a summary.
 
     ``config``: TrainConfig fields (missing ones take the embedded defaults). ``workdir``: where
-    the DuckDB file, MLflow store and checkpoints live.
+    the DuckDB file, MLflow store and checkpoints live. The config and its inputs are checked
+    before the run is registered; from then on any failure (the bootstrap included) marks the
+    running step and the run failed in DuckDB and MLflow and re-raises the original error, and
+    running the flow again resumes after the last complete step.
     """
     logger = get_run_logger()
     runtime.configure_threads()
-    cfg = config_from_mapping(config or {}, "train(config=...)")
+    cfg = check_inputs(config_from_mapping(config or {}, "train(config=...)"))
     workdir = resolve_workdir(workdir)
     run_id = cfg.resolved_run_id
     store = runtime.store(workdir)
@@ -156,30 +205,34 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
     known = store.get_run(run_id)
     mlflow_run_id = tracker.start_or_resume(run_id, run_name=cfg.run_name,
                                             mlflow_run_id=(known or {}).get("mlflow_run_id"))
-    store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
-                   prefect_flow_run_id=str(flow_run.get_id() or ""))
-    tracker.log_config(cfg.to_dict())
-    done = store.last_complete_step(run_id)
-    start = 0 if done is None else done + 1
-    if cfg.policy == "tiny":
-        from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
-    initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"))
-               if cfg.policy == "tiny" else cfg.policy)
-    policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
-    if start >= cfg.steps:
-        logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)
+    running = None  # the step marked running, if any
     history = []
     held_out = bind(evaluate.evaluate_policy, workdir)
-    skip = evaluate.bootstrap_items(str(initial))
     try:
+        store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
+                       prefect_flow_run_id=str(flow_run.get_id() or ""))
+        _hold_reserve(workdir)
+        tracker.log_config(cfg.to_dict())
+        done = store.last_complete_step(run_id)
+        start = 0 if done is None else done + 1
+        if cfg.policy == "tiny":
+            from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
+        initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"))
+                   if cfg.policy == "tiny" else cfg.policy)
+        policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
+        if start >= cfg.steps:
+            logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)
+        skip = evaluate.bootstrap_items(str(initial))
         if cfg.eval_items:  # a stored evaluation (a resumed run) is read back, not redone
             before = held_out(cfg, workdir, run_id, 0, str(initial), skip)
             logger.info("held-out accuracy before training: %.3f (%d items x %d samples)",
                         before["accuracy"], before["items"], before["samples"])
         for step in range(start, cfg.steps):
             store.mark_step(run_id, step, "running")
+            running = step
             policy_dir, metrics = run_step(cfg, workdir, run_id, step, policy_dir, mlflow_run_id)
             store.mark_step(run_id, step, "complete", metrics)
+            running = None
             runtime.drop_optimizer_state(workdir, run_id, step - 1)  # only the newest resumes
             history.append(metrics)
             logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
@@ -189,12 +242,11 @@ def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> d
             held_out(cfg, workdir, run_id, cfg.steps, policy_dir, skip)
         summary = bind(track.log_summary, workdir)(workdir, mlflow_run_id, run_id,
                                                    where_to_look(workdir, run_id))
-    except BaseException:
-        store.set_run(run_id, status="failed")
-        tracker.end("FAILED")
+        store.set_run(run_id, status="complete")
+        tracker.end("FINISHED")
+    except BaseException as exc:
+        _record_failure(logger, store, tracker, run_id, workdir, running, exc)
         raise
-    store.set_run(run_id, status="complete")
-    tracker.end("FINISHED")
     return {"run_id": run_id, "workdir": workdir, "policy_dir": policy_dir,
             "mlflow_run_id": mlflow_run_id, "steps_run": len(history),
             "last_metrics": history[-1] if history else {}, "summary": summary,

@@ -145,3 +145,32 @@ def test_module_entry_point(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["0\t1", "1\t0", "mean reward: 0.5000"]
+
+
+def test_empty_binary_and_malformed_files_are_named_with_their_line(tmp_path, capsys):
+    """Issue 24: an empty data file once gave "unknown id '1'" and a binary file a UTF-8 error
+    naming neither file nor line."""
+    env = make_env("synth_arith", difficulty=1, n_test=4)
+    items = env.load("test")
+    data = env.save(tmp_path / "arith.jsonl", items)
+    first = json.dumps({"id": items[0].id, "answer": "2"})
+    good = _write(tmp_path / "p.jsonl", [{"id": items[0].id, "answer": "0"}])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(first.encode() + b"\n\x00\x9c\xffPK\x03\x04\n")
+    malformed = tmp_path / "malformed.jsonl"
+    malformed.write_text(first + '\n\n{"id": 2, "answer": }\n')
+    cases = [
+        (empty, good, f"{empty}:1: the file is empty"),
+        (binary, good, f"{binary}:2: not UTF-8 text (byte 0x9c at column 2)"),
+        (data, empty, f"{empty}:1: no predictions: the file is empty"),
+        (data, binary, f"{binary}:2: not UTF-8 text"),
+        (data, malformed, f"{malformed}:3: invalid JSON"),
+    ]
+    for data_file, preds, message in cases:
+        argv = ["--task", "synth_arith", "--data", str(data_file), "--predictions", str(preds),
+                "--env-arg", "difficulty=1"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err, err

@@ -56,6 +56,18 @@ def prefect_ready() -> Iterator[None]:
         SubprocessASGIServer().start()
 
 
+def _load_config(config: Optional[Path], overrides: Optional[List[str]]):
+    """The validated config with its inputs checked; a bad value or file exits with status 2
+    and one line naming it, before anything slow is imported."""
+    from trace_rl.config import load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ValueError as exc:  # DatasetError included: it names the file and line
+        console.print(f"trace: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+
+
 @app.command()
 def train(
     overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (e.g. steps=5)."),
@@ -63,9 +75,7 @@ def train(
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
     """Run the train flow (the embedded default when no config is given)."""
-    from trace_rl.config import load_config
-
-    cfg = load_config(config, overrides or [])
+    cfg = _load_config(config, overrides)  # before Prefect, the flow or the bootstrap start
     wd = _workdir(workdir)
     console.print(f"[bold]trace train[/] run [cyan]{cfg.resolved_run_id}[/]: {cfg.family}, "
                   f"allocator {cfg.allocator}, {cfg.steps} steps, {cfg.leaf_budget} leaves/step; "
@@ -119,9 +129,7 @@ def evaluate(
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
     """Evaluate a policy checkpoint: accuracy and contrast metrics."""
-    from trace_rl.config import load_config
-
-    cfg = load_config(config, overrides or [])
+    cfg = _load_config(config, overrides)
     with prefect_ready():
         from flows.evaluate import evaluate as evaluate_flow
 

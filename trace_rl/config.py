@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -219,17 +221,29 @@ class TrainConfig:
         return d
 
     def validate(self) -> "TrainConfig":
+        """Check every field's type, then its range and the registries; raise ``ValueError``
+        naming the field, its value and what to fix. Cheap and free of I/O (``check_inputs``
+        checks the files a run reads)."""
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name))
+
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(f"config: {msg}")
 
-        need(self.allocator in ALLOCATORS, f"allocator={self.allocator!r}; choose one of {ALLOCATORS}")
-        need(self.advantage in ADVANTAGES, f"advantage={self.advantage!r}; choose one of {ADVANTAGES}")
-        need(self.engine in ENGINES, f"engine={self.engine!r}; choose one of {ENGINES}")
-        need(self.steps >= 1, f"steps={self.steps}; must be >= 1")
-        need(self.loss_agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
-             f"loss_agg={self.loss_agg!r}; choose token-mean, seq-mean-token-sum or seq-mean-token-mean")
-        need(self.min_per_root >= 1, f"min_per_root={self.min_per_root}; must be >= 1")
+        for name, (test, what) in _RANGES.items():
+            v = getattr(self, name)
+            need(test(v), f"{name}={v!r}; must be {what}")
+        for name, choices in (("allocator", ALLOCATORS), ("advantage", ADVANTAGES),
+                              ("engine", ENGINES), ("loss_agg", LOSS_AGGREGATIONS),
+                              ("family", _families())):
+            v = getattr(self, name)
+            need(v in choices, f"{name}={v!r}; choose one of {tuple(choices)}")
+        need(_RUN_ID.match(self.resolved_run_id) is not None,
+             f"run id {self.resolved_run_id!r} (from run_name={self.run_name!r}, "
+             f"run_id={self.run_id!r}) must match {_RUN_ID.pattern}: letters, digits, _ . -")
+        need(all(isinstance(k, str) for k in self.extra),
+             f"extra={dict(self.extra)!r}; its keys must be strings")
         need(self.max_per_root >= self.min_per_root,
              f"max_per_root={self.max_per_root} < min_per_root={self.min_per_root}")
         need(self.root_budget >= self.min_per_root,
@@ -237,23 +251,114 @@ class TrainConfig:
         need(self.pool_size * self.max_per_root >= self.root_budget,
              f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot hold "
              f"root_budget={self.root_budget}; raise pool_size or max_per_root")
-        need(self.multiplier >= 0, f"multiplier={self.multiplier}; must be >= 0")
-        need(self.checkpoint_every >= 1, f"checkpoint_every={self.checkpoint_every}; must be >= 1")
-        need(self.mini_batches >= 1, f"mini_batches={self.mini_batches}; must be >= 1")
-        need(self.target_kl >= 0, f"target_kl={self.target_kl}; must be >= 0 (0 = off)")
-        need(self.target_position_kl >= 0,
-             f"target_position_kl={self.target_position_kl}; must be >= 0 (0 = off)")
-        need(self.micro_batch >= 1, f"micro_batch={self.micro_batch}; must be >= 1")
-        need(self.max_turns >= 1, f"max_turns={self.max_turns}; must be >= 1")
-        need(self.temperature >= 0, f"temperature={self.temperature}; must be >= 0")
-        need(0 <= self.exploration <= 1, f"exploration={self.exploration}; must be in [0, 1]")
-        need(self.lr_warmup_steps >= 0,
-             f"lr_warmup_steps={self.lr_warmup_steps}; must be >= 0 (0 = off)")
-        need(self.correlation_window >= 0,
-             f"correlation_window={self.correlation_window}; must be >= 0 (0 = off)")
-        need(self.correlation_min_terms >= 1,
-             f"correlation_min_terms={self.correlation_min_terms}; must be >= 1")
         return self
+
+
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+"""``trace_core.loss.AGGREGATIONS``' names (not imported: that module pulls in torch, and the
+CLI validates a config before importing anything heavy)."""
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # as trace_rl.storage.store and MLflow want
+_MAX_SEED = 2**32 - 1  # numpy's legacy seeding and some samplers refuse larger seeds
+
+
+def _families() -> list[str]:
+    from trace_rl.envs.registry import families  # the one registry; factories import lazily
+
+    return families()
+
+
+def _positive(v: float) -> bool:
+    return v > 0
+
+
+def _at_least(lo: float) -> Any:
+    return lambda v: v >= lo
+
+
+# Range of each field (``bool``: a string field must not be empty); types come from the defaults
+# (``_check_type``). A field missing here takes any value of its type; names checked against a
+# registry and the cross-field rules are in ``TrainConfig.validate``.
+_RANGES: dict[str, tuple[Any, str]] = {
+    "run_name": (bool, "a non-empty string"),
+    "train_split": (bool, "a non-empty split name or data file"),
+    "eval_split": (bool, "a non-empty split name or data file"),
+    "policy": (bool, "'tiny' or a Hugging Face model directory"),
+    "difficulty": (_at_least(1), ">= 1"),
+    "eval_items": (_at_least(0), ">= 0 (0 = no held-out evaluation)"),
+    "eval_samples": (_at_least(1), ">= 1"),
+    "steps": (_at_least(1), ">= 1"),
+    "pool_size": (_at_least(1), ">= 1"),
+    "root_budget": (_at_least(1), ">= 1"),
+    "multiplier": (_at_least(0), ">= 0"),
+    "min_per_root": (_at_least(1), ">= 1"),
+    "max_per_root": (_at_least(1), ">= 1"),
+    "group_size": (_at_least(1), ">= 1 (rollouts per prompt of grpo and dapo)"),
+    "tree_group": (_at_least(1), ">= 1 (bare rollouts per prompt of random_prefix)"),
+    "exploration": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "correlation_window": (_at_least(0), ">= 0 (0 = off)"),
+    "correlation_min_terms": (_at_least(1), ">= 1"),
+    "max_turns": (_at_least(1), ">= 1"),
+    "max_new_tokens": (_at_least(1), ">= 1"),
+    "temperature": (_at_least(0), ">= 0 (0 = greedy)"),
+    "tool_timeout_s": (_positive, "> 0 seconds"),
+    "learning_rate": (_positive, "> 0"),
+    "lr_warmup_steps": (_at_least(0), ">= 0 (0 = off)"),
+    "clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "clip_high": (_at_least(0), ">= 0"),
+    "kl_coef": (_at_least(0), ">= 0 (0 = off)"),
+    "ppo_epochs": (_at_least(1), ">= 1"),
+    "micro_batch": (_at_least(1), ">= 1"),
+    "mini_batches": (_at_least(1), ">= 1"),
+    "target_kl": (_at_least(0), ">= 0 (0 = off)"),
+    "target_position_kl": (_at_least(0), ">= 0 (0 = off)"),
+    "predictor_epochs": (_at_least(0), ">= 0"),
+    "predictor_lr": (_positive, "> 0"),
+    "seed": (lambda v: 0 <= v <= _MAX_SEED, f"in [0, {_MAX_SEED}]"),
+    "checkpoint_every": (_at_least(1), ">= 1"),
+    "plot_every": (_at_least(0), ">= 0 (0 = never)"),
+}
+
+_DEFAULTS: dict[str, Any] = {}  # the defaults' values, filled on first use
+
+
+def _kind(name: str) -> type:
+    """The type a field holds: that of its default (``extra``: a mapping)."""
+    if not _DEFAULTS:
+        _DEFAULTS.update(TrainConfig().to_dict())
+    d = _DEFAULTS[name]
+    return Mapping if isinstance(d, Mapping) else type(d)
+
+
+def _check_type(name: str, v: Any) -> None:
+    kind = _kind(name)
+    if kind is bool:
+        ok, what = isinstance(v, bool), "true or false"
+    elif kind is int:
+        ok, what = isinstance(v, int) and not isinstance(v, bool), "an integer"
+    elif kind is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        what = "a finite number"
+    elif kind is Mapping:
+        ok, what = isinstance(v, Mapping), "a mapping of option: value"
+    else:
+        ok, what = isinstance(v, kind), f"a {kind.__name__}"
+    if not ok:
+        raise ValueError(f"config: {name}={v!r} ({type(v).__name__}); must be {what}")
+
+
+def _normalise(name: str, v: Any) -> Any:
+    """A value of a float field given as an int (``lr: 1``) or as YAML 1.1 reads ``1e-4`` (a
+    string: PyYAML wants a dot in a float's mantissa) becomes a float, so the config hash does
+    not depend on how a number was written. Anything else is left for ``_check_type``."""
+    if _kind(name) is float:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return float(v)
+        if isinstance(v, str) and _FLOAT_LITERAL.match(v.strip()):
+            return float(v)
+    return v
+
+
+_FLOAT_LITERAL = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 def _coerce(name: str, raw: Any, default: Any) -> Any:
@@ -284,17 +389,24 @@ def config_from_mapping(data: Mapping[str, Any], where: str = "config") -> Train
     for k in data:
         if k not in known:
             raise ValueError(f"config: unknown field {k!r} in {where}; known: {sorted(known)}")
-    return dataclasses.replace(TrainConfig(), **dict(data)).validate()
+    values = {k: _normalise(k, v) for k, v in data.items()}
+    try:
+        return dataclasses.replace(TrainConfig(), **values).validate()
+    except ValueError as exc:
+        raise ValueError(f"{exc} (in {where})") from None
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Defaults, then a YAML file, then ``key=value`` overrides; unknown keys are errors."""
+    """Defaults, then a YAML file, then ``key=value`` overrides; unknown keys are errors. The
+    result is validated (``TrainConfig.validate``) and its inputs checked (``check_inputs``)."""
     known = {f.name: f for f in fields(TrainConfig)}
     defaults = TrainConfig()
     values: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ValueError(f"config: cannot read {path} as a YAML mapping: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"config: {path} must hold a mapping of field: value")
         config_from_mapping(data, str(path))  # names the file in any error
@@ -307,4 +419,44 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if k not in known:
             raise ValueError(f"config: unknown field {k!r} in override {item!r}; known: {sorted(known)}")
         values[k] = _coerce(k, raw, getattr(defaults, k))
-    return config_from_mapping(values, "overrides")
+    return check_inputs(config_from_mapping(values, "overrides" if path is None
+                                            else f"{path} + overrides"))
+
+
+def check_inputs(cfg: TrainConfig) -> TrainConfig:
+    """Check the files a run reads before any work starts: the policy directory (unless
+    ``tiny``) and the training split, which must load through its family (a data file: UTF-8
+    text whose every row parses; errors name the file and line) and hold at least
+    ``pool_size`` items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix."""
+    from trace_rl.envs.base import DatasetError
+    from trace_rl.envs.io import check_text_file
+    from trace_rl.envs.registry import make_env
+
+    if cfg.policy != "tiny":
+        policy = Path(cfg.policy)
+        if not (policy / "config.json").is_file():
+            raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
+                             f"(no {policy / 'config.json'}); give one, or 'tiny' for the "
+                             f"bootstrapped CPU policy")
+    kwargs = dict(cfg.extra)
+    if cfg.family.startswith("synth_"):
+        kwargs.setdefault("difficulty", cfg.difficulty)
+    try:
+        env = make_env(cfg.family, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"config: family={cfg.family!r} with extra={dict(cfg.extra)!r}: {exc}") from exc
+    # Only the training split: the train flow reads nothing else, and a family's default
+    # eval_split ("test") need not exist (hotpotqa names its splits differently).
+    split = cfg.train_split
+    if Path(split).suffix or Path(split).is_file():  # a data file rather than a split name
+        check_text_file(split)
+    try:
+        items = env.load(split)
+    except DatasetError:
+        raise  # names the file and line already
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise ValueError(f"config: train_split={split!r} of family {cfg.family!r}: {exc}") from exc
+    if len(items) < cfg.pool_size:
+        raise ValueError(f"config: train_split={split!r} of family {cfg.family!r} holds "
+                         f"{len(items)} items; pool_size={cfg.pool_size} needs as many")
+    return cfg

@@ -18,8 +18,9 @@ Ids follow the data file's own id field (``id``, ``_id``, ``idx``, ``unique_id``
 without one (GSM8K) the 1-based row number, given bare (``12``) or as the item id
 (``gsm8k_test:12``). Output: one ``<id>\\t<reward>`` line per prediction, in file order, then
 ``mean reward: <x>`` as the last line (the mean over the predictions given). A malformed line, an
-unknown or repeated id, or a line with neither ``answer`` nor ``calls`` is an error naming the
-predictions file and line; the exit status is then 2.
+unknown or repeated id, a line with neither ``answer`` nor ``calls``, bytes that are not UTF-8,
+or an empty file is an error naming the file (predictions or data) and line; the exit status
+is then 2.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from trace_rl.envs.base import DatasetError, Environment, TaskItem
+from trace_rl.envs.io import check_text_file, text_lines
 from trace_rl.envs.registry import families, make_env
 from trace_rl.rollout.types import Action, Verdict
 
@@ -71,35 +73,39 @@ def read_predictions(path: Path, items: Sequence[TaskItem]) -> list[tuple[int, T
         for name in _aliases(it):
             index.setdefault(name, it)
     out, seen = [], {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                pred = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(str(path), lineno, f"invalid JSON: {exc.msg} at column {exc.colno}")
-            if not isinstance(pred, dict):
-                raise DatasetError(str(path), lineno, "expected a JSON object")
-            if "id" not in pred or not isinstance(pred["id"], (str, int)) or isinstance(pred["id"], bool):
-                raise DatasetError(str(path), lineno, "missing or non-string/integer field 'id'")
-            if "answer" not in pred and "calls" not in pred:
-                raise DatasetError(str(path), lineno, "needs a field 'answer' or 'calls'")
-            key = str(pred["id"])
-            item = index.get(key)
-            if item is None:
-                raise DatasetError(str(path), lineno, f"unknown id {key!r}: not in the data file")
-            if item.id in seen:
-                raise DatasetError(str(path), lineno, f"id {key!r} repeats line {seen[item.id]}")
-            seen[item.id] = lineno
-            out.append((lineno, item, pred))
+    for lineno, line in text_lines(path):  # a non-UTF-8 byte: an error naming file and line
+        if not line.strip():
+            continue
+        try:
+            pred = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(str(path), lineno, f"invalid JSON: {exc.msg} at column {exc.colno}")
+        if not isinstance(pred, dict):
+            raise DatasetError(str(path), lineno, "expected a JSON object")
+        if "id" not in pred or not isinstance(pred["id"], (str, int)) or isinstance(pred["id"], bool):
+            raise DatasetError(str(path), lineno, "missing or non-string/integer field 'id'")
+        if "answer" not in pred and "calls" not in pred:
+            raise DatasetError(str(path), lineno, "needs a field 'answer' or 'calls'")
+        key = str(pred["id"])
+        item = index.get(key)
+        if item is None:
+            raise DatasetError(str(path), lineno, f"unknown id {key!r}: not in the data file")
+        if item.id in seen:
+            raise DatasetError(str(path), lineno, f"id {key!r} repeats line {seen[item.id]}")
+        seen[item.id] = lineno
+        out.append((lineno, item, pred))
+    if not out:
+        raise DatasetError(str(path), 1, "no predictions: the file is empty")
     return out
 
 
 def score(task: str, data: Path, predictions: Path, **env_kwargs: Any) -> list[tuple[str, Verdict]]:
     """(prediction id, verdict) per prediction line."""
     env = make_env(task, **env_kwargs)
+    check_text_file(data)  # an empty or binary data file is named, with the line, up front
     items = env.load(str(data))
+    if not items:
+        raise DatasetError(str(data), 1, f"no {task} items in the data file")
     grade = GRADE_BY.get(task, _by_answer)
     results = []
     for lineno, item, pred in read_predictions(predictions, items):

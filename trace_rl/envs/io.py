@@ -39,6 +39,31 @@ def row_field(row: Mapping[str, Any], key: str, typ: type | tuple[type, ...] = o
     return value
 
 
+def text_lines(path: str | Path) -> Iterable[tuple[int, str]]:
+    """(1-based line number, line) of a UTF-8 text file. Raises ``FileNotFoundError`` for a
+    missing file and ``DatasetError(path, line, why)`` for bytes that are not UTF-8 (a binary
+    file, another encoding), which a plain ``open(encoding="utf-8")`` reports without either."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(str(path), lineno, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                                   f"column {exc.start + 1}); is this a binary file?") from None
+
+
+def check_text_file(path: str | Path) -> int:
+    """Check that a data file exists, is UTF-8 text and holds at least one non-blank line;
+    return its number of non-blank lines. Errors name the file (and the line)."""
+    n = sum(1 for _, line in text_lines(path) if line.strip())
+    if n == 0:
+        raise DatasetError(str(path), 1, "the file is empty (no non-blank line)")
+    return n
+
+
 def load_jsonl(path: str | Path, parse_row: Callable[[dict[str, Any]], T],
                limit: int | None = None) -> list[T]:
     """Parse a JSON Lines file row by row; blank lines are skipped.
@@ -51,24 +76,23 @@ def load_jsonl(path: str | Path, parse_row: Callable[[dict[str, Any]], T],
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
     out: list[T] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                why = f"invalid JSON: {exc.msg} at column {exc.colno}"
-                raise DatasetError(str(path), lineno, why) from exc
-            if not isinstance(row, dict):
-                raise DatasetError(str(path), lineno, f"expected a JSON object, got {type(row).__name__}")
-            try:
-                out.append(parse_row(row))
-            except (KeyError, ValueError, TypeError) as exc:
-                why = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
-                raise DatasetError(str(path), lineno, why) from exc
+    for lineno, line in text_lines(path):
+        if limit is not None and len(out) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            why = f"invalid JSON: {exc.msg} at column {exc.colno}"
+            raise DatasetError(str(path), lineno, why) from exc
+        if not isinstance(row, dict):
+            raise DatasetError(str(path), lineno, f"expected a JSON object, got {type(row).__name__}")
+        try:
+            out.append(parse_row(row))
+        except (KeyError, ValueError, TypeError) as exc:
+            why = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+            raise DatasetError(str(path), lineno, why) from exc
     return out
 
 

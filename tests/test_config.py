@@ -1,0 +1,132 @@
+"""The config is checked before any work starts: every field by type and range, names against
+their registries, the policy directory and the training data file. Errors name the field and
+value (or the file and line); ``trace train`` refuses a bad value in well under 3 s, before
+Prefect, the flow or the bootstrap start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trace_rl.config import TrainConfig, check_inputs, config_from_mapping, load_config
+from trace_rl.envs.base import DatasetError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (override, what the error must say): the values of issue 24 that once failed minutes into a
+# run (or never), and a few more of the same kinds.
+BAD_OVERRIDES = [
+    ("group_size=0", "group_size=0"),
+    ("max_new_tokens=-5", "max_new_tokens=-5"),
+    ("learning_rate=-1", "learning_rate=-1.0"),
+    ("seed=-1", "seed=-1"),
+    ("ppo_epochs=0", "ppo_epochs=0"),
+    ("tool_timeout_s=-1", "tool_timeout_s=-1.0"),
+    ("root_budget=4.5", "root_budget='4.5'"),
+    ("steps=three", "steps='three'"),
+    ("family=chess", "family='chess'"),
+    ("allocator=uniform", "allocator='uniform'"),
+    ("advantage=gae", "advantage='gae'"),
+    ("engine=tgi", "engine='tgi'"),
+    ("learning_rate=nan", "learning_rate=nan"),
+    ("temperature=-0.5", "temperature=-0.5"),
+    ("clip_low=1.5", "clip_low=1.5"),
+    ("pool_size=0", "pool_size=0"),
+    ("run_name=my run", "run_name='my run'"),
+    ("extra=[1, 2]", "extra=[1, 2]"),
+    ("joint_split=maybe", "joint_split='maybe'"),
+]
+BAD_YAML = [
+    ("root_budget: 4.5\n", "root_budget=4.5 (float); must be an integer"),
+    ('steps: "three"\n', "steps='three' (str); must be an integer"),
+    ("steps: true\n", "steps=True (bool); must be an integer"),
+    ("learning_rate: fast\n", "learning_rate='fast' (str); must be a finite number"),
+    ("joint_split: 1\n", "joint_split=1 (int); must be true or false"),
+    ("family: 3\n", "family=3 (int); must be a str"),
+    ("seed: -1\n", "seed=-1; must be in [0,"),
+    ("extra: [1]\n", "extra=[1] (list); must be a mapping"),
+    ("steps: [1\n", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("override,says", BAD_OVERRIDES)
+def test_bad_override_names_field_and_value(override, says):
+    with pytest.raises(ValueError, match="config: ") as err:
+        load_config(None, [override])
+    assert says in str(err.value)
+
+
+@pytest.mark.parametrize("text,says", BAD_YAML)
+def test_bad_yaml_value_names_field_value_and_file(tmp_path, text, says):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_config(path)
+    assert says in str(err.value) or (says == "not valid YAML" and "YAML mapping" in str(err.value))
+    assert str(path) in str(err.value)
+
+
+def test_numbers_are_normalised_and_good_configs_pass(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 1e-4\ntemperature: 1\nsteps: 2\nextra: {n_train: 40}\n")
+    cfg = load_config(path, ["clip_high=0.3"])
+    # PyYAML reads 1e-4 as a string and 1 as an int; both are floats of the config.
+    assert cfg.learning_rate == 1e-4 and isinstance(cfg.learning_rate, float)
+    assert cfg.temperature == 1.0 and isinstance(cfg.temperature, float)
+    same = config_from_mapping({"learning_rate": 0.0001, "temperature": 1.0, "steps": 2,
+                                "extra": {"n_train": 40}, "clip_high": 0.3})
+    assert cfg.config_hash == same.config_hash
+    assert TrainConfig().validate() == TrainConfig()
+
+
+def test_cross_field_rules_still_hold():
+    with pytest.raises(ValueError, match="max_per_root=1 < min_per_root=2"):
+        config_from_mapping({"max_per_root": 1})
+    with pytest.raises(ValueError, match="cannot hold root_budget=64"):
+        config_from_mapping({"pool_size": 2, "root_budget": 64})
+
+
+def test_inputs_checked_policy_and_data_files(tmp_path):
+    with pytest.raises(ValueError, match=r"policy='/no/such/model' is not a Hugging Face model"):
+        load_config(None, ["policy=/no/such/model"])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(DatasetError, match=rf"{empty}:1: the file is empty"):
+        load_config(None, [f"train_split={empty}"])
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"a": 1}\n\x89PNG\r\n\x1a\n\xff\xfe\x00')
+    with pytest.raises(DatasetError, match=rf"{binary}:2: not UTF-8 text"):
+        load_config(None, [f"train_split={binary}"])
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": 1\n')
+    with pytest.raises(DatasetError, match=rf"{broken}:1: invalid JSON"):
+        load_config(None, [f"train_split={broken}"])
+    with pytest.raises(ValueError, match="holds 3 items; pool_size=16 needs as many"):
+        check_inputs(config_from_mapping({"extra": {"n_train": 3}}))
+    with pytest.raises(ValueError, match="train_split='nope' of family 'synth_arith'"):
+        load_config(None, ["train_split=nope"])
+
+
+def test_trace_train_refuses_bad_values_in_under_3_s(tmp_path):
+    """The CLI validates before importing flows: no Prefect server, no work dir, exit status 2."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
+    (tmp_path / "a.yaml").write_text("root_budget: 4.5\n")
+    (tmp_path / "b.yaml").write_text('steps: "three"\n')
+    cases = [[o] for o, _ in BAD_OVERRIDES[:6]] + [["-c", str(tmp_path / "a.yaml")],
+                                                   ["-c", str(tmp_path / "b.yaml")]]
+    names = [o.split("=")[0] for o, _ in BAD_OVERRIDES[:6]] + ["root_budget", "steps"]
+    for args, name in zip(cases, names):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "trace_rl.cli", "train", "--workdir",
+                              str(tmp_path / "wd"), *args], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=60)
+        wall = time.perf_counter() - t0
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"{name}=" in out.stdout + out.stderr and "Traceback" not in out.stderr
+        assert wall < 3.0, f"{args}: {wall:.2f} s"
+    assert not (tmp_path / "wd").exists()
