@@ -106,7 +106,7 @@ def test_inputs_checked_policy_and_data_files(tmp_path):
     broken.write_text('{"id": 1\n')
     with pytest.raises(DatasetError, match=rf"{broken}:1: invalid JSON"):
         load_config(None, [f"train_split={broken}"])
-    with pytest.raises(ValueError, match="holds 3 items; pool_size=16 needs as many"):
+    with pytest.raises(ValueError, match="holds 3 items; pool_size=32 needs as many"):
         check_inputs(config_from_mapping({"extra": {"n_train": 3}}))
     with pytest.raises(ValueError, match="train_split='nope' of family 'synth_arith'"):
         load_config(None, ["train_split=nope"])

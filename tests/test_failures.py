@@ -27,7 +27,7 @@ from trace_rl.storage.store import TreeStore
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
         "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
-        "plot_every": 1}
+        "plot_every": 1, "eval_items": 4, "eval_samples": 2}
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
