@@ -177,6 +177,22 @@ def vllm_engine(tiny_model_dir):
 
 @pytest.mark.slow
 @needs_vllm
+def test_vllm_many_seeded_requests_beyond_one_step_budget(vllm_engine, prompts):
+    """More seeded prompt tokens than one engine step takes: with chunked prefill on CPU, vLLM
+    0.32 split a prompt, rewound its CPU generator and died ("CPU Generator does not use
+    offset"), as the train flow's 800-request evaluation did. Every request must complete."""
+    long = tuple(p for q in prompts for p in q)  # ~4 questions' worth of tokens per prompt
+    # A distinct first token per request, so the prefix cache cannot shrink the prefill.
+    reqs = [GenRequest((long[i % len(long)], i % 5) + long, 1,
+                       SamplingSettings(max_tokens=4, seed=i)) for i in range(96)]
+    assert sum(len(r.prompt_ids) for r in reqs) > 4096
+    out = vllm_engine.generate(reqs)
+    assert [len(o) for o in out] == [1] * len(reqs)
+    assert all(len(o[0].token_ids) >= 1 for o in out)
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_engines_agree_on_greedy_tokens(vllm_engine, hf, prompts):
     stops = ("</think>", "</tool_call>")
     reqs = [GenRequest(p, 1, GREEDY) for p in prompts] + \

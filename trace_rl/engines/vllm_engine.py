@@ -11,6 +11,12 @@ Settings chosen here, and why (vLLM 0.32):
   running beside it. Entry points that build this engine need ``if __name__ == "__main__":``.
 * ``enforce_eager=True`` on CPU (no torch.compile: start-up ~20 s instead of minutes); CUDA keeps
   vLLM's default (graphs), which pays a one-off capture for faster decoding.
+* No chunked prefill on CPU (``enable_chunked_prefill=False``, a step's token budget of at least
+  ``max_model_len``): when a batch's prefill overflows the step budget, vLLM 0.32 runs part of a
+  prompt, discards the token sampled for it, and rewinds that request's seeded generator with
+  ``Generator.set_offset``, which only CUDA generators have ("CPU Generator does not use
+  offset", EngineDeadError). Seen at the train flow's held-out evaluation: 800 seeded requests
+  against the CPU budget of 4096 tokens. Without chunking a prompt waits for the next step.
 * ``block_size=32`` on CPU: vLLM's CPU default is 128, and a prefix shorter than one block is
   never cached; 32 is the smallest size the CPU attention kernel accepts. vLLM's default on CUDA.
 * KV cache: ``kv_cache_memory_bytes`` on CPU (1 GiB by default here; the machine is shared),
@@ -99,6 +105,8 @@ class VLLMEngine:
         if on_cpu:
             kwargs["block_size"] = block_size or 32
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 4096)
         else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             if block_size:
