@@ -9,19 +9,42 @@ transaction: if a tree already has rows at a level, the new rows for that tree a
 skipped as a whole, so a retried task leaves exactly one copy and never mixes two samplings of
 the same branch. Allocations and ledger rows are keyed too (first write wins).
 
-Concurrency. DuckDB lets one process hold a database file read-write, and while it does, other
-processes cannot even open it read-only. The writer therefore opens a connection only for one
-call (a level write is a few ms to tens of ms) and every open, read or write, retries with
-bounded exponential backoff while another process holds the lock. Within one process a lock per
-file serialises connections, since DuckDB refuses a read-only and a read-write connection to the
-same file side by side in one process. See docs/schema.md for the measured lock window.
+Readers never block the writer (issue 24). DuckDB lets one process hold a file read-write, and
+while any other process holds it, even read-only, nobody can open it read-write. So the writer
+keeps a private file, ``.trace.writer.duckdb``, that only TRACE's own store opens, and after each
+committed transaction publishes ``trace.duckdb`` for readers: a copy of the private file written
+under a temporary name and moved into place with ``os.replace``. A reader (``trace sql``, ``duckdb
+-readonly trace.duckdb``, a notebook) holding the published file keeps the inode it opened, a
+consistent snapshot as of one transaction, for as long as it likes; the next publish swaps a new
+inode in under it and the writer never waits. Each snapshot is whole because the private file is
+checkpointed on close (no WAL) and the copy happens under the writer's lock file.
+
+Why a published copy rather than immutable per-level Parquet files behind views: the private
+file keeps one ACID database with in-place ``update_values`` (backup, advantages, late scores)
+and transactional idempotence; per-level files would need an overlay for every update and rename
+tricks for idempotence. The price is one file copy per write transaction, linear in the file size
+(measured in docs/schema.md: milliseconds for a test run, ~0.1 s at 100 MB).
+
+Between TRACE processes (a train flow, a retrain or evaluate flow of the same work dir) an flock
+on ``.trace.writer.duckdb.lock`` serialises every open of the private file, so they queue for
+each other's short transactions instead of failing; one ``train`` per work dir is enforced
+separately (``locks.train_lock``). Within one process a lock per file serialises connections,
+since DuckDB refuses two connections of different modes to one file side by side in one process.
+
+Reads are locked down: ``query`` runs one SELECT (or EXPLAIN) on a read-only connection with
+DuckDB's external access disabled and its configuration locked, so SQL given to ``trace sql``
+can neither write nor read anything outside the store (no COPY, ATTACH, EXPORT, read_csv/
+read_text, PRAGMA, SET, CHECKPOINT, INSTALL/LOAD).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
 import re
+import shutil
 import threading
 import time
 from collections import deque
@@ -36,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from trace_rl.storage.locks import LockTimeout, file_lock, holders
 from trace_rl.storage.schema import (
     ALLOCATION_INPUT,
     DERIVED_NODE_COLUMNS,
@@ -51,6 +75,16 @@ DB_FILENAME = "trace.duckdb"
 STEP_STATUSES = ("running", "complete", "failed")
 RUN_STATUSES = ("running", "complete", "failed", "killed")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_log = logging.getLogger(__name__)
+READ_CONFIG = {
+    "enable_external_access": False,  # no COPY/EXPORT/ATTACH, read_csv/read_text, extensions
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "python_enable_replacements": False,  # a query cannot scan Python variables by name
+    "lock_configuration": True,  # last: no SET/PRAGMA can undo the above on this connection
+}
+"""DuckDB config of every read-only connection (``query``, ``trace sql``)."""
+_READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 
 # Column order of the nodes table, as created by TABLES_DDL.
 NODE_COLUMNS = (
@@ -122,10 +156,14 @@ class WriteResult:
 class TreeStore:
     """The tree store of one work dir. Every method opens and closes its own connection.
 
-    ``path`` is the work dir (the file is ``<path>/trace.duckdb``) or a ``.duckdb`` / ``.db`` file.
+    ``path`` is the work dir (the file is ``<path>/trace.duckdb``) or a ``.duckdb`` / ``.db`` file:
+    the published file that readers open. ``create=True`` (the default) makes a writer: it works
+    on the private file next to it (``.trace.writer.duckdb``), creating the schema if needed, and
+    publishes ``path`` after every write. A work dir written before the private file existed is
+    adopted: its ``trace.duckdb`` becomes the private file's starting point.
 
-    Construct with ``create=False`` to only read (e.g. ``trace sql``): then nothing is written and
-    a missing file is an error rather than a new empty database.
+    ``create=False`` makes a reader (e.g. ``trace sql``): it reads the published file, as of the
+    writer's last transaction; nothing is written and a missing file is an error.
     """
 
     _locks: dict[Path, threading.RLock] = {}
@@ -137,54 +175,117 @@ class TreeStore:
         if path.suffix not in (".duckdb", ".db"):  # a work dir
             path = path / DB_FILENAME
         self.path = path.resolve()
+        """The published file: what readers open."""
+        self.writer = create
+        self.private = self.path.with_name(f".{self.path.stem}.writer{self.path.suffix}")
+        """The writer's own file; nothing but a writing TreeStore opens it."""
         self.read_timeout_s = read_timeout_s
         self.write_timeout_s = write_timeout_s
         self.lock_seconds: deque[float] = deque(maxlen=10_000)
         """How long each read-write connection of this object held the file (the lock window)."""
+        self.publish_seconds: deque[float] = deque(maxlen=10_000)
+        """How long each publish (copy + rename of the private file) took."""
+        self._file = self.private if create else self.path
         with TreeStore._locks_guard:
-            self._lock = TreeStore._locks.setdefault(self.path, threading.RLock())
+            self._lock = TreeStore._locks.setdefault(self._file, threading.RLock())
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._writer_lock():
+                self._adopt_old_layout()
             with self._connect(read_only=False) as con:
                 _exec(con, TABLES_DDL)
                 _exec(con, VIEWS_DDL)
                 _exec(con, "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                       [str(SCHEMA_VERSION)])
         elif not self.path.exists():
-            raise FileNotFoundError(f"no TRACE database at {self.path} (has a run written to this "
-                                    f"work dir yet?)")
+            hint = (" (only the writer's private file is there: open a writing TreeStore once to "
+                    "publish it)") if self.private.exists() else " (has a run written to this work dir yet?)"
+            raise FileNotFoundError(f"no TRACE database at {self.path}{hint}")
 
     # ---------------------------------------------------------------- connections
 
     @contextmanager
-    def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Open the file, retrying with backoff while another process holds its lock."""
-        timeout = self.read_timeout_s if read_only else self.write_timeout_s
+    def _writer_lock(self) -> Iterator[None]:
+        """This thread's turn, then (writers) this process's turn, on the file it opens."""
         with self._lock:
-            deadline = time.monotonic() + timeout
-            delay = 0.005
-            while True:
-                opened = time.perf_counter()
-                try:
-                    con = duckdb.connect(str(self.path), read_only=read_only)
-                    break
-                except duckdb.Error as exc:
-                    if not _is_lock_error(exc):
-                        raise
-                    if time.monotonic() >= deadline:
-                        raise StoreBusyError(
-                            f"{self.path} stayed locked by another process for {timeout:.0f} s "
-                            f"({'read' if read_only else 'write'} open). DuckDB admits one process "
-                            f"at a time; a TRACE writer holds it only per level write, so a "
-                            f"long-running query or a stuck process is holding it: {exc}") from exc
-                    time.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 0.05)
+            if not self.writer:
+                yield
+                return
+            try:
+                with file_lock(self.private.with_name(self.private.name + ".lock"),
+                               self.write_timeout_s, "TreeStore writer"):
+                    yield
+            except LockTimeout as exc:
+                raise StoreBusyError(str(exc)) from exc
+
+    def _adopt_old_layout(self) -> None:
+        """A work dir from before the private file: start the private file from ``trace.duckdb``.
+
+        A WAL left next to it (a writer killed mid-transaction) is replayed first by opening the
+        file read-write once, so the copy holds every committed transaction."""
+        if self.private.exists() or not self.path.exists():
+            return
+        wal = self.path.with_name(self.path.name + ".wal")
+        if wal.exists():
+            con = self._open(self.path, read_only=False)
+            con.close()
+        tmp = self.private.with_name(f"{self.private.name}.adopt-{os.getpid()}")
+        shutil.copyfile(self.path, tmp)
+        os.replace(tmp, self.private)
+
+    def _open(self, file: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+        """Connect, retrying with backoff while a process outside TRACE's locks holds the file
+        (someone opened the private file by hand); a long wait names that process."""
+        timeout = self.read_timeout_s if read_only else self.write_timeout_s
+        config = READ_CONFIG if read_only else {}
+        deadline = time.monotonic() + timeout
+        delay, warned_at = 0.005, time.monotonic() + 5
+        while True:
+            try:
+                return duckdb.connect(str(file), read_only=read_only, config=config)
+            except duckdb.Error as exc:
+                if not _is_lock_error(exc):
+                    raise
+                now = time.monotonic()
+                if now >= deadline:
+                    raise StoreBusyError(
+                        f"{file} stayed locked for {timeout:.0f} s "
+                        f"({'read' if read_only else 'write'} open) by {holders(file, str(exc))}. "
+                        f"Only TRACE's store should open it; readers open {self.path.name}, "
+                        f"which never blocks the writer: {exc}") from exc
+                if now >= warned_at:
+                    _log.warning("%s is locked by %s; retrying", file, holders(file, str(exc)))
+                    warned_at = float("inf")
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.05)
+
+    @contextmanager
+    def _connect(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection to this store's file; a writer's read-write one publishes on success."""
+        if not read_only and not self.writer:
+            raise StoreError(f"this TreeStore of {self.path} was opened with create=False "
+                             f"(a reader); open TreeStore(path) to write")
+        with self._writer_lock():
+            opened = time.perf_counter()
+            con = self._open(self._file, read_only)
             try:
                 yield con
-            finally:
+            except BaseException:
                 con.close()
-                if not read_only:
-                    self.lock_seconds.append(time.perf_counter() - opened)
+                raise
+            con.close()  # DuckDB checkpoints on close: the file holds everything, no WAL
+            if not read_only:
+                self.lock_seconds.append(time.perf_counter() - opened)
+                self._publish()
+
+    def _publish(self) -> None:
+        """Copy the private file to a temporary name and rename it onto the published file
+        (atomic: a reader sees the old snapshot or the new one, never a torn file)."""
+        t0 = time.perf_counter()
+        tmp = self.path.with_name(f".{self.path.name}.publish-{os.getpid()}")
+        shutil.copyfile(self.private, tmp)
+        os.replace(tmp, self.path)
+        self.publish_seconds.append(time.perf_counter() - t0)
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -344,8 +445,23 @@ class TreeStore:
     # ---------------------------------------------------------------- reading
 
     def query(self, sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None) -> pa.Table:
-        """Run SQL on a read-only connection (writes are refused by DuckDB) and return Arrow."""
+        """Run one SELECT (or EXPLAIN) and return Arrow.
+
+        The connection is read-only with external access disabled and its configuration locked
+        (``READ_CONFIG``), and any other kind of statement is refused before it runs: the SQL can
+        read the store's tables and views, nothing else, and change nothing."""
         with self._connect(read_only=True) as con:
+            try:
+                statements = con.extract_statements(sql)
+            except duckdb.Error as exc:
+                raise StoreError(f"query: {exc}") from exc
+            if len(statements) != 1:
+                raise StoreError(f"query: give exactly one statement, got {len(statements)}")
+            kind = statements[0].type
+            if kind not in _READ_STATEMENTS:
+                raise StoreError(f"query: only SELECT (and DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) may "
+                                 f"run on the store; this is a {kind.name} statement (the store "
+                                 f"is read-only)")
             return con.sql(sql, params=params).to_arrow_table()
 
     def read_step(self, run_id: str, step: int) -> pa.Table:
