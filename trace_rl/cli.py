@@ -37,8 +37,13 @@ def train(
     overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (e.g. steps=5)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+    wait: bool = typer.Option(False, "--wait", help="If another run is training in the work dir, "
+                              "wait for it to finish instead of exiting."),
 ) -> None:
-    """Run the train flow (the embedded default when no config is given)."""
+    """Run the train flow (the embedded default when no config is given).
+
+    One run trains a work dir at a time: if another is running there, this exits at once
+    (status 3) naming it, unless --wait."""
     from trace_rl.config import load_config
 
     cfg = load_config(config, overrides or [])
@@ -48,7 +53,14 @@ def train(
                   f"workdir {wd}")
     from flows.train import train as train_flow
 
-    summary = train_flow(config=cfg.to_dict(), workdir=wd)
+    from trace_rl.storage.locks import WorkdirBusyError, train_lock
+
+    try:  # taken before Prefect starts, so a busy work dir is refused in a second, not a minute
+        with train_lock(wd, cfg.resolved_run_id, wait=wait):
+            summary = train_flow(config=cfg.to_dict(), workdir=wd, wait=wait)
+    except WorkdirBusyError as exc:
+        console.print(f"[red]trace train: {exc}[/]")
+        raise typer.Exit(3)
     m = summary["last_metrics"]
     if m:
         console.print(f"last step: reward {m['rollout/reward_mean']:.3f}, effective ratio "
@@ -59,7 +71,8 @@ def train(
     console.print(f"  SQL on the rollout trees: trace sql --workdir {wd} "
                   f"\"SELECT step, level, count(*) AS nodes, avg(reward) AS reward "
                   f"FROM nodes WHERE run_id = '{summary['run_id']}' GROUP BY ALL ORDER BY ALL\"")
-    console.print(f"  (or with the duckdb CLI: duckdb -readonly {db})")
+    console.print(f"  (or with the duckdb CLI: duckdb -readonly {db}; it is a snapshot, "
+                  f"re-published after every write, so re-open it to see new rows)")
     console.print(f"  MLflow UI: mlflow ui --backend-store-uri sqlite:///{Path(wd) / 'mlflow.db'}")
 
 
@@ -107,7 +120,11 @@ def sql(
     fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
     max_rows: int = typer.Option(50, help="Rows shown in table format."),
 ) -> None:
-    """Query the rollout trees with SQL (read-only; works while a train run is writing)."""
+    """Query the rollout trees with SQL: one SELECT, read-only, nothing outside the store.
+
+    It reads the snapshot that training publishes after every write, so it works while a run
+    trains and never delays it. Writes, COPY/EXPORT/ATTACH, file readers (read_csv, read_text),
+    PRAGMA, SET and CHECKPOINT are refused."""
     from trace_rl.storage.store import TreeStore
 
     db = Path(_workdir(workdir)) / "trace.duckdb"
