@@ -51,12 +51,12 @@ def train(
     console.print(f"[bold]trace train[/] run [cyan]{cfg.resolved_run_id}[/]: {cfg.family}, "
                   f"allocator {cfg.allocator}, {cfg.steps} steps, {cfg.leaf_budget} leaves/step; "
                   f"workdir {wd}")
-    from flows.train import train as train_flow
-
     from trace_rl.storage.locks import WorkdirBusyError, train_lock
 
-    try:  # taken before Prefect starts, so a busy work dir is refused in a second, not a minute
+    try:  # taken before torch and Prefect load: a busy work dir is refused in a second
         with train_lock(wd, cfg.resolved_run_id, wait=wait):
+            from flows.train import train as train_flow
+
             summary = train_flow(config=cfg.to_dict(), workdir=wd, wait=wait)
     except WorkdirBusyError as exc:
         console.print(f"[red]trace train: {exc}[/]")
