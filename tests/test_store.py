@@ -523,3 +523,34 @@ def test_a_work_dir_of_the_old_layout_is_adopted(store, tmp_path):
     assert reader.query("SELECT max(step) AS s FROM steps").column("s")[0].as_py() == 5
     with pytest.raises(StoreError, match="create=False"):
         reader.mark_step("run1", 6, "running")
+
+
+def test_a_deferred_publish_is_never_lost(store, monkeypatch):
+    """Level writes right after a publish are deferred (copies capped at PUBLISH_SHARE of the
+    wall time); a reader of the same process flushes them first, and otherwise a timer publishes
+    them once due, without any later write."""
+    import duckdb
+
+    import trace_rl.storage.store as store_mod
+
+    def raw_count() -> int:  # a plain DuckDB reader: no flush on its behalf
+        with duckdb.connect(str(store.path), read_only=True) as con:
+            return con.execute("SELECT count(*) FROM nodes WHERE step = 2").fetchone()[0]
+
+    monkeypatch.setattr(store_mod, "PUBLISH_SHARE", 1e-4)  # the timer waits ~10^4 copy times
+    store.mark_step("run1", 2, "running")  # publishes
+    store.write_level("run1", 2, 0, table(LEVEL0))  # deferred
+    assert raw_count() == 0
+    assert TreeStore(store.path, create=False).read_step("run1", 2).num_rows == 8  # flushed
+    assert raw_count() == 8
+    monkeypatch.setattr(store_mod, "PUBLISH_SHARE", 0.01)  # the timer waits ~100 copy times
+    store.mark_step("run1", 3, "running")
+    store.write_level("run1", 3, 0, table(LEVEL0))
+    store.update_values("run1", 3, pa.table({"node_id": [nid(0, step=3)], "value": [0.5]}))
+    assert TreeStore._pending.get(store.path) is store and store._timer is not None
+    deadline = time.time() + 30
+    while time.time() < deadline and TreeStore._pending.get(store.path) is not None:
+        time.sleep(0.05)
+    with duckdb.connect(str(store.path), read_only=True) as con:
+        assert con.execute("SELECT value FROM nodes WHERE node_id = ?",
+                           [nid(0, step=3)]).fetchone()[0] == 0.5

@@ -11,9 +11,12 @@ the same branch. Allocations and ledger rows are keyed too (first write wins).
 
 Readers never block the writer (issue 24). DuckDB lets one process hold a file read-write, and
 while any other process holds it, even read-only, nobody can open it read-write. So the writer
-keeps a private file, ``.trace.writer.duckdb``, that only TRACE's own store opens, and after each
-committed transaction publishes ``trace.duckdb`` for readers: a copy of the private file written
-under a temporary name and moved into place with ``os.replace``. A reader (``trace sql``, ``duckdb
+keeps a private file, ``.trace.writer.duckdb``, that only TRACE's own store opens, and after its
+transactions publishes ``trace.duckdb`` for readers: a copy of the private file written under a
+temporary name and moved into place with ``os.replace`` (run and step changes always publish;
+level writes and value updates publish at once unless that would spend more than
+``PUBLISH_SHARE`` of the wall time on copies, and are then published shortly after, see
+``_publish_due``). A reader (``trace sql``, ``duckdb
 -readonly trace.duckdb``, a notebook) holding the published file keeps the inode it opened, a
 consistent snapshot as of one transaction, for as long as it likes; the next publish swaps a new
 inode in under it and the writer never waits. Each snapshot is whole because the private file is
@@ -22,8 +25,8 @@ checkpointed on close (no WAL) and the copy happens under the writer's lock file
 Why a published copy rather than immutable per-level Parquet files behind views: the private
 file keeps one ACID database with in-place ``update_values`` (backup, advantages, late scores)
 and transactional idempotence; per-level files would need an overlay for every update and rename
-tricks for idempotence. The price is one file copy per write transaction, linear in the file size
-(measured in docs/schema.md: milliseconds for a test run, ~0.1 s at 100 MB).
+tricks for idempotence. The price is one file copy per publish, linear in the file size
+(measured in docs/schema.md: 10 ms at 6 MB, 0.16 s at 118 MB on the 2-core machine).
 
 Between TRACE processes (a train flow, a retrain or evaluate flow of the same work dir) an flock
 on ``.trace.writer.duckdb.lock`` serialises every open of the private file, so they queue for
@@ -170,6 +173,8 @@ class TreeStore:
 
     _locks: dict[Path, threading.RLock] = {}
     _locks_guard = threading.Lock()
+    _pending: dict[Path, "TreeStore"] = {}
+    """Published path -> the writer of this process whose last writes are not published yet."""
 
     def __init__(self, path: str | Path, *, create: bool = True, read_timeout_s: float = 30.0,
                  write_timeout_s: float = 120.0):
@@ -188,6 +193,7 @@ class TreeStore:
         self.publish_seconds: deque[float] = deque(maxlen=10_000)
         """How long each publish (copy + rename of the private file) took."""
         self._published_at = 0.0
+        self._timer: threading.Timer | None = None
         self._file = self.private if create else self.path
         with TreeStore._locks_guard:
             self._lock = TreeStore._locks.setdefault(self._file, threading.RLock())
@@ -270,6 +276,9 @@ class TreeStore:
         if not read_only and not self.writer:
             raise StoreError(f"this TreeStore of {self.path} was opened with create=False "
                              f"(a reader); open TreeStore(path) to write")
+        pending = None if self.writer else TreeStore._pending.get(self.path)
+        if pending is not None:  # a reader in the writer's own process reads its writes
+            pending.flush()
         with self._writer_lock():
             opened = time.perf_counter()
             con = self._open(self._file, read_only)
@@ -283,6 +292,8 @@ class TreeStore:
                 self.lock_seconds.append(time.perf_counter() - opened)
                 if publish or self._publish_due():
                     self._publish()
+                else:
+                    self._defer_publish()
 
     def _publish(self) -> None:
         """Copy the private file to a temporary name and rename it onto the published file
@@ -293,14 +304,38 @@ class TreeStore:
         os.replace(tmp, self.path)
         self._published_at = time.perf_counter()
         self.publish_seconds.append(self._published_at - t0)
+        with TreeStore._locks_guard:
+            if TreeStore._pending.get(self.path) is self:
+                del TreeStore._pending[self.path]
+        if self._timer is not None:
+            if self._timer is not threading.current_thread():
+                self._timer.cancel()
+            self._timer = None
+
+    def _defer_publish(self) -> None:
+        """Leave this write unpublished for now, and make sure it is published soon: by a timer
+        at the time the next publish is due (a non-daemon thread, so a process that exits in
+        between still publishes), by the next write, or by a reader of this process first."""
+        with TreeStore._locks_guard:
+            TreeStore._pending[self.path] = self
+        if self._timer is None:
+            wait = self.publish_seconds[-1] * (1 - PUBLISH_SHARE) / PUBLISH_SHARE
+            self._timer = threading.Timer(wait, self.flush)
+            self._timer.start()
+
+    def flush(self) -> None:
+        """Publish now if this writer's last writes are not published yet."""
+        with self._writer_lock():
+            if TreeStore._pending.get(self.path) is self:
+                self._publish()
 
     def _publish_due(self) -> bool:
         """Whether a level write or value update publishes: yes unless the last publish was so
         recent that publishing again would spend more than ``PUBLISH_SHARE`` of the wall time on
         copies. A copy is linear in the file size (~10 ms at 6 MB, ~160 ms at 120 MB here), so a
-        small store publishes every write and a large one at most every few seconds; run,
-        step and schema changes always publish, so a step's end is always visible and nothing
-        written is ever left unpublished for longer than one step."""
+        small store publishes every write and a large one at most every ~1.5 s; run, step and
+        schema changes always publish, and a deferred publish happens by then at the latest
+        (``_defer_publish``), so no write stays unpublished longer than that."""
         if not self.publish_seconds:
             return True
         since = time.perf_counter() - self._published_at
