@@ -72,7 +72,7 @@ def train(
                   f"\"SELECT step, level, count(*) AS nodes, avg(reward) AS reward "
                   f"FROM nodes WHERE run_id = '{summary['run_id']}' GROUP BY ALL ORDER BY ALL\"")
     console.print(f"  (or with the duckdb CLI: duckdb -readonly {db}; it is a snapshot, "
-                  f"re-published after every write, so re-open it to see new rows)")
+                  f"re-published as training writes, so re-open it to see new rows)")
     console.print(f"  MLflow UI: mlflow ui --backend-store-uri sqlite:///{Path(wd) / 'mlflow.db'}")
 
 
