@@ -228,10 +228,13 @@ class TreeStore:
                 raise StoreBusyError(str(exc)) from exc
 
     def _adopt_old_layout(self) -> None:
-        """A work dir from before the private file: start the private file from ``trace.duckdb``.
+        """Remove half-written publishes; adopt a work dir from before the private file: start the
+        private file from ``trace.duckdb``.
 
         A WAL left next to it (a writer killed mid-transaction) is replayed first by opening the
         file read-write once, so the copy holds every committed transaction."""
+        for stale in self.path.parent.glob(f".{self.path.name}.publish-*"):
+            stale.unlink(missing_ok=True)  # a publish killed mid-copy (publishes hold our lock)
         if self.private.exists() or not self.path.exists():
             return
         wal = self.path.with_name(self.path.name + ".wal")
