@@ -472,6 +472,7 @@ def test_a_reader_holding_the_file_never_blocks_the_writer(store):
         sys.stdin.readline()
         print(con.execute("SELECT count(*) FROM nodes").fetchone()[0], flush=True)
     """)
+    store.flush()  # the fixture's last level write may still be due to publish
     reader = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -513,6 +514,7 @@ def test_a_work_dir_of_the_old_layout_is_adopted(store, tmp_path):
     reading and for writing, and keeps its rows."""
     old = tmp_path / "old"
     old.mkdir()
+    store.flush()  # the file is copied by hand, not read through a TreeStore that would flush
     (old / "trace.duckdb").write_bytes(store.path.read_bytes())
     assert TreeStore(old, create=False).read_step("run1", 0).num_rows == 12
     writer = TreeStore(old)
