@@ -164,11 +164,13 @@ class TreeStore:
     ``path`` is the work dir (the file is ``<path>/trace.duckdb``) or a ``.duckdb`` / ``.db`` file:
     the published file that readers open. ``create=True`` (the default) makes a writer: it works
     on the private file next to it (``.trace.writer.duckdb``), creating the schema if needed, and
-    publishes ``path`` after every write. A work dir written before the private file existed is
+    publishes ``path`` after its writes (at once, or shortly after: ``_publish_due``; ``flush``
+    publishes now). A work dir written before the private file existed is
     adopted: its ``trace.duckdb`` becomes the private file's starting point.
 
     ``create=False`` makes a reader (e.g. ``trace sql``): it reads the published file, as of the
-    writer's last transaction; nothing is written and a missing file is an error.
+    writer's last publish (a writer of the same process flushes first); nothing is written and a
+    missing file is an error.
     """
 
     _locks: dict[Path, threading.RLock] = {}
