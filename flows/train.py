@@ -34,6 +34,7 @@ from flows.common import bind, resolve_workdir
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import RootPool
 from trace_rl.config import TrainConfig, check_inputs, config_from_mapping
+from trace_rl.storage.locks import train_lock
 from trace_rl.storage.tracking import Tracker
 
 
@@ -186,15 +187,25 @@ def _record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, work
 
 
 @flow(name="train", log_prints=True)
-def train(config: dict[str, Any] | None = None, workdir: str | None = None) -> dict[str, Any]:
+def train(config: dict[str, Any] | None = None, workdir: str | None = None,
+          wait: bool = False) -> dict[str, Any]:
     """Train a policy with TRACE (or a baseline allocator) and return a summary.
 
     ``config``: TrainConfig fields (missing ones take the embedded defaults). ``workdir``: where
-    the DuckDB file, MLflow store and checkpoints live. The config and its inputs are checked
-    before the run is registered; from then on any failure (the bootstrap included) marks the
-    running step and the run failed in DuckDB and MLflow and re-raises the original error, and
-    running the flow again resumes after the last complete step.
+    the DuckDB file, MLflow store and checkpoints live. One run trains a work dir at a time: the
+    work-dir lock is taken before MLflow or DuckDB are set up, and if another run holds it this
+    fails at once naming it (pid, run id), or with ``wait`` waits for it to finish. The config
+    and its inputs are checked before the run is registered; from then on any failure (the
+    bootstrap included) marks the running step and the run failed in DuckDB and MLflow and
+    re-raises the original error, and running the flow again resumes after the last complete step.
     """
+    cfg = config_from_mapping(config or {}, "train(config=...)")
+    with train_lock(resolve_workdir(workdir), cfg.resolved_run_id, wait=wait):
+        return _train(config, workdir)
+
+
+def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]:
+    """The body of ``train``, run while the work-dir lock is held."""
     logger = get_run_logger()
     runtime.configure_threads()
     cfg = check_inputs(config_from_mapping(config or {}, "train(config=...)"))

@@ -284,3 +284,82 @@ def test_staleness_counts_from_first_offer_not_from_the_start():
     rolled = pools[5][0] if pools[5][0] not in (fresh, offered) else pools[5][1]
     got = staleness(cfg, 5, [fresh, offered, rolled], {rolled: 3})
     assert got == [0.0, 4.0, 2.0]  # new: trusted; offered at 1, never chosen: 4; rolled at 3: 2
+
+
+def _nodes(workdir: Path) -> list[tuple]:
+    """A run's trees without its run id: what two runs of one config must agree on."""
+    store = TreeStore(workdir, create=False)
+    rows = store.query("SELECT node_id, parent_id, text, reward, value, is_leaf FROM nodes "
+                       "ORDER BY step, tree_id, local_index").to_pylist()
+    return [(r["node_id"].split("/", 1)[1], r["text"], r["reward"], r["value"], r["is_leaf"])
+            for r in rows]
+
+
+def test_a_reader_holding_the_database_does_not_stall_training(tiny_model_dir, tmp_path):
+    """Issue 24: a separate process holds `duckdb.connect(trace.duckdb, read_only=True)` (what
+    `duckdb -readonly` does) from before the run starts until after it ends. The run finishes
+    without waiting on it and leaves the same trees as a run with no reader."""
+    from flows.train import train
+
+    cfg = {**TINY, "policy": str(tiny_model_dir), "plot_every": 0}
+    held = tmp_path / "held"
+    TreeStore(held)  # the schema, published, so there is a file to hold before the run starts
+    hold = ("import duckdb, sys\n"
+            f"con = duckdb.connect({str(held / 'trace.duckdb')!r}, read_only=True)\n"
+            "print(con.execute('SELECT count(*) FROM nodes').fetchone()[0], flush=True)\n"
+            "sys.stdin.readline()\n"
+            "print(con.execute('SELECT count(*) FROM nodes').fetchone()[0], flush=True)\n")
+    reader = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "0"
+        t0 = time.perf_counter()
+        summary = train(config=cfg, workdir=str(held))
+        with_reader_s = time.perf_counter() - t0
+        assert reader.poll() is None  # still holding its connection
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "0"  # its snapshot, never torn or changed
+    finally:
+        reader.kill()
+        reader.wait()
+    assert summary["steps_run"] == TINY["steps"]
+    t0 = time.perf_counter()
+    train(config=cfg, workdir=str(tmp_path / "free"))
+    print(f"\ntrain with a reader holding the file {with_reader_s:.1f}s, "
+          f"without {time.perf_counter() - t0:.1f}s")
+    assert _nodes(held) == _nodes(tmp_path / "free")
+    assert len(_nodes(held)) > 0
+
+
+def test_two_trains_on_one_fresh_work_dir_one_runs_one_refuses(tiny_model_dir, tmp_path):
+    """Issue 24: two `trace train` started together on a fresh work dir: one runs, the other
+    exits at once (status 3) naming the running one's pid and run id; no MLflow set-up race."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(_env(), PREFECT_API_URL=PREFECT_API_URL.value())  # the harness's server: no start-up
+    overrides = [f"{k}={v}" for k, v in {**TINY, "policy": str(tiny_model_dir), "steps": 1,
+                                         "plot_every": 0}.items()]
+    wd = tmp_path / "wd"
+    cmd = [sys.executable, "-m", "trace_rl.cli", "train", "--workdir", str(wd), *overrides]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    started = time.perf_counter()
+    ended: dict[int, float] = {}
+    while len(ended) < 2 and time.perf_counter() - started < 400:
+        for i, p in enumerate(procs):
+            if i not in ended and p.poll() is not None:
+                ended[i] = time.perf_counter() - started
+        time.sleep(0.1)
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    codes = sorted((p.returncode, i) for i, p in enumerate(procs))
+    assert [c for c, _ in codes] == [0, 3], outs
+    winner, loser = codes[0][1], codes[1][1]
+    assert ended[loser] < min(ended[winner], 30)  # refused before torch or Prefect load
+    run_id = json.loads((wd / ".trace-train.lock").read_text() or "{}").get("run_id")
+    assert run_id is None  # released when the run ended
+    msg = " ".join(outs[loser].split())
+    assert f"pid {procs[winner].pid}" in msg and "run trace-" in msg and "--wait" in msg, msg
+    store = TreeStore(wd, create=False)
+    assert store.query("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"] == 1
+    print(f"\nloser exited after {ended[loser]:.1f}s, winner finished after {ended[winner]:.1f}s")

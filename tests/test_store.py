@@ -403,3 +403,177 @@ def test_a_writer_killed_mid_step_loses_and_duplicates_nothing(tmp_path):
     ids = reader.query("SELECT node_id FROM nodes").column(0).to_pylist()
     assert len(ids) == len(set(ids)) == steps * 4 * 16
     assert kept <= set(ids)
+
+
+# ------------------------------------------------------------------ issue 24: readers and writers
+
+def _tree_of_files(root: Path) -> dict[str, tuple[int, str]]:
+    """Every file under root (bar lock files) with its size and a hash of its bytes."""
+    import hashlib
+
+    return {str(f.relative_to(root)): (f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest())
+            for f in sorted(root.rglob("*")) if f.is_file() and not f.name.endswith(".lock")}
+
+
+def test_trace_sql_can_neither_write_nor_read_outside_the_store(store, tmp_path):
+    """Every statement of issue 24 is refused by `trace sql`, and nothing on disk changes: not
+    the store, not the MLflow database next to it, not an attachable file, not a new file."""
+    from typer.testing import CliRunner
+
+    from trace_rl.cli import app
+
+    wd = store.path.parent
+    (wd / "mlflow.db").write_bytes(b"the MLflow store")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read me\n")
+    other = tmp_path / "other.duckdb"
+    import duckdb
+
+    with duckdb.connect(str(other)) as con:
+        con.execute("CREATE TABLE t AS SELECT 1 AS x")
+    refused = [
+        f"COPY (SELECT * FROM nodes) TO '{wd / 'mlflow.db'}'",
+        f"COPY nodes TO '{tmp_path / 'out.csv'}'",
+        f"ATTACH '{other}' (READ_WRITE)",
+        f"ATTACH '{other}' AS o (READ_WRITE); DROP TABLE o.t",
+        f"ATTACH '{tmp_path / 'new.duckdb'}' AS n; CREATE TABLE n.t (x INT)",
+        f"EXPORT DATABASE '{tmp_path / 'export'}'",
+        f"SELECT * FROM read_text('{secret}')",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        f"SELECT * FROM '{secret}'",
+        f"WITH s AS (SELECT * FROM read_text('{secret}')) SELECT count(*) FROM nodes, s",
+        "PRAGMA threads=1", "PRAGMA table_info('nodes')", "PRAGMA enable_profiling",
+        "SET threads=1", "SET enable_external_access=true", "RESET lock_configuration",
+        "CHECKPOINT", "INSTALL httpfs", "LOAD httpfs",
+        "INSERT INTO meta VALUES ('x', 'y')", "DELETE FROM nodes", "CREATE TABLE x (a INT)",
+        "DROP VIEW paths", "UPDATE nodes SET reward = 0", "SELECT 1; DELETE FROM nodes",
+    ]
+    before, outside = _tree_of_files(wd), _tree_of_files(tmp_path)
+    rows = snapshot(store)
+    runner = CliRunner()
+    for sql in refused:
+        out = runner.invoke(app, ["sql", "--workdir", str(wd), sql])
+        assert out.exit_code == 1, f"{sql!r} was not refused: {out.output}"
+        assert "query failed" in out.output and "do not read me" not in out.output, out.output
+    assert _tree_of_files(wd) == before and _tree_of_files(tmp_path) == outside
+    assert snapshot(store) == rows
+    # Reading the store is what it is for: SELECT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN, table
+    # functions over the catalogue.
+    for sql in ("SELECT count(*) AS n FROM paths", "DESCRIBE nodes", "SHOW TABLES",
+                "SUMMARIZE ledger", "EXPLAIN SELECT * FROM nodes",
+                "SELECT * FROM pragma_table_info('nodes')", "FROM mixed_anchors"):
+        out = runner.invoke(app, ["sql", "--workdir", str(wd), "--format", "json", sql])
+        assert out.exit_code == 0, f"{sql!r}: {out.output}"
+
+
+def test_the_read_connection_itself_refuses_files_and_settings(store, tmp_path):
+    """Second layer, under the statement check: the connection's own DuckDB config."""
+    import duckdb
+
+    from trace_rl.storage.store import READ_CONFIG
+
+    before = _tree_of_files(tmp_path)
+    with duckdb.connect(str(store.path), read_only=True, config=READ_CONFIG) as con:
+        for sql in (f"COPY nodes TO '{tmp_path / 'x.csv'}'", "SELECT * FROM read_csv('/etc/passwd')",
+                    f"ATTACH '{tmp_path / 'y.duckdb'}'", f"EXPORT DATABASE '{tmp_path / 'e'}'",
+                    "SET enable_external_access = true", "SET threads = 1"):
+            with pytest.raises(duckdb.Error):
+                con.execute(sql)
+    assert _tree_of_files(tmp_path) == before
+
+
+def test_a_reader_holding_the_file_never_blocks_the_writer(store):
+    """A separate process holds `duckdb.connect(trace.duckdb, read_only=True)` (what `duckdb
+    -readonly` does) for the whole test: writes still go through at once, the reader keeps its
+    consistent snapshot, and a fresh reader sees the new rows."""
+    hold = textwrap.dedent(f"""
+        import duckdb, sys, time
+        con = duckdb.connect({str(store.path)!r}, read_only=True)
+        print(con.execute("SELECT count(*) FROM nodes").fetchone()[0], flush=True)
+        sys.stdin.readline()
+        print(con.execute("SELECT count(*) FROM nodes").fetchone()[0], flush=True)
+    """)
+    store.flush()  # the fixture's last level write may still be due to publish
+    reader = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert int(reader.stdout.readline()) == 12
+        writer = TreeStore(store.path, write_timeout_s=5)
+        t0 = time.perf_counter()
+        writer.write_level("run1", 1, 0, table(LEVEL0))
+        writer.mark_step("run1", 1, "complete")
+        assert time.perf_counter() - t0 < 5
+        assert TreeStore(store.path, create=False).read_step("run1", 1).num_rows == 8
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        assert int(reader.stdout.readline()) == 12  # its snapshot, untouched by the publish
+    finally:
+        reader.kill()
+        reader.wait()
+
+
+def test_a_process_on_the_private_file_is_named(store):
+    """Nobody but the store should open the writer's private file; if someone does, the write
+    that times out names that process."""
+    from trace_rl.storage import StoreBusyError
+
+    hold = (f"import duckdb, sys\ncon = duckdb.connect({str(store.private)!r}, read_only=True)\n"
+            f"print('held', flush=True)\nsys.stdin.readline()\n")
+    proc = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(StoreBusyError, match=f"pid {proc.pid}"):
+            TreeStore(store.path, write_timeout_s=0.5).mark_step("run1", 3, "running")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_work_dir_of_the_old_layout_is_adopted(store, tmp_path):
+    """Before issue 24 the writer wrote trace.duckdb itself: such a work dir opens as it is, for
+    reading and for writing, and keeps its rows."""
+    old = tmp_path / "old"
+    old.mkdir()
+    store.flush()  # the file is copied by hand, not read through a TreeStore that would flush
+    (old / "trace.duckdb").write_bytes(store.path.read_bytes())
+    assert TreeStore(old, create=False).read_step("run1", 0).num_rows == 12
+    writer = TreeStore(old)
+    assert writer.private.exists()
+    writer.mark_step("run1", 5, "running")
+    reader = TreeStore(old, create=False)
+    assert reader.read_step("run1", 0).num_rows == 12
+    assert reader.query("SELECT max(step) AS s FROM steps").column("s")[0].as_py() == 5
+    with pytest.raises(StoreError, match="create=False"):
+        reader.mark_step("run1", 6, "running")
+
+
+def test_a_deferred_publish_is_never_lost(store, monkeypatch):
+    """Level writes right after a publish are deferred (copies capped at PUBLISH_SHARE of the
+    wall time); a reader of the same process flushes them first, and otherwise a timer publishes
+    them once due, without any later write."""
+    import duckdb
+
+    import trace_rl.storage.store as store_mod
+
+    def raw_count() -> int:  # a plain DuckDB reader: no flush on its behalf
+        with duckdb.connect(str(store.path), read_only=True) as con:
+            return con.execute("SELECT count(*) FROM nodes WHERE step = 2").fetchone()[0]
+
+    monkeypatch.setattr(store_mod, "PUBLISH_SHARE", 1e-4)  # the timer waits ~10^4 copy times
+    store.mark_step("run1", 2, "running")  # publishes
+    store.write_level("run1", 2, 0, table(LEVEL0))  # deferred
+    assert raw_count() == 0
+    assert TreeStore(store.path, create=False).read_step("run1", 2).num_rows == 8  # flushed
+    assert raw_count() == 8
+    monkeypatch.setattr(store_mod, "PUBLISH_SHARE", 0.01)  # the timer waits ~100 copy times
+    store.mark_step("run1", 3, "running")
+    store.write_level("run1", 3, 0, table(LEVEL0))
+    store.update_values("run1", 3, pa.table({"node_id": [nid(0, step=3)], "value": [0.5]}))
+    assert TreeStore._pending.get(store.path) is store and store._timer is not None
+    deadline = time.time() + 30
+    while time.time() < deadline and TreeStore._pending.get(store.path) is not None:
+        time.sleep(0.05)
+    with duckdb.connect(str(store.path), read_only=True) as con:
+        assert con.execute("SELECT value FROM nodes WHERE node_id = ?",
+                           [nid(0, step=3)]).fetchone()[0] == 0.5

@@ -73,21 +73,35 @@ def train(
     overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (e.g. steps=5)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+    wait: bool = typer.Option(False, "--wait", help="If another run is training in the work dir, "
+                              "wait for it to finish instead of exiting."),
 ) -> None:
-    """Run the train flow (the embedded default when no config is given)."""
+    """Run the train flow (the embedded default when no config is given).
+
+    One run trains a work dir at a time: if another is running there, this exits at once
+    (status 3) naming it, unless --wait."""
     cfg = _load_config(config, overrides)  # before Prefect, the flow or the bootstrap start
     wd = _workdir(workdir)
     console.print(f"[bold]trace train[/] run [cyan]{cfg.resolved_run_id}[/]: {cfg.family}, "
                   f"allocator {cfg.allocator}, {cfg.steps} steps, {cfg.leaf_budget} leaves/step; "
                   f"workdir {wd}")
-    with prefect_ready():
-        from flows.train import train as train_flow
-    result = train_flow(config=cfg.to_dict(), workdir=wd)
+    from trace_rl.storage.locks import WorkdirBusyError, train_lock
+
+    try:  # taken before torch and Prefect load: a busy work dir is refused in a second
+        with train_lock(wd, cfg.resolved_run_id, wait=wait):
+            with prefect_ready():
+                from flows.train import train as train_flow
+            result = train_flow(config=cfg.to_dict(), workdir=wd, wait=wait)
+    except WorkdirBusyError as exc:
+        console.print(f"[red]trace train: {exc}[/]")
+        raise typer.Exit(3)
     print_summary(result["summary"])
     console.print("\n[bold]Where to look[/]")
     console.print(f"  policy checkpoint: {result['policy_dir']}")
     for name, command in result["where"].items():
         console.print(f"  {name}: {command}")
+    console.print(f"  (or with the duckdb CLI: duckdb -readonly {Path(wd) / 'trace.duckdb'}; it is "
+                  "a snapshot, re-published as training writes, so re-open it to see new rows)")
 
 
 def print_summary(summary: dict) -> None:
@@ -161,7 +175,11 @@ def sql(
     fmt: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
     max_rows: int = typer.Option(50, help="Rows shown in table format."),
 ) -> None:
-    """Query the rollout trees with SQL (read-only; works while a train run is writing)."""
+    """Query the rollout trees with SQL: one SELECT, read-only, nothing outside the store.
+
+    It reads the snapshot that training publishes after every write, so it works while a run
+    trains and never delays it. Writes, COPY/EXPORT/ATTACH, file readers (read_csv, read_text),
+    PRAGMA, SET and CHECKPOINT are refused."""
     from trace_rl.storage.store import TreeStore
 
     db = Path(_workdir(workdir)) / "trace.duckdb"

@@ -29,6 +29,8 @@ from mlflow import MlflowClient  # noqa: E402  (telemetry must be off before mlf
 from mlflow.entities import Metric, Param  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
+from trace_rl.storage.locks import file_lock  # noqa: E402
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -68,7 +70,11 @@ class Tracker:
         self.artifact_root = self.workdir / "mlruns"
         self.experiment = experiment
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-        self.experiment_id = self._experiment_id()
+        # The first use of a new sqlite store runs MLflow's schema migrations; two processes doing
+        # that at once corrupt it (issue 24: "no such column: spans.dimension_attributes"), so
+        # processes of one work dir take their first look at the store one at a time.
+        with file_lock(self.workdir / ".mlflow-setup.lock", 600, "MLflow store set-up"):
+            self.experiment_id = self._experiment_id()
         self.run_id: str | None = None
         self.trace_run_id: str | None = None
 
