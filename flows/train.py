@@ -34,11 +34,14 @@ from flows.common import bind, resolve_workdir
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import RootPool
 from trace_rl.config import TrainConfig, check_inputs, config_from_mapping
+from trace_rl.progress import Progress
 from trace_rl.storage.locks import train_lock
 from trace_rl.storage.tracking import Tracker
 
 
-def _phases(workdir: str) -> dict[str, Any]:
+def _phases(workdir: str, watch: Progress | None = None, where: str = "") -> dict[str, Any]:
+    """The step's tasks, bound to the work dir. With ``watch``, each call first names its phase
+    there, so a phase that runs long (an update on a busy machine) is reported while it runs."""
     named = {
         "sample_roots": roots.sample_roots, "score_roots": roots.score_roots,
         "allocate_roots": roots.allocate_roots, "expand_roots": expand.expand_roots,
@@ -50,7 +53,17 @@ def _phases(workdir: str) -> dict[str, Any]:
         "sync_weights": learn.sync_weights, "tree_metrics": track.tree_metrics,
         "log_step": track.log_step,
     }
-    return {k: bind(t, workdir) for k, t in named.items()}
+    bound = {k: bind(t, workdir) for k, t in named.items()}
+    if watch is None:
+        return bound
+    return {k: _watched(t, watch, f"{where}{k.replace('_', '-')}") for k, t in bound.items()}
+
+
+def _watched(task: Any, watch: Progress, phase: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        watch.note(phase)
+        return task(*args, **kwargs)
+    return call
 
 
 def _mixed(expansion: Mapping[str, Any], pool_size: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
@@ -68,9 +81,9 @@ def _mixed(expansion: Mapping[str, Any], pool_size: int, offset: int) -> tuple[n
 
 
 def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
-             mlflow_run_id: str) -> tuple[str, dict[str, float]]:
+             mlflow_run_id: str, watch: Progress | None = None) -> tuple[str, dict[str, float]]:
     """One TRACE step; returns the new policy directory and the step's metrics."""
-    p = _phases(workdir)
+    p = _phases(workdir, watch, f"step {step}: ")
     t0 = time.perf_counter()
     allocator = runtime.allocator_for(cfg)
     # Stage 1: the root pool, its predicted values, the bare-rollout counts.
@@ -218,7 +231,9 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
                                             mlflow_run_id=(known or {}).get("mlflow_run_id"))
     running = None  # the step marked running, if any
     history = []
-    held_out = bind(evaluate.evaluate_policy, workdir)
+    # A phase silent for 15 s gets a line while it runs: the README promises one every 30 s.
+    watch = Progress("train", 0, every_s=15, quiet=True)
+    held_out = _watched(bind(evaluate.evaluate_policy, workdir), watch, "held-out evaluation")
     try:
         store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
                        prefect_flow_run_id=str(flow_run.get_id() or ""))
@@ -228,6 +243,7 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
         start = 0 if done is None else done + 1
         if cfg.policy == "tiny":
             from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
+        watch.note(None)  # the bootstrap reports its own progress
         initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"))
                    if cfg.policy == "tiny" else cfg.policy)
         policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
@@ -241,7 +257,8 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
         for step in range(start, cfg.steps):
             store.mark_step(run_id, step, "running")
             running = step
-            policy_dir, metrics = run_step(cfg, workdir, run_id, step, policy_dir, mlflow_run_id)
+            policy_dir, metrics = run_step(cfg, workdir, run_id, step, policy_dir, mlflow_run_id,
+                                           watch)
             store.mark_step(run_id, step, "complete", metrics)
             running = None
             runtime.drop_optimizer_state(workdir, run_id, step - 1)  # only the newest resumes
@@ -251,13 +268,15 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
                         metrics["rollout/leaves"], metrics["time/step_s"])
         if cfg.eval_items:
             held_out(cfg, workdir, run_id, cfg.steps, policy_dir, skip)
-        summary = bind(track.log_summary, workdir)(workdir, mlflow_run_id, run_id,
-                                                   where_to_look(workdir, run_id))
+        summary = _watched(bind(track.log_summary, workdir), watch, "summary")(
+            workdir, mlflow_run_id, run_id, where_to_look(workdir, run_id))
         store.set_run(run_id, status="complete")
         tracker.end("FINISHED")
     except BaseException as exc:
         _record_failure(logger, store, tracker, run_id, workdir, running, exc)
         raise
+    finally:
+        watch.close()
     return {"run_id": run_id, "workdir": workdir, "policy_dir": policy_dir,
             "mlflow_run_id": mlflow_run_id, "steps_run": len(history),
             "last_metrics": history[-1] if history else {}, "summary": summary,

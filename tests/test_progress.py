@@ -53,3 +53,21 @@ def test_silent_does_nothing(capsys):
         s.note("x")
         s.advance(3, a=1)
     assert capsys.readouterr() == ("", "")
+
+
+def test_quiet_speaks_only_when_a_phase_runs_long():
+    out = io.StringIO()
+    with Progress("train", 0, stream=out, every_s=0.3, quiet=True) as p:
+        for name in ("a", "b", "c", "d"):  # quick phases: nothing to say
+            p.note(name)
+            time.sleep(0.1)
+        assert out.getvalue() == ""
+        p.note("slow phase")
+        time.sleep(0.8)
+        p.note(None)  # a phase that reports for itself: the watchdog pauses
+        said = out.getvalue()
+        time.sleep(0.7)
+    lines = out.getvalue().splitlines()
+    assert said == out.getvalue()  # nothing while paused, nothing at close
+    assert 1 <= len(lines) <= 3 and all("slow phase (still running)" in ln for ln in lines)
+    assert lines[0].startswith("train: ") and "steps" not in lines[0]

@@ -25,16 +25,18 @@ class Progress:
     """
 
     def __init__(self, label: str, total: int, *, stream: TextIO | None = None,
-                 every_s: float = 10.0, terminal: bool | None = None) -> None:
+                 every_s: float = 10.0, terminal: bool | None = None, quiet: bool = False) -> None:
         if total < 0:
             raise ValueError(f"Progress({label!r}): total={total} must be >= 0")
         if every_s <= 0:
             raise ValueError(f"Progress({label!r}): every_s={every_s} must be > 0")
-        self.label, self.total, self.every_s = label, total, every_s
+        self.label, self.total, self.every_s, self.quiet = label, total, every_s, quiet
         self.stream = stream if stream is not None else sys.stderr
-        self.terminal = self.stream.isatty() if terminal is None else terminal
+        # Quiet: a watchdog, not a bar. Phases are noted silently; a line appears only when one
+        # phase has run for every_s with no line from here, and nothing at all when none does.
+        self.terminal = False if quiet else (self.stream.isatty() if terminal is None else terminal)
         self.done = 0
-        self.phase = ""
+        self.phase: str | None = ""
         self.fields: dict[str, Any] = {}
         self._t0 = self._last = time.monotonic()
         self._lock = threading.Lock()
@@ -61,11 +63,15 @@ class Progress:
             self._beat.start()
 
     # ------------------------------------------------------------------------------ reporting
-    def note(self, text: str) -> None:
-        """Announce a phase (printed at once, and repeated by the heartbeat while it lasts)."""
+    def note(self, text: str | None) -> None:
+        """Announce a phase (printed at once, and repeated by the heartbeat while it lasts).
+        Quiet: only remembered, and its clock restarts; ``None`` pauses the heartbeat (for a
+        phase that reports for itself)."""
         with self._lock:
             self.phase = text
-            if self._bar is not None:
+            if self.quiet or text is None:
+                self._last = time.monotonic()
+            elif self._bar is not None:
                 self._bar.console.print(f"{self.label}: {text}")
             else:
                 self._line()
@@ -94,7 +100,7 @@ class Progress:
             if self._bar is not None:
                 self._bar.stop()
                 self._bar = None
-            else:
+            elif not self.quiet:
                 self.phase = "done"
                 self._line()
 
@@ -111,7 +117,7 @@ class Progress:
         parts = [f"{self.done}/{self.total} steps"] if self.total else []
         parts.append(f"{elapsed:.0f} s")
         if self.phase:
-            parts.append(self.phase)
+            parts.append(self.phase + (" (still running)" if self.quiet else ""))
         if self.fields:
             parts.append(self.status())
         print(f"{self.label}: " + " | ".join(parts), file=self.stream, flush=True)
@@ -120,7 +126,7 @@ class Progress:
     def _heartbeat(self) -> None:
         while not self._stop.wait(min(1.0, self.every_s)):
             with self._lock:
-                if time.monotonic() - self._last >= self.every_s:
+                if self.phase is not None and time.monotonic() - self._last >= self.every_s:
                     self._line()
 
 
