@@ -26,7 +26,7 @@ ENGINES = ("auto", "hf", "vllm")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A TRACE training run. ``trace train`` with no config runs these defaults: ten steps of
+    """A TRACE training run. ``trace train`` with no config runs these defaults: 20 steps of
     the tiny CPU policy on a synthetic family, evaluated on held-out items before and after, small
     enough for a 2-core machine (docs/results.md, "The default run")."""
 
@@ -73,8 +73,9 @@ class TrainConfig:
     (``trace_core.advantages.per_node``), so a prefix continued K times weighs once in the loss,
     not K + 1 times; a no-op for flat groups. Off by measurement (docs/results.md, "Session 7"):
     TRACE +0.6 points (inside the seeds' spread), one random_prefix run of three broke."""
-    steps: int = 10
-    """Training steps (each: roots -> level 0 -> level 1 -> update)."""
+    steps: int = 20
+    """Training steps (each: roots -> level 0 -> level 1 -> update). 20 by measurement
+    (docs/results.md, "The default run"): at 10 one seed's gain of five held zero in its interval."""
     pool_size: int = 32
     """Candidate prompts scored by the predictor per step (Stage 1 pool)."""
     root_budget: int = 16
