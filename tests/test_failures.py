@@ -161,11 +161,11 @@ def _fill(disk: Path) -> Path:
     """Write zeros until the file system refuses: a real ENOSPC for everything after."""
     ballast = disk / "ballast"
     chunk = bytes(1 << 16)
-    with ballast.open("wb") as fh:
+    # Unbuffered: a buffered file still holds the refused bytes and fails again on close.
+    with ballast.open("wb", buffering=0) as fh:
         try:
             while True:
                 fh.write(chunk)
-                fh.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return ballast
