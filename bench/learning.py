@@ -370,8 +370,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf",
             "eval_items": 0,  # evaluated here, at eval_steps, not by the flow
             "checkpoint_every": args.eval_every}
-    seen = json.loads((Path(policy) / "bootstrap.json").read_text())["config"]
-    skip = seen["eval_items"] + seen["report_items"]
+    from tasks.evaluate import bootstrap_items
+
+    skip = bootstrap_items(policy)
     base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {}),
                      **({"n_train": args.train_items} if args.train_items is not None else {})}
     if args.learning_rate is not None:

@@ -268,8 +268,9 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
                         metrics["rollout/leaves"], metrics["time/step_s"])
         if cfg.eval_items:
             held_out(cfg, workdir, run_id, cfg.steps, policy_dir, skip)
+        where = where_to_look(workdir, run_id)
         summary = _watched(bind(track.log_summary, workdir), watch, "summary")(
-            workdir, mlflow_run_id, run_id, where_to_look(workdir, run_id))
+            workdir, mlflow_run_id, run_id, where)
         store.set_run(run_id, status="complete")
         tracker.end("FINISHED")
     except BaseException as exc:
@@ -279,8 +280,7 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
         watch.close()
     return {"run_id": run_id, "workdir": workdir, "policy_dir": policy_dir,
             "mlflow_run_id": mlflow_run_id, "steps_run": len(history),
-            "last_metrics": history[-1] if history else {}, "summary": summary,
-            "where": where_to_look(workdir, run_id)}
+            "last_metrics": history[-1] if history else {}, "summary": summary, "where": where}
 
 
 def where_to_look(workdir: str, run_id: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ import numpy as np
 from prefect import task
 
 from tasks import runtime
-from trace_core.stats import paired_gain
+from trace_core.stats import paired_gain, verdict
 from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import parent_array
 from trace_rl.storage import plots
@@ -63,10 +63,11 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
     tracker.log_checkpoint("predictor", predictor_file, step)
     if not plot:
         return
-    done = run_summary(workdir, run_id)  # the steps before this one (it is not complete yet)
-    _log_reward_curve(tracker, done, [s for s in done["steps"] if s["step"] < step]
-                      + [{"step": step, "reward": metrics["rollout/reward_mean"]}])
     store = runtime.store(workdir)
+    before = store.get_eval(run_id, 0)
+    _log_reward_curve(tracker, run_id, [before] if before else [],  # this step: not complete yet
+                      [s for s in _complete_steps(store, run_id) if s["step"] < step]
+                      + [{"step": step, "reward": metrics["rollout/reward_mean"]}])
     step_nodes = store.read_step(run_id, step)
     trees = step_nodes.column("tree_id").to_pylist()
     if trees:
@@ -96,14 +97,7 @@ def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
     leaves and generated tokens (``trace sql`` on ``evals``, ``steps``, ``nodes``, ``ledger``)."""
     store = runtime.store(workdir)
     q = {"r": run_id}
-    steps = []
-    for row in store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r "
-                           "AND status = 'complete' ORDER BY step", q).to_pylist():
-        m = json.loads(row["metrics_json"] or "{}")
-        steps.append({"step": row["step"], "reward": m.get("rollout/reward_mean"),
-                      "effective_ratio": m.get("tree/effective_ratio"),
-                      "leaves": int(m.get("rollout/leaves", 0)),
-                      "generated_tokens": int(m.get("ledger/generated_tokens", 0))})
+    steps = _complete_steps(store, run_id)
     totals = store.query("SELECT count(*) AS leaves FROM nodes WHERE run_id = $r AND is_leaf",
                          q).to_pylist()[0]
     tokens = store.query("SELECT coalesce(sum(generated_tokens), 0) AS t FROM ledger "
@@ -125,6 +119,19 @@ def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
             "gain": gain}
 
 
+def _complete_steps(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """Per complete step: reward, effective ratio, leaves and generated tokens (``steps``)."""
+    steps = []
+    for row in store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r "
+                           "AND status = 'complete' ORDER BY step", {"r": run_id}).to_pylist():
+        m = json.loads(row["metrics_json"] or "{}")
+        steps.append({"step": row["step"], "reward": m.get("rollout/reward_mean"),
+                      "effective_ratio": m.get("tree/effective_ratio"),
+                      "leaves": int(m.get("rollout/leaves", 0)),
+                      "generated_tokens": int(m.get("ledger/generated_tokens", 0))})
+    return steps
+
+
 def summary_markdown(summary: Mapping[str, Any], where: Mapping[str, str]) -> str:
     """The summary as the Markdown of the flow's Prefect artifact (the CLI prints the same)."""
     lines = [f"# {summary['run_id']}", ""]
@@ -136,6 +143,8 @@ def summary_markdown(summary: Mapping[str, Any], where: Mapping[str, str]) -> st
         if g:
             lines.append(f"| gain (paired over {b['items']} items) | {g['mean']:+.3f} | "
                          f"[{g['low']:+.3f}, {g['high']:+.3f}] |")
+            lines += ["", f"Training changed held-out accuracy by {100 * g['mean']:+.1f} points: "
+                          f"{verdict(g['mean'], g['low'], g['high'])}."]
         lines.append("")
     lines += ["| step | reward | effective ratio | leaves | generated tokens |",
               "|---|---|---|---|---|"]
@@ -173,7 +182,8 @@ def log_summary(workdir: str, mlflow_run_id: str, run_id: str, where: Mapping[st
         tracker.log_metrics(summary["after"]["step"], {"eval/gain": g["mean"],
                                                        "eval/gain_low": g["low"],
                                                        "eval/gain_high": g["high"]})
-    _log_reward_curve(tracker, summary, summary["steps"])
+    _log_reward_curve(tracker, run_id, [e for e in (summary["before"], summary["after"]) if e],
+                      summary["steps"])
     create_markdown_artifact(key=_artifact_key(run_id), markdown=summary_markdown(summary, where),
                              description=f"TRACE run {run_id}: what training achieved")
     return summary
@@ -184,12 +194,11 @@ def _artifact_key(run_id: str) -> str:
     return "summary-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
 
 
-def _log_reward_curve(tracker: Tracker, summary: Mapping[str, Any],
+def _log_reward_curve(tracker: Tracker, run_id: str, evals: list[Mapping[str, Any]],
                       steps: list[Mapping[str, Any]]) -> None:
     """``figures/reward.png``, one file per run, redrawn as steps finish."""
-    evals = {e["step"]: (e["accuracy"], e["ci_low"], e["ci_high"])
-             for e in (summary["before"], summary["after"])
-             if e is not None and e["ci_low"] is not None}
+    marks = {e["step"]: (e["accuracy"], e["ci_low"], e["ci_high"])
+             for e in evals if e["ci_low"] is not None}
     fig = plots.reward_curve([s["step"] for s in steps], [s["reward"] for s in steps],
-                             evals=evals, title=summary["run_id"])
+                             evals=marks, title=run_id)
     tracker.log_figure(fig, "figures/reward.png")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from trace_core.stats import Interval, mean_interval, paired_gain
+from trace_core.stats import Interval, mean_interval, paired_gain, verdict
 
 
 def test_hand_worked_interval():
@@ -63,3 +63,9 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="same items"):
         paired_gain([0.0, 1.0], [0.0, 1.0, 1.0])
     assert isinstance(mean_interval([0.0, 1.0]), Interval)
+
+
+def test_verdict_says_not_better_when_the_interval_holds_zero():
+    assert verdict(0.18, 0.135, 0.225) == "larger than its noise"
+    assert verdict(-0.05, -0.08, -0.01) == "a loss larger than its noise"
+    assert verdict(0.028, -0.003, 0.058).startswith("not distinguishable")

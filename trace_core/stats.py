@@ -66,3 +66,12 @@ def paired_gain(before: Sequence[float], after: Sequence[float], level: float = 
         raise ValueError(f"paired_gain: before has shape {b.shape}, after {a.shape}; the same "
                          "items must be evaluated twice")
     return mean_interval(a - b, level)
+
+
+def verdict(mean: float, low: float, high: float) -> str:
+    """How a gain with interval [low, high] reads: "not better" whenever the interval holds 0."""
+    if low > 0.0:
+        return "larger than its noise"
+    if high < 0.0:
+        return "a loss larger than its noise"
+    return "not distinguishable from noise (the interval holds 0)"

@@ -117,11 +117,10 @@ def print_summary(summary: dict) -> None:
                       f"{g['mean']:+.3f}", f"[{g['low']:+.3f}, {g['high']:+.3f}]")
         console.print(t)
         if g:
-            verdict = ("larger than its noise" if g["excludes_zero"] and g["mean"] > 0 else
-                       "a loss larger than its noise" if g["excludes_zero"] else
-                       "not distinguishable from noise (the interval holds 0)")
+            from trace_core.stats import verdict
+
             console.print(f"training changed held-out accuracy by {100 * g['mean']:+.1f} points: "
-                          f"{verdict}")
+                          f"{verdict(g['mean'], g['low'], g['high'])}")
     t = Table("step", "reward", "effective ratio", "leaves", "generated tokens")
     for st in summary["steps"]:
         t.add_row(str(st["step"]), f"{st['reward']:.3f}", f"{st['effective_ratio']:.2f}",
