@@ -5,6 +5,7 @@ tests/test_sandbox_hostile.py holds the full hostile battery."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -79,9 +80,13 @@ def test_hostile_batch_is_contained(tmp_path):
                              "print('parent leaves')",
         "flood stdout": "while True:\n    print('y' * 1000)",
     }
+    # A roomy wall limit: every program must get to run (on a machine at load 16 starting Python
+    # in a new box took over 2.5 s, and a flood that never started printed nothing to truncate);
+    # the CPU limit still ends the loops in about a second of CPU time.
+    limits = dataclasses.replace(LIMITS, wall_seconds=20)
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(attacks, pool.map(lambda c: run_python(c, LIMITS), attacks.values())))
+        results = dict(zip(attacks, pool.map(lambda c: run_python(c, limits), attacks.values())))
     elapsed = time.monotonic() - t0
 
     assert results["endless loop"].returncode != 0 or results["endless loop"].timed_out
@@ -97,9 +102,10 @@ def test_hostile_batch_is_contained(tmp_path):
     assert victim.read_text() == "keep me" and secret.exists()
     assert results["background daemon"].stdout == "parent leaves\n"
     flood = results["flood stdout"]
-    assert len(flood.stdout) < LIMITS.output_chars + 100 and "truncated" in flood.stdout
+    assert len(flood.stdout) < limits.output_chars + 100 and "truncated" in flood.stdout
+    assert not any(r.timed_out for name, r in results.items() if name not in ("endless loop", "fork bomb")), results
     # every call returned within its wall limit plus the sweep, two at a time
-    assert elapsed < len(attacks) * (LIMITS.wall_seconds + 1.0) / 2 + 5
+    assert elapsed < len(attacks) * (limits.wall_seconds + 1.0) / 2 + 5
     time.sleep(0.2)
     assert _sandbox_processes() == []
     # the batch still works afterwards
