@@ -898,6 +898,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--train-items", type=int, default=SimSettings.train_items, help="train pool (recurs every train_items / pool_size steps)")
     ap.add_argument("--eval-items", type=int, default=SimSettings.eval_items, help="held-out test items")
     ap.add_argument("--steps", type=int, default=SimSettings.steps)
+    ap.add_argument("--root-budget", type=int, default=TrainConfig.root_budget,
+                    help="M: bare rollouts per step (the leaf budget is M (1 + N))")
     ap.add_argument("--seeds", default="0-19", help="paired seeds, e.g. 0-19")
     ap.add_argument("--learning-rate", type=float, default=SimSettings.learning_rate, help="Adam step size on the logits")
     ap.add_argument("--strength", type=float, default=SimSettings.strength, help="posterior prior weight k (pseudo-rollouts)")
@@ -908,8 +910,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     params = ChainParams(args.hops, args.hazard_a, args.hazard_b, args.alias_share, args.cue_rate,
                          args.structure)
+    if args.root_budget < 2:
+        raise ValueError(f"--root-budget {args.root_budget}: must be >= 2")
     settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items,
-                           args.learning_rate, args.strength)
+                           args.learning_rate, args.strength,
+                           replace(TrainConfig(), root_budget=args.root_budget))
     seeds = parse_seeds(args.seeds)
     rows = methods([p for p in args.plus.split(",") if p])
     if args.methods:
