@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trace_core.allocators import (ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet,
-                                   RootPool, root_prefix)
+                                   RootPool, bare_prefixes)
 from trace_core.predictor import HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
 from trace_core.simulator import Prompt, SimConfig, Simulator, render
 from trace_core.tree import NO_PARENT, Tree, backup
@@ -108,19 +108,7 @@ class TreeBuilder:
         """Non-leaf prefixes (depth >= 1) on the bare rollouts, with the bare outcome through each;
         with ``from_root``, also the root (node 0) when the bare outcomes all agree
         (``trace_core.allocators.root_prefix``), as the pipeline's tasks/prefixes.py does."""
-        nodes, observed = [], []
-        for leaf in self.bare_leaves:
-            node = self.parent[leaf]
-            while node > 0:
-                nodes.append(node)
-                observed.append(self.reward[leaf])
-                node = self.parent[node]
-        if nodes and from_root:
-            shared = root_prefix([self.reward[leaf] for leaf in self.bare_leaves])
-            if shared is not None:
-                nodes.append(0)
-                observed.append(shared)
-        return nodes, np.asarray(observed, dtype=np.float64)
+        return bare_prefixes(self.parent, self.reward, self.bare_leaves, from_root)
 
     def tree(self) -> Tree:
         parent = np.asarray(self.parent, dtype=np.int64)

@@ -1,0 +1,146 @@
+"""bench.learning_sim: the exact return and gradient against finite differences and Monte Carlo,
+the chain's mechanics on hand-built items, the generator, and a short paired run's ledger."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.learning_sim import (ALIAS, INIT_PROBS, NEAR_DUP, NO_HAZARD, TOKENS_PER_TURN,
+                                ChainParams, Items, SimSettings, at_tokens, dynamics, exact,
+                                make_items, methods, parse_hops, parse_seeds, run_seed, sample)
+
+
+def _items(hops, hazard, first_wrong=None) -> Items:
+    hazard = np.asarray(hazard, np.int64)
+    first_wrong = np.ones_like(hazard, bool) if first_wrong is None else np.asarray(first_wrong)
+    return Items(np.asarray(hops, np.int64), hazard, first_wrong,
+                 np.zeros((len(hops), 2), np.int64), tuple(f"i{k}" for k in range(len(hops))))
+
+
+def _peaked(actions) -> np.ndarray:
+    """Logits that pick ``actions[type]`` with probability ~1."""
+    theta = np.full((4, 3), -60.0)
+    theta[np.arange(4), actions] = 0.0
+    return theta
+
+
+@pytest.mark.parametrize("structure", ["chain", "arith"])
+def test_gradient_matches_finite_differences(structure):
+    rng = np.random.default_rng(5)
+    dyn = dynamics(make_items(60, ChainParams(structure=structure), rng, "x"))
+    theta = rng.normal(size=(4, 3))
+    ex = exact(dyn, theta)
+    eps = 1e-6
+    for k in range(4):
+        for a in range(3):
+            up, down = theta.copy(), theta.copy()
+            up[k, a] += eps
+            down[k, a] -= eps
+            fd = (exact(dyn, up, grad=False).start - exact(dyn, down, grad=False).start) / (2 * eps)
+            np.testing.assert_allclose(ex.grad[:, k, a], fd, atol=1e-7)
+    # softmax logits: shifting one type's logits together changes nothing
+    np.testing.assert_allclose(ex.grad.sum(axis=2), 0.0, atol=1e-12)
+
+
+def test_monte_carlo_agrees_with_the_exact_return():
+    rng = np.random.default_rng(11)
+    items = make_items(12, ChainParams(), rng, "x")
+    dyn = dynamics(items)
+    theta = np.log(INIT_PROBS) + rng.normal(scale=0.3, size=(4, 3))
+    ex = exact(dyn, theta)
+    reps = 4000
+    item = np.repeat(np.arange(items.size), reps)
+    batch = sample(dyn, theta, item, np.zeros((len(item), 4), np.int64), np.random.default_rng(2))
+    mc = batch.reward.reshape(items.size, reps).mean(axis=1)
+    se = np.sqrt(np.maximum(ex.start * (1 - ex.start), 1e-4) / reps)
+    assert np.all(np.abs(mc - ex.start) < 4.5 * se + 1e-3), (mc, ex.start)
+    # from mid-episode states (as Stage 2 continues a stored prefix): each rollout's first
+    # recorded state is a reachable state; continuations from it match its exact value
+    starts = batch.state[::reps, 0]  # [I, 4] state after one turn
+    live = np.flatnonzero((batch.length[::reps] > 1))
+    item2 = np.repeat(live, reps)
+    again = sample(dyn, theta, item2, np.repeat(starts[live], reps, axis=0), np.random.default_rng(3))
+    mc2 = again.reward.reshape(len(live), reps).mean(axis=1)
+    j, s, d, t = starts[live].T
+    v2 = ex.value[t, live, j, s, d]
+    se2 = np.sqrt(np.maximum(v2 * (1 - v2), 1e-4) / reps)
+    assert np.all(np.abs(mc2 - v2) < 4.5 * se2 + 1e-3), (mc2, v2)
+
+
+def test_chain_mechanics_on_hand_built_items():
+    # a peaked policy: correct query, retry the alias, verify, answer
+    good = _peaked([0, 0, 0, 0])
+    items = _items([2, 3, 3, 2], [[ALIAS, ALIAS, 0, 0], [ALIAS, ALIAS, ALIAS, 0],
+                                  [NEAR_DUP, 0, 0, 0], [0, 0, 0, 0]])
+    dyn = dynamics(items)
+    np.testing.assert_allclose(exact(dyn, good, grad=False).start, [1, 0, 1, 1], atol=1e-12)
+    # two aliases: 2 hops + 2 retries + the answer = 5 turns = the cap; three aliases need 7 > 6
+    batch = sample(dyn, good, np.array([0, 1]), np.zeros((2, 4), np.int64), np.random.default_rng(0))
+    assert batch.length.tolist() == [5, 6] and batch.reward.tolist() == [1.0, 0.0]
+    # taking the first match derails silently when it is the wrong copy (hidden in the item)
+    take_first = _peaked([0, 0, 1, 0])
+    homonyms = _items([2, 2], [[NEAR_DUP, 0, 0], [NEAR_DUP, 0, 0]],
+                      first_wrong=[[True, False, False], [False, False, False]])
+    out = exact(dynamics(homonyms), take_first, grad=False)
+    np.testing.assert_allclose(out.start, [0.0, 1.0], atol=1e-12)
+    # the derailed episode still runs to its answer: the derail is silent
+    b = sample(dynamics(homonyms), take_first, np.array([0]), np.zeros((1, 4), np.int64),
+               np.random.default_rng(0))
+    assert b.length[0] == 3 and b.reward[0] == 0.0 and b.state[0, 0, 2] == 1
+
+
+def test_generator_and_negative_control():
+    rng = np.random.default_rng(0)
+    items = make_items(4000, ChainParams(hops="2:0.5,4:0.5", hazard_a=2, hazard_b=2), rng, "x")
+    assert set(np.unique(items.hops)) == {2, 4}
+    assert abs(np.mean(items.hops == 2) - 0.5) < 0.03
+    assert np.all(items.cap == items.hops + 3)
+    beyond = np.arange(items.hazard.shape[1])[None, :] >= items.hops[:, None]
+    assert np.all(items.hazard[beyond] == NO_HAZARD)
+    real = ~beyond
+    assert abs(np.mean(items.hazard[real] != NO_HAZARD) - 0.5) < 0.03  # E[Beta(2, 2)] = 0.5
+    v = exact(dynamics(items), np.log(INIT_PROBS), grad=False).start
+    assert v.min() < 0.05 and v.max() > 0.7  # some prompts never solved, some mostly
+    arith = make_items(50, ChainParams(structure="arith"), rng, "a")
+    va = exact(dynamics(arith), np.log(INIT_PROBS), grad=False).start
+    assert np.ptp(va) == 0.0 and 0.3 < va[0] < 0.7  # prompts alike
+
+
+def test_bad_options_name_the_option():
+    with pytest.raises(ValueError, match="--hops"):
+        parse_hops("2:0.5,3")
+    with pytest.raises(ValueError, match="--hops"):
+        parse_hops("2:0.5,3:0.2")
+    with pytest.raises(ValueError, match="--seeds"):
+        parse_seeds("0-x")
+    with pytest.raises(ValueError, match="--structure"):
+        ChainParams(structure="tree")
+    with pytest.raises(ValueError, match="--hazard-a"):
+        ChainParams(hazard_a=0)
+    with pytest.raises(ValueError, match="--train-items"):
+        SimSettings(pool_size=32, train_items=16)
+    with pytest.raises(ValueError, match="--plus"):
+        methods(["trace+magic"])
+    assert parse_seeds("0-2,7") == [0, 1, 2, 7]
+
+
+def test_short_paired_run_keeps_the_ledger():
+    rows = [m for m in methods(["trace+post"]) if m.name in
+            ("grpo", "dapo", "trace", "root_only", "oracle_pred", "joint_split", "trace+post", "N=1")]
+    settings = SimSettings(steps=3, pool_size=16, train_items=32, eval_items=20)
+    out = run_seed(0, rows, ChainParams(), settings)
+    budget = settings.train.root_budget * (1 + settings.train.multiplier)
+    for name, log in out.items():
+        assert len(log["accuracy"]) == 3 and all(0.0 <= a <= 1.0 for a in log["accuracy"])
+        if name == "dapo":
+            assert all(x <= budget for x in log["leaves"])  # DAPO may stop early
+        else:
+            assert log["leaves"] == [budget] * 3, name
+        assert all(t % TOKENS_PER_TURN == 0 and t > 0 for t in log["tokens"])
+        assert all(-1.0 <= c <= 1.0 for c in log["cosine"])
+    # paired: every method starts from the same policy on the same test items
+    assert len({log["acc0"] for log in out.values()}) == 1
+    # accuracy at equal tokens interpolates the curve against cumulative tokens
+    log = {"acc0": 0.2, "accuracy": [0.4, 0.6], "tokens": [100, 100]}
+    assert at_tokens(log, 150) == pytest.approx(0.5) and at_tokens(log, 0) == pytest.approx(0.2)
