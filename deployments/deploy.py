@@ -11,8 +11,9 @@ code as it is on disk when the run starts. No docker, no remote storage.
 
 Deployments (``<flow>/<pool without the trace- prefix>``):
 
-* ``train/cpu``, ``train/gpu``: the train flow; parameters ``config`` (TrainConfig fields) and
-  ``workdir``; defaults are the embedded default config.
+* ``train/cpu``, ``train/gpu``: the train flow; parameters ``config`` (a ``TrainConfig``: the UI
+  form is typed, with a description per field, and the server refuses a bad value before a run
+  is created) and ``workdir``; defaults are the embedded default config.
 * ``evaluate/cpu``, ``evaluate/gpu``: a checkpoint on a held-out split (``policy_dir`` is required).
 * ``retrain-predictor/cpu``: refit the predictor over a run's stored trees (CPU work only).
 * ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the newest checkpoint of a lineage
@@ -95,8 +96,8 @@ def deployment_specs(workdir: str | None = None, retrain_config: Mapping[str, An
     both = (CPU_POOL, GPU_POOL)
     return [
         DeploymentSpec("train", "flows/train.py:train", both,
-                       "Train a policy with TRACE or a baseline allocator (config: TrainConfig "
-                       "fields; empty = the embedded tiny CPU default).", {"config": {}, **wd}),
+                       "Train a policy with TRACE or a baseline allocator (config: a TrainConfig, "
+                       "a typed form whose defaults are the embedded tiny CPU run).", dict(wd)),
         DeploymentSpec("evaluate", "flows/evaluate.py:evaluate", both,
                        "Accuracy and contrast metrics of a policy checkpoint on a held-out split.",
                        dict(wd)),

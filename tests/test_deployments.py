@@ -26,6 +26,7 @@ import pytest
 from deployments.deploy import CPU_POOL, DEFAULT_CRON
 from deployments.retrain import latest_checkpoint
 from tasks.runtime import Paths
+from trace_rl.config import TrainConfig
 from trace_rl.storage.store import TreeStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ def test_retrain_latest_refuses_a_pinned_run_id(tmp_path: Path) -> None:
     from deployments.retrain import retrain_latest
 
     with pytest.raises(ValueError, match="run_id"):
-        retrain_latest.fn(config={"run_id": "pinned"}, workdir=str(tmp_path))
+        retrain_latest.fn(config=TrainConfig(run_id="pinned"), workdir=str(tmp_path))
 
 
 # ------------------------------------------------------------------ a real server and worker
