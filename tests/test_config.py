@@ -182,20 +182,40 @@ def test_inputs_checked_policy_and_data_files(tmp_path):
 
 
 def test_trace_train_refuses_bad_values_in_under_3_s(tmp_path):
-    """The CLI validates before importing flows: no Prefect server, no work dir, exit status 2."""
+    """The CLI validates before importing flows: no Prefect server, no work dir, exit status 2,
+    one line naming the field and what it may be."""
     env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
     (tmp_path / "a.yaml").write_text("root_budget: 4.5\n")
     (tmp_path / "b.yaml").write_text('steps: "three"\n')
-    cases = [[o] for o, _ in BAD_OVERRIDES[:6]] + [["-c", str(tmp_path / "a.yaml")],
-                                                   ["-c", str(tmp_path / "b.yaml")]]
-    names = [o.split("=")[0] for o, _ in BAD_OVERRIDES[:6]] + ["root_budget", "steps"]
-    for args, name in zip(cases, names):
+    cases = [(["family=nope"], "family='nope'", "'synth_arith'"),
+             (["steps=-1"], "steps=-1", "greater than or equal to 1"),
+             (["allocator=trace2"], "allocator='trace2'", "'random_prefix' or 'trace'"),
+             (["exploration=2"], "exploration=2.0", "less than or equal to 1"),
+             (["-c", str(tmp_path / "a.yaml")], "root_budget=4.5", "valid integer"),
+             (["-c", str(tmp_path / "b.yaml")], "steps='three'", "valid integer")]
+    cases += [([o], says, "config: ") for o, says in BAD_OVERRIDES[:4]]
+    for args, says, allowed in cases:
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "trace_rl.cli", "train", "--workdir",
+        out = subprocess.run([sys.executable, "-m", "cli", "train", "--workdir",
                               str(tmp_path / "wd"), *args], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=60)
         wall = time.perf_counter() - t0
-        assert out.returncode == 2, out.stdout + out.stderr
-        assert f"{name}=" in out.stdout + out.stderr and "Traceback" not in out.stderr
+        text = out.stdout + out.stderr
+        assert out.returncode == 2, text
+        assert says in text and allowed in text and "Traceback" not in text, text
+        assert len(text.strip().splitlines()) == 1, text
         assert wall < 3.0, f"{args}: {wall:.2f} s"
     assert not (tmp_path / "wd").exists()
+
+
+def test_a_bad_config_is_refused_before_prefect_or_torch_is_imported(tmp_path):
+    """What the CLI runs before it imports the flows loads neither Prefect nor torch."""
+    code = ("import sys\nfrom cli.app import app\n"
+            "try:\n    app(['train', '--workdir', sys.argv[1], 'family=nope', 'steps=-1'])\n"
+            "except SystemExit as exc:\n"
+            "    print('exit', exc.code, sorted({'prefect', 'torch', 'flows'} & set(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "wd")], cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "exit 2 []", out.stdout + out.stderr
+    assert "family='nope'" in out.stdout and "steps=-1" in out.stdout

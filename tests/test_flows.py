@@ -119,7 +119,7 @@ def _check_summary(result: dict, workdir: Path, client) -> None:
     from trace_core.stats import paired_gain
 
     s, run_id = result["summary"], result["run_id"]
-    sql = subprocess.run([str(Path(sys.executable).with_name("trace")), "sql", "--workdir",
+    sql = subprocess.run([sys.executable, "-m", "cli", "sql", "--workdir",
                           str(workdir), "--format", "json",
                           f"SELECT step, accuracy, ci_low, ci_high, items, samples, per_item "
                           f"FROM evals WHERE run_id = '{run_id}' ORDER BY step"],
@@ -200,7 +200,7 @@ def test_sigkill_mid_step_then_resume(tiny_model_dir, tmp_path):
 def test_trace_sql_answers_while_training_writes(tiny_model_dir, tmp_path):
     cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 3}
     proc = _spawn_train(cfg, tmp_path, tmp_path / "train.log")
-    trace = [sys.executable, "-m", "trace_rl.cli", "sql", "--workdir", str(tmp_path), "--format",
+    trace = [sys.executable, "-m", "cli", "sql", "--workdir", str(tmp_path), "--format",
              "json", "SELECT count(*) AS n FROM nodes"]
     answers = []
     deadline = time.time() + 600
@@ -341,7 +341,7 @@ def test_two_trains_on_one_fresh_work_dir_one_runs_one_refuses(tiny_model_dir, t
     overrides = [f"{k}={v}" for k, v in {**TINY, "policy": str(tiny_model_dir), "steps": 1,
                                          "plot_every": 0}.items()]
     wd = tmp_path / "wd"
-    cmd = [sys.executable, "-m", "trace_rl.cli", "train", "--workdir", str(wd), *overrides]
+    cmd = [sys.executable, "-m", "cli", "train", "--workdir", str(wd), *overrides]
     procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     started = time.perf_counter()
