@@ -102,13 +102,33 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
 
     refit = retrain_predictor(run_id=summary["run_id"], workdir=str(tmp_path), epochs=2)
     assert refit["held_out_step"] == TINY["steps"] - 1 and Path(refit["path"]).exists()
-    assert 0.0 <= refit["brier"] <= 1.0
+    _check_refit(refit, tmp_path, summary["run_id"])
 
     # The same config again resumes the finished run: nothing is rolled out twice.
     again = train(config=cfg, workdir=str(tmp_path))
     assert again["steps_run"] == 0
     _check_trees(store, summary["run_id"], TINY["steps"], leaves)
     assert again["summary"] == summary["summary"]  # the stored evaluations, not new ones
+
+
+def _check_refit(refit: dict, workdir: Path, run_id: str) -> None:
+    """The refit's reported Brier scores are those of the predictor it saved, on the examples
+    of the held-out step (and of the constant prediction of their mean)."""
+    import numpy as np
+    import torch
+
+    from flows.retrain_predictor import _examples
+    from tasks import runtime
+    from trace_core.predictor import brier
+    from trace_rl.config import config_from_mapping
+
+    cfg = config_from_mapping(TreeStore(workdir / "trace.duckdb", create=False).get_run(run_id)["config"])
+    predictor = runtime.new_predictor(cfg)
+    predictor.load_state_dict(torch.load(refit["path"], weights_only=False))
+    histories, y, _ = _examples(str(workdir), run_id, refit["held_out_step"])
+    assert refit["examples"] == len(y) > 0
+    assert refit["brier"] == pytest.approx(brier(predictor.predict(histories), y))
+    assert refit["brier_constant"] == pytest.approx(brier(np.full_like(y, y.mean()), y))
 
 
 def _check_summary(result: dict, workdir: Path, client) -> None:

@@ -6,6 +6,9 @@ checked against the registries they select from, and cross-field rules are one m
 The CLI, YAML files, the flows' parameters, deployments and benchmarks all build this model, and
 the settings below it (``AllocatorConfig``, ``UpdateSettings``, ``Budget``) are derived from it,
 so no default is declared twice. A bad config raises ``ConfigError``, one line per problem.
+
+Over 400 lines because every run parameter is documented where it is declared (the docstrings
+are the UI form's help and carry the measurements behind each default); the logic is ~150 lines.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from trace_rl.envs.prompt import (ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, TOOL_CLOSE,
                                   TOOL_OPEN)

@@ -12,7 +12,7 @@ the tool's observation and are masked out of the loss.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from trace_rl.envs.base import Action, Verdict  # an environment's vocabulary, re-exported here
 
