@@ -63,7 +63,7 @@ def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int, skip: int, samp
     from trace_rl.config import config_from_mapping
 
     cfg = config_from_mapping(cfg_dict, "bench.learning")
-    out = evaluate_rollouts.fn(cfg.to_dict(), policy_dir, cfg.eval_split, items, samples,
+    out = evaluate_rollouts.fn(cfg, policy_dir, cfg.eval_split, items, samples,
                                temperature, skip=skip)
     return out["accuracy"]
 
@@ -73,12 +73,13 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
             eval_skip: int, eval_samples: int, eval_temperature: float) -> RunResult:
     from flows.train import train
     from tasks.runtime import Paths
+    from trace_rl.config import config_from_mapping
     from trace_rl.storage.store import TreeStore
 
     config = {**base, "allocator": method, "seed": seed, "policy": policy,
               "run_name": f"learn-{method}-s{seed}"}
     t0 = time.perf_counter()
-    summary = train(config=config, workdir=str(workdir))
+    summary = train(config=config_from_mapping(config, "bench.learning"), workdir=str(workdir))
     wall = time.perf_counter() - t0
     run_id = summary["run_id"]
     store = TreeStore(workdir / "trace.duckdb", create=False)

@@ -85,7 +85,7 @@ import numpy as np
 
 from trace_core.advantages import ESTIMATORS, centred, per_node
 from trace_core.allocation import allocate_prefixes
-from trace_core.allocators import (ALLOCATORS, Allocator, AllocatorConfig, Budget, LeafLedger,
+from trace_core.allocators import (ALLOCATORS, Allocator, Budget, LeafLedger,
                                    PrefixSet, RootPool, Trace, _uniform_groups, bare_prefixes)
 from trace_core.calibration import Term, estimate, tree_terms
 from trace_core.posterior import PromptPosterior
@@ -547,10 +547,7 @@ class Run:
         cfg = settings.train
         self.method, self.settings, self.train, self.dyn = method, settings, train, dyn
         joint = cfg.joint_split if method.joint_split is None else method.joint_split
-        acfg = AllocatorConfig(group_size=cfg.group_size, tree_group=cfg.tree_group,
-                               min_per_root=cfg.min_per_root, max_per_root=cfg.max_per_root,
-                               explore_strength=cfg.exploration, branch_from_root=cfg.branch_from_root,
-                               joint_split=joint)
+        acfg = replace(cfg.allocator_config, joint_split=joint)
         factory = PrefixOnly if method.allocator == "prefix_only" else ALLOCATORS[method.allocator]
         self.allocator: Allocator = factory(acfg)
         n = cfg.multiplier if method.multiplier is None else method.multiplier
@@ -894,11 +891,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--hazard-b", type=float, default=ChainParams.hazard_b, help="Beta b of the per-item hazard rate")
     ap.add_argument("--alias-share", type=float, default=ChainParams.alias_share, help="share of hazards that are aliases")
     ap.add_argument("--cue-rate", type=float, default=ChainParams.cue_rate, help="chance a hazard shows its text cue")
-    ap.add_argument("--pool-size", type=int, default=TrainConfig.pool_size, help="candidate prompts per step")
+    ap.add_argument("--pool-size", type=int, default=TrainConfig.model_fields["pool_size"].default, help="candidate prompts per step")
     ap.add_argument("--train-items", type=int, default=SimSettings.train_items, help="train pool (recurs every train_items / pool_size steps)")
     ap.add_argument("--eval-items", type=int, default=SimSettings.eval_items, help="held-out test items")
     ap.add_argument("--steps", type=int, default=SimSettings.steps)
-    ap.add_argument("--root-budget", type=int, default=TrainConfig.root_budget,
+    ap.add_argument("--root-budget", type=int, default=TrainConfig.model_fields["root_budget"].default,
                     help="M: bare rollouts per step (the leaf budget is M (1 + N))")
     ap.add_argument("--seeds", default="0-19", help="paired seeds, e.g. 0-19")
     ap.add_argument("--learning-rate", type=float, default=SimSettings.learning_rate, help="Adam step size on the logits")
@@ -914,7 +911,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ValueError(f"--root-budget {args.root_budget}: must be >= 2")
     settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items,
                            args.learning_rate, args.strength,
-                           replace(TrainConfig(), root_budget=args.root_budget))
+                           TrainConfig(root_budget=args.root_budget))
     seeds = parse_seeds(args.seeds)
     rows = methods([p for p in args.plus.split(",") if p])
     if args.methods:

@@ -28,7 +28,7 @@ import numpy as np
 
 from trace_core.predictor import (ConstantPredictor, FeaturePredictor, Featurizer,
                                   HashedNgramFeaturizer, HeadConfig, Predictor, auc, brier, ece)
-from trace_rl.config import TrainConfig
+from trace_rl.config import config_from_mapping
 from trace_rl.rollout.treeio import group_trees, predictor_examples
 from trace_rl.storage.store import TreeStore
 
@@ -206,15 +206,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     args = ap.parse_args(argv)
 
     run_id, config, steps = load_run(args.workdir, args.run_id)
-    defaults = TrainConfig()
-    head = HeadConfig(lr=config.get("predictor_lr", defaults.predictor_lr),
-                      epochs=config.get("predictor_epochs", defaults.predictor_epochs))
-    policy_dir = args.policy_dir or config.get("policy")
-    if policy_dir is None:
-        raise ValueError(f"run {run_id} records no policy directory; pass --policy-dir")
+    cfg = config_from_mapping(config, f"run {run_id}'s stored config")
+    head = HeadConfig(lr=cfg.predictor_lr, epochs=cfg.predictor_epochs)
+    policy_dir = args.policy_dir or cfg.policy
     y = np.concatenate([d.targets for d in steps[1:]])
     pure = (y == 0) | (y == 1)
-    print(f"run {run_id} ({config.get('family')}, {config.get('allocator')}): {len(steps)} steps, "
+    print(f"run {run_id} ({cfg.family}, {cfg.allocator}): {len(steps)} steps, "
           f"{sum(len(d.targets) for d in steps)} nodes; scored (steps >= 1): {len(y)} nodes, "
           f"{int(pure.sum())} pure ({int((y[pure] == 1).sum())} success); head lr {head.lr}, "
           f"epochs {head.epochs}, seeds {args.seeds}")

@@ -56,7 +56,7 @@ def _policy(args: argparse.Namespace) -> str:
 
 
 def _train_cmd(workdir: Path, policy: str, steps: int) -> list[str]:
-    return [sys.executable, "-m", "trace_rl.cli", "train", "--workdir", str(workdir),
+    return [sys.executable, "-m", "cli", "train", "--workdir", str(workdir),
             f"policy={policy}", f"steps={steps}"]
 
 

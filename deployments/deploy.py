@@ -11,8 +11,9 @@ code as it is on disk when the run starts. No docker, no remote storage.
 
 Deployments (``<flow>/<pool without the trace- prefix>``):
 
-* ``train/cpu``, ``train/gpu``: the train flow; parameters ``config`` (TrainConfig fields) and
-  ``workdir``; defaults are the embedded default config.
+* ``train/cpu``, ``train/gpu``: the train flow; parameters ``config`` (a ``TrainConfig``: the UI
+  form is typed, with a description per field, and the server refuses a bad value before a run
+  is created) and ``workdir``; defaults are the embedded default config.
 * ``evaluate/cpu``, ``evaluate/gpu``: a checkpoint on a held-out split (``policy_dir`` is required).
 * ``retrain-predictor/cpu``: refit the predictor over a run's stored trees (CPU work only).
 * ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the newest checkpoint of a lineage
@@ -95,8 +96,8 @@ def deployment_specs(workdir: str | None = None, retrain_config: Mapping[str, An
     both = (CPU_POOL, GPU_POOL)
     return [
         DeploymentSpec("train", "flows/train.py:train", both,
-                       "Train a policy with TRACE or a baseline allocator (config: TrainConfig "
-                       "fields; empty = the embedded tiny CPU default).", {"config": {}, **wd}),
+                       "Train a policy with TRACE or a baseline allocator (config: a TrainConfig, "
+                       "a typed form whose defaults are the embedded tiny CPU run).", dict(wd)),
         DeploymentSpec("evaluate", "flows/evaluate.py:evaluate", both,
                        "Accuracy and contrast metrics of a policy checkpoint on a held-out split.",
                        dict(wd)),
@@ -143,14 +144,15 @@ def ensure_pools(pools: Sequence[PoolSpec]) -> dict[str, bool]:
     return created
 
 
-def register(specs: Sequence[DeploymentSpec], pools: Sequence[str], *, source: Path = REPO_ROOT,
-             paused: bool = True) -> list[str]:
-    """Create or update each spec's deployment on each of its pools that is in ``pools``; returns
-    the ``<flow>/<deployment>`` names."""
+def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
+                source: Path = REPO_ROOT, paused: bool = True) -> list[Any]:
+    """Each spec's deployment (a ``RunnerDeployment``, not yet sent to a server) on each of its
+    pools that is in ``pools``. Its parameter schema is the flow's: for ``train``, the typed
+    ``TrainConfig`` form with a description per field, which the server enforces."""
     from prefect import Flow
     from prefect.schedules import Cron
 
-    names = []
+    out = []
     for spec in specs:
         targets = [p for p in spec.pools if p in pools]
         if not targets:
@@ -158,16 +160,25 @@ def register(specs: Sequence[DeploymentSpec], pools: Sequence[str], *, source: P
         # Loads the flow from the checkout (imports its module) and records a pull step that sets
         # the working directory to it: what a process worker on this machine needs.
         flow = Flow.from_source(source=str(source), entrypoint=spec.entrypoint)
-        for pool in targets:
-            deployment = flow.to_deployment(
-                name=deployment_name(pool), description=spec.description,
-                parameters=dict(spec.parameters), tags=["trace"], work_pool_name=pool,
-                # the schedule itself is inactive (not the deployment paused), so the UI's
-                # schedule toggle and `prefect deployment schedule resume` switch it on
-                schedules=[Cron(spec.cron, timezone="UTC", active=not paused, slug="cron")]
-                if spec.cron else None)
-            deployment.apply()
-            names.append(f"{flow.name}/{deployment.name}")
+        out += [flow.to_deployment(
+            name=deployment_name(pool), description=spec.description,
+            parameters=dict(spec.parameters), tags=["trace"], work_pool_name=pool,
+            enforce_parameter_schema=True,
+            # the schedule itself is inactive (not the deployment paused), so the UI's
+            # schedule toggle and `prefect deployment schedule resume` switch it on
+            schedules=[Cron(spec.cron, timezone="UTC", active=not paused, slug="cron")]
+            if spec.cron else None) for pool in targets]
+    return out
+
+
+def register(specs: Sequence[DeploymentSpec], pools: Sequence[str], *, source: Path = REPO_ROOT,
+             paused: bool = True) -> list[str]:
+    """Create or update each spec's deployment on each of its pools that is in ``pools``; returns
+    the ``<flow>/<deployment>`` names."""
+    names = []
+    for deployment in deployments(specs, pools, source=source, paused=paused):
+        deployment.apply()
+        names.append(f"{deployment.flow_name}/{deployment.name}")
     return names
 
 

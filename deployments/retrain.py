@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 from flows.common import resolve_workdir
 from flows.train import train
 from tasks.runtime import Paths
-from trace_rl.config import config_from_mapping
+from trace_rl.config import TrainConfig, config_from_mapping
 from trace_rl.storage.store import DB_FILENAME, TreeStore
 
 
@@ -43,12 +43,11 @@ def latest_checkpoint(workdir: str | Path, run_name: str) -> str | None:
 
 
 @flow(name="retrain-latest", log_prints=True)
-def retrain_latest(config: dict[str, Any] | None = None, workdir: str | None = None) -> dict[str, Any]:
+def retrain_latest(config: TrainConfig = TrainConfig(), workdir: str | None = None) -> dict[str, Any]:
     """Train ``config`` starting from the newest checkpoint of its ``run_name`` lineage in
     ``workdir`` (or from ``config['policy']`` when the lineage has none); returns train's summary
     plus ``started_from``."""
-    config = dict(config or {})
-    cfg = config_from_mapping(config, "retrain_latest(config=...)")
+    cfg = config
     if cfg.run_id:
         raise ValueError(f"retrain_latest: config sets run_id={cfg.run_id!r}, which would pin every "
                          f"firing to one run; leave run_id empty so each checkpoint starts a new run")
@@ -57,5 +56,6 @@ def retrain_latest(config: dict[str, Any] | None = None, workdir: str | None = N
     start = latest or cfg.policy
     get_run_logger().info("lineage %r in %s: starting from %s", cfg.run_name, workdir,
                           latest or f"config policy {cfg.policy!r} (no checkpoint yet)")
-    summary = train(config={**config, "policy": start}, workdir=workdir)
+    summary = train(config=config_from_mapping({**cfg.to_dict(), "policy": start}, "retrain_latest"),
+                    workdir=workdir)
     return {**summary, "started_from": start}

@@ -10,15 +10,20 @@ from pathlib import Path
 from prefect import flow
 
 from flows.common import resolve_workdir
+from trace_rl.config import TrainConfig
 from trace_rl.environ import cache_dir
 from trace_rl.policy.bootstrap import bootstrap_policy
 
+_DEFAULT = TrainConfig()
+
 
 @flow(name="bootstrap-policy", log_prints=True)
-def bootstrap(family: str = "synth_arith", difficulty: int = 2, workdir: str | None = None,
-              seed: int = 0, preset: str = "tiny", mix: list[int] | None = None) -> str:
-    """Make (or reuse) the tiny policy for ``family``; return its HF directory. ``mix``: item
-    difficulties taken in turn (``SynthConfig.mix``)."""
+def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficulty,
+              workdir: str | None = None, seed: int = _DEFAULT.seed, preset: str = "tiny",
+              mix: list[int] | None = None) -> str:
+    """Make (or reuse) the tiny policy for ``family`` (default: what ``trace train`` with no
+    config bootstraps); return its HF directory. ``mix``: item difficulties taken in turn
+    (``SynthConfig.mix``)."""
     tag = f"-m{''.join(str(d) for d in mix)}" if mix else ""
     out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"
     return str(bootstrap_policy(family, out, difficulty=difficulty, preset=preset, seed=seed,

@@ -14,30 +14,28 @@ from prefect import flow, task
 from flows.common import resolve_workdir
 from tasks import runtime
 from tasks.evaluate import rollout_eval
-from trace_rl.config import config_from_mapping
+from trace_rl.config import TrainConfig
 
 
 @task(name="evaluate-rollouts")
-def evaluate_rollouts(config: dict[str, Any], policy_dir: str, split: str, limit: int | None,
+def evaluate_rollouts(cfg: TrainConfig, policy_dir: str, split: str, limit: int | None,
                       samples: int, temperature: float, skip: int = 0) -> dict[str, Any]:
     """``limit`` items of ``split`` after the first ``skip`` (e.g. those a bootstrap selected on);
     ``tasks.evaluate.rollout_eval`` without the per-item rates."""
-    cfg = config_from_mapping(config, "evaluate(config=...)")
     result = rollout_eval(cfg, policy_dir, split, limit, samples, temperature, skip)
     del result["per_item"]
     return result
 
 
 @flow(name="evaluate", log_prints=True)
-def evaluate(policy_dir: str, config: dict[str, Any] | None = None, split: str | None = None,
+def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | None = None,
              limit: int | None = 64, samples: int = 4, temperature: float = 1.0,
              workdir: str | None = None, skip: int = 0) -> dict[str, Any]:
     """Accuracy and contrast metrics of ``policy_dir`` on ``split`` (default: the config's
     eval split)."""
     resolve_workdir(workdir)
     runtime.configure_threads()
-    cfg = config_from_mapping(config or {}, "evaluate(config=...)")
-    result = evaluate_rollouts(cfg.to_dict(), policy_dir, split or cfg.eval_split, limit, samples,
+    result = evaluate_rollouts(config, policy_dir, split or config.eval_split, limit, samples,
                                temperature, skip)
     print(f"accuracy {result['accuracy']:.3f} on {result['items']} items x {samples} samples; "
           f"mixed share {result['mixed_share']:.2f}")

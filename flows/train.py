@@ -22,41 +22,67 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.common import bind, resolve_workdir
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
-from trace_core.allocators import RootPool
-from trace_rl.config import TrainConfig, check_inputs, config_from_mapping
+from trace_core.allocators import Allocator, RootPool
+from trace_core.waves import outcome_counts, refill_wave
+from trace_rl.config import TrainConfig, check_inputs
 from trace_rl.progress import Progress
 from trace_rl.storage.locks import train_lock
 from trace_rl.storage.tracking import Tracker
 
 
-def _phases(workdir: str, watch: Progress | None = None, where: str = "") -> dict[str, Any]:
-    """The step's tasks, bound to the work dir. With ``watch``, each call first names its phase
+@dataclass(frozen=True)
+class StepTasks:
+    """The step's tasks, one per phase, bound to the work dir (results and cache records kept
+    there, so a re-run finds its finished phases). With a watch, each call first names its phase
     there, so a phase that runs long (an update on a busy machine) is reported while it runs."""
-    named = {
-        "sample_roots": roots.sample_roots, "score_roots": roots.score_roots,
-        "allocate_roots": roots.allocate_roots, "expand_roots": expand.expand_roots,
-        "persist_level": expand.persist_level, "score_prefixes": prefixes.score_prefixes,
-        "allocate_prefixes": prefixes.allocate_prefixes,
-        "allocate_joint": prefixes.allocate_joint, "expand_prefixes": expand.expand_prefixes,
-        "backup": learn.backup, "fit_predictor": learn.fit_predictor,
-        "tree_advantages": learn.tree_advantages, "policy_update": learn.policy_update,
-        "sync_weights": learn.sync_weights, "tree_metrics": track.tree_metrics,
-        "log_step": track.log_step,
-    }
-    bound = {k: bind(t, workdir) for k, t in named.items()}
-    if watch is None:
-        return bound
-    return {k: _watched(t, watch, f"{where}{k.replace('_', '-')}") for k, t in bound.items()}
+
+    sample_roots: Any
+    score_roots: Any
+    allocate_roots: Any
+    expand_roots: Any
+    persist_level: Any
+    score_prefixes: Any
+    allocate_prefixes: Any
+    allocate_joint: Any
+    expand_prefixes: Any
+    backup: Any
+    fit_predictor: Any
+    tree_advantages: Any
+    policy_update: Any
+    sync_weights: Any
+    tree_metrics: Any
+    log_step: Any
+
+    @classmethod
+    def bound(cls, workdir: str, watch: Progress | None = None, where: str = "") -> "StepTasks":
+        def wrap(task: Any) -> Any:
+            bound = bind(task, workdir)
+            return bound if watch is None else _watched(bound, watch, f"{where}{task.name}")
+
+        return cls(sample_roots=wrap(roots.sample_roots), score_roots=wrap(roots.score_roots),
+                   allocate_roots=wrap(roots.allocate_roots),
+                   expand_roots=wrap(expand.expand_roots),
+                   persist_level=wrap(expand.persist_level),
+                   score_prefixes=wrap(prefixes.score_prefixes),
+                   allocate_prefixes=wrap(prefixes.allocate_prefixes),
+                   allocate_joint=wrap(prefixes.allocate_joint),
+                   expand_prefixes=wrap(expand.expand_prefixes), backup=wrap(learn.backup),
+                   fit_predictor=wrap(learn.fit_predictor),
+                   tree_advantages=wrap(learn.tree_advantages),
+                   policy_update=wrap(learn.policy_update), sync_weights=wrap(learn.sync_weights),
+                   tree_metrics=wrap(track.tree_metrics), log_step=wrap(track.log_step))
 
 
 def _watched(task: Any, watch: Progress, phase: str) -> Any:
@@ -66,92 +92,93 @@ def _watched(task: Any, watch: Progress, phase: str) -> Any:
     return call
 
 
-def _mixed(expansion: Mapping[str, Any], pool_size: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per candidate: rollouts so far and whether their outcomes are mixed (for DAPO's refill)."""
-    counts = np.zeros(pool_size, dtype=np.int64)
-    rewards: dict[int, list[float]] = {}
-    for r in expansion["nodes"].to_pylist():
-        if r["is_leaf"]:
-            rewards.setdefault(r["tree_id"] - offset, []).append(r["reward"])
-    mixed = np.zeros(pool_size, dtype=bool)
-    for t, rs in rewards.items():
-        counts[t] = len(rs)
-        mixed[t] = 0 < sum(rs) < len(rs)
-    return counts, mixed
-
-
 def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
              mlflow_run_id: str, watch: Progress | None = None) -> tuple[str, dict[str, float]]:
-    """One TRACE step; returns the new policy directory and the step's metrics."""
-    p = _phases(workdir, watch, f"step {step}: ")
+    """One TRACE step (DESIGN.md section 2); returns the new policy directory and the step's
+    metrics. One allocator and one candidate pool serve every allocation of the step."""
+    t = StepTasks.bound(workdir, watch, f"step {step}: ")
     t0 = time.perf_counter()
     allocator = runtime.allocator_for(cfg)
     # Stage 1: the root pool, its predicted values, the bare-rollout counts.
-    pool = p["sample_roots"](cfg, run_id, step)
-    scored = p["score_roots"](cfg, workdir, run_id, step, pool)
-    allocation = p["allocate_roots"](cfg, run_id, step, scored)
-    # Level 0: bare rollouts (DAPO may ask for refill waves after seeing outcomes).
-    level0 = p["expand_roots"](cfg, run_id, step, 0, policy_dir, allocation, 0)
-    p["persist_level"](workdir, run_id, step, 0, level0)
-    counts, mixed = _mixed(level0, cfg.pool_size, 0)
-    spent = int(counts.sum())
-    wave = 1
-    rootpool = RootPool(predicted=np.asarray(scored.column("predicted_v").to_pylist()),
-                        staleness=np.asarray(scored.column("staleness").to_pylist()))
-    rng = np.random.default_rng([cfg.seed, step, 4])
-    while True:
-        left = allocator.root_leaves(runtime.budget_for(cfg)) - spent
-        extra = allocator.refill(rootpool, counts, mixed, left, rng) if left > 0 else None
-        if extra is None or int(np.sum(extra)) == 0:
-            break
-        refill = scored.append_column("m", pa.array(np.asarray(extra, dtype=np.int64)))
-        more = p["expand_roots"](cfg, run_id, step, 0, policy_dir, refill, wave)
-        p["persist_level"](workdir, run_id, step, 0, more, wave)
-        c2, m2 = _mixed(more, cfg.pool_size, wave * cfg.pool_size)
-        counts, mixed, spent = counts + c2, mixed | m2, spent + int(c2.sum())
-        wave += 1
-    # Stage 2: continuations from the most informative prefixes of each tree.
-    scored_prefixes = p["score_prefixes"](cfg, workdir, run_id, step)
+    ids = t.sample_roots(cfg, run_id, step)
+    scored = t.score_roots(cfg, allocator, workdir, run_id, step, ids)
+    pool = roots.root_pool(scored)
+    allocation = t.allocate_roots(cfg, allocator, run_id, step, scored, pool)
+    # Level 0: bare rollouts, rewards, persisted (then DAPO's refill waves).
+    counts, waves = _bare_rollouts(t, cfg, allocator, workdir, run_id, step, policy_dir, scored,
+                                   pool, allocation)
+    # Stage 2: score the prefixes, allocate continuations (or, jointly, fresh prompts too).
+    scored_prefixes = t.score_prefixes(cfg, allocator, workdir, run_id, step)
     fresh_leaves = 0
-    if allocator.splits_jointly:  # the rest of the budget: continuations or fresh prompts
-        left = runtime.budget_for(cfg).total - spent
-        chosen, fresh = p["allocate_joint"](cfg, run_id, step, scored_prefixes, scored,
-                                            counts.tolist(), left)
-        fresh_leaves = int(np.sum(fresh.column("m").to_pylist() or [0]))
-        if fresh_leaves:  # bare rollouts of prompts not yet rolled out: a level-0 wave
-            more = p["expand_roots"](cfg, run_id, step, 0, policy_dir, fresh, wave)
-            p["persist_level"](workdir, run_id, step, 0, more, wave)
-            wave += 1
+    if allocator.splits_jointly:
+        chosen, fresh = t.allocate_joint(cfg, allocator, run_id, step, scored_prefixes, scored,
+                                         pool, counts.tolist(), cfg.budget.total - int(counts.sum()))
+        fresh_leaves = int(pc.sum(fresh.column("m")).as_py() or 0)
+        if fresh_leaves:  # bare rollouts of prompts not yet rolled out: one more level-0 wave
+            _expand_wave(t, cfg, workdir, run_id, step, policy_dir, fresh, waves)
+            waves += 1
     else:
-        chosen = p["allocate_prefixes"](cfg, run_id, step, scored_prefixes)
-    if int(np.sum(chosen.column("k").to_pylist() or [0])) > 0:
-        level1 = p["expand_prefixes"](cfg, workdir, run_id, step, 1, policy_dir, chosen)
-        p["persist_level"](workdir, run_id, step, 1, level1)
+        chosen = t.allocate_prefixes(cfg, allocator, run_id, step, scored_prefixes)
+    # Level 1: continuations from the chosen prefixes, rewards, persisted.
+    if int(pc.sum(chosen.column("k")).as_py() or 0) > 0:
+        level1 = t.expand_prefixes(cfg, workdir, run_id, step, 1, policy_dir, chosen)
+        t.persist_level(workdir, run_id, step, 1, level1)
     t_rollout = time.perf_counter() - t0
-    # Learning: backup targets, predictor, tree advantages, policy update, weight sync.
-    p["backup"](workdir, run_id, step)
-    pred_stats = p["fit_predictor"](cfg, workdir, run_id, step)
-    paths = p["tree_advantages"](cfg, workdir, run_id, step)
-    update = p["policy_update"](cfg, workdir, run_id, step, policy_dir, paths)
-    sync_s = p["sync_weights"](cfg, update["policy_dir"])
-    metrics = dict(p["tree_metrics"](workdir, run_id, step))
-    metrics.update(pred_stats)
-    metrics.update(update["stats"])
-    rho_prefix = [r for r, d in zip(scored_prefixes.column("correlation").to_pylist(),
-                                    scored_prefixes.column("depth").to_pylist()) if d >= 1]
-    metrics.update({"alloc/rho_root": float(scored.column("correlation")[0].as_py() if len(scored) else 0.0),
-                    "alloc/rho_prefix": float(np.mean(rho_prefix)) if rho_prefix else 0.0})
-    metrics.update({"alloc/prefixes_expanded": float(sum(1 for k in chosen.column("k").to_pylist() if k)),
-                    "alloc/refill_waves": float(wave - 1),
-                    "alloc/fresh_leaves": float(fresh_leaves),
-                    "time/rollout_s": t_rollout, "time/sync_s": sync_s,
-                    "time/step_s": time.perf_counter() - t0})
+    # Learning: backup targets, predictor, tree advantages, policy update, weight sync, log.
+    t.backup(workdir, run_id, step)
+    pred_stats = t.fit_predictor(cfg, workdir, run_id, step)
+    paths = t.tree_advantages(cfg, workdir, run_id, step)
+    update = t.policy_update(cfg, workdir, run_id, step, policy_dir, paths)
+    sync_s = t.sync_weights(cfg, update["policy_dir"])
+    metrics = {**t.tree_metrics(workdir, run_id, step), **pred_stats, **update["stats"],
+               **_allocation_metrics(scored, scored_prefixes, chosen, waves, fresh_leaves),
+               "time/rollout_s": t_rollout, "time/sync_s": sync_s,
+               "time/step_s": time.perf_counter() - t0}
     plot = cfg.plot_every > 0 and step % cfg.plot_every == 0
     register = (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
-    p["log_step"](workdir, mlflow_run_id, run_id, step, metrics, update["policy_dir"],
-                  str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot,
-                  register)
+    t.log_step(workdir, mlflow_run_id, run_id, step, metrics, update["policy_dir"],
+               str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot, register)
     return update["policy_dir"], metrics
+
+
+def _expand_wave(t: StepTasks, cfg: TrainConfig, workdir: str, run_id: str, step: int,
+                 policy_dir: str, allocation: pa.Table, wave: int) -> pa.Table:
+    """Bare rollouts of one level-0 wave (``allocation``'s column ``m``), persisted; its nodes."""
+    level = t.expand_roots(cfg, run_id, step, 0, policy_dir, allocation, wave)
+    t.persist_level(workdir, run_id, step, 0, level, wave)
+    return level["nodes"]
+
+
+def _bare_rollouts(t: StepTasks, cfg: TrainConfig, allocator: Allocator, workdir: str,
+                   run_id: str, step: int, policy_dir: str, scored: pa.Table, pool: RootPool,
+                   allocation: pa.Table) -> tuple[np.ndarray, int]:
+    """Level 0: the allocated bare rollouts, then a refill wave while the allocator asks for
+    one after seeing the outcomes (DAPO; ``trace_core.waves.refill_wave``). Returns [P] rollouts
+    per candidate and the number of waves run."""
+    rng = np.random.default_rng([cfg.seed, step, 4])
+    counts = np.zeros(pool.size, dtype=np.int64)
+    mixed = np.zeros(pool.size, dtype=bool)
+    wave = 0
+    while allocation is not None:
+        nodes = _expand_wave(t, cfg, workdir, run_id, step, policy_dir, allocation, wave)
+        c, m = outcome_counts(nodes.column("tree_id").to_numpy(), nodes.column("reward").to_numpy(),
+                              nodes.column("is_leaf").to_numpy(), pool.size, wave * pool.size)
+        counts, mixed, wave = counts + c, mixed | m, wave + 1
+        extra = refill_wave(allocator, pool, counts, mixed, cfg.budget, rng)
+        allocation = None if extra is None else roots.with_counts(scored, extra)
+    return counts, wave
+
+
+def _allocation_metrics(scored: pa.Table, scored_prefixes: pa.Table, chosen: pa.Table,
+                        waves: int, fresh_leaves: int) -> dict[str, float]:
+    """``alloc/`` metrics of a step: the outcome correlations its allocations used, prefixes
+    continued, level-0 waves after the first (refills and the joint split's fresh prompts)."""
+    depth = scored_prefixes.column("depth").to_numpy()
+    rho_prefix = scored_prefixes.column("correlation").to_numpy()[depth >= 1]
+    return {"alloc/rho_root": float(scored.column("correlation")[0].as_py() if len(scored) else 0.0),
+            "alloc/rho_prefix": float(np.mean(rho_prefix)) if rho_prefix.size else 0.0,
+            "alloc/prefixes_expanded": float(np.count_nonzero(chosen.column("k").to_numpy())),
+            "alloc/refill_waves": float(waves - 1), "alloc/fresh_leaves": float(fresh_leaves)}
 
 
 RESERVE_BYTES = 16 << 20
@@ -200,28 +227,28 @@ def _record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, work
 
 
 @flow(name="train", log_prints=True)
-def train(config: dict[str, Any] | None = None, workdir: str | None = None,
+def train(config: TrainConfig = TrainConfig(), workdir: str | None = None,
           wait: bool = False) -> dict[str, Any]:
     """Train a policy with TRACE (or a baseline allocator) and return a summary.
 
-    ``config``: TrainConfig fields (missing ones take the embedded defaults). ``workdir``: where
-    the DuckDB file, MLflow store and checkpoints live. One run trains a work dir at a time: the
-    work-dir lock is taken before MLflow or DuckDB are set up, and if another run holds it this
-    fails at once naming it (pid, run id), or with ``wait`` waits for it to finish. The config
-    and its inputs are checked before the run is registered; from then on any failure (the
-    bootstrap included) marks the running step and the run failed in DuckDB and MLflow and
+    ``config``: the run (``TrainConfig``; Prefect validates it before the flow run starts, so
+    the UI's run form is typed and refuses a bad value). ``workdir``: where the DuckDB file,
+    MLflow store and checkpoints live. One run trains a work dir at a time: the work-dir lock is
+    taken before MLflow or DuckDB are set up, and if another run holds it this fails at once
+    naming it (pid, run id), or with ``wait`` waits for it to finish. The config's inputs (data
+    files, policy directory) are checked before the run is registered; from then on any failure
+    (the bootstrap included) marks the running step and the run failed in DuckDB and MLflow and
     re-raises the original error, and running the flow again resumes after the last complete step.
     """
-    cfg = config_from_mapping(config or {}, "train(config=...)")
-    with train_lock(resolve_workdir(workdir), cfg.resolved_run_id, wait=wait):
+    with train_lock(resolve_workdir(workdir), config.resolved_run_id, wait=wait):
         return _train(config, workdir)
 
 
-def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]:
+def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
     """The body of ``train``, run while the work-dir lock is held."""
     logger = get_run_logger()
     runtime.configure_threads()
-    cfg = check_inputs(config_from_mapping(config or {}, "train(config=...)"))
+    cfg = check_inputs(cfg)
     workdir = resolve_workdir(workdir)
     run_id = cfg.resolved_run_id
     store = runtime.store(workdir)

@@ -13,20 +13,21 @@ import pyarrow as pa
 
 from tasks import runtime
 from trace_core import calibration
+from trace_core.allocators import Allocator
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import group_trees, parent_array
 
 
-def outcome_correlation(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> calibration.Correlation:
+def outcome_correlation(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str,
+                        step: int) -> calibration.Correlation:
     """rho per depth from the stored trees of the last ``correlation_window`` steps before
     ``step`` (more, if they hold too few nodes for the roots' estimate or, for an allocator that
     branches, the prefixes'), with the predictions the allocation used then; no estimate (0
     everywhere) when the window is 0 or the allocator reads no predictor. Both stages of a step ask for it; the steps it
     reads are complete and never rewritten, so the second ask is served from memory."""
-    allocator = runtime.allocator_for(cfg)
     if cfg.correlation_window == 0 or step == 0 or not allocator.uses_predictor:
         return calibration.Correlation()
-    branches = allocator.tree_leaves(cfg.min_per_root, runtime.budget_for(cfg)) > 0
+    branches = allocator.tree_leaves(cfg.min_per_root, cfg.budget) > 0
     # A window too thin for an estimate (e.g. steps that continued few prefixes because rho was
     # high) is widened, doubling, back to step 0, instead of falling back to rho = 0: a fallback
     # would flip the allocation between two regimes from step to step.

@@ -18,7 +18,7 @@ from trace_core.predictor import auc, brier
 from trace_core.tree import backup as tree_backup
 from trace_core.tree import root_to_leaf_paths
 from trace_rl.config import TrainConfig
-from trace_rl.policy.update import PathSample, PolicyTrainer, UpdateSettings, warmup_scale
+from trace_rl.policy.update import PathSample, PolicyTrainer, warmup_scale
 from trace_rl.rollout.treeio import group_trees, parent_array, predictor_examples
 
 def _trees(workdir: str, run_id: str, step: int) -> dict[int, list[dict[str, Any]]]:
@@ -128,11 +128,7 @@ def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[Path
 def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
                   paths: pa.Table) -> dict[str, Any]:
     """Clipped tree-aware PG on every root-to-leaf path; saves the new policy checkpoint."""
-    settings = UpdateSettings(learning_rate=cfg.learning_rate, clip_low=cfg.clip_low,
-                              clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, epochs=cfg.ppo_epochs,
-                              micro_batch=cfg.micro_batch, agg=cfg.loss_agg,
-                              mini_batches=cfg.mini_batches, target_kl=cfg.target_kl,
-                              target_position_kl=cfg.target_position_kl)
+    settings = cfg.update_settings
     # The trainer stays in memory across steps of one process (keyed by the directory it last
     # saved), so the optimiser state is not reloaded each step; a resumed process reloads it.
     trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, settings, seed=cfg.seed)

@@ -11,13 +11,16 @@ from prefect import task
 
 from tasks import runtime
 from tasks.correlation import outcome_correlation
-from trace_core.allocators import PrefixSet, RootPool, root_prefix
+from tasks.roots import with_counts
+from trace_core.allocators import Allocator, PrefixSet, RootPool, root_prefix
+from trace_core.waves import split_jointly
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import group_trees, node_history
 
 
 @task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)
-def score_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa.Table:
+def score_prefixes(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str,
+                   step: int) -> pa.Table:
     """p = V~(H_ijt) and the observed outcome r_ij for every non-leaf turn node (depth >= 1) of
     the step's bare rollouts; each such node lies on exactly one bare rollout. Each row also
     carries rho for its depth (``outcome_correlation``) and ``seen``, the rollouts below it that
@@ -25,8 +28,8 @@ def score_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa
     branches from the root (TRACE), the root of a tree whose bare rollouts agree is a candidate
     too (depth 0, observed = the shared outcome)."""
     trees = group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist())
-    from_root = runtime.allocator_for(cfg).branches_from_root
-    rho = outcome_correlation(cfg, workdir, run_id, step)
+    from_root = allocator.branches_from_root
+    rho = outcome_correlation(cfg, allocator, workdir, run_id, step)
     out: dict[str, list] = defaultdict(list)
     histories = []
 
@@ -71,10 +74,10 @@ def score_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa
 
 
 @task(name="allocate-prefixes", cache_policy=runtime.PHASE_KEY)
-def allocate_prefixes(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table) -> pa.Table:
+def allocate_prefixes(cfg: TrainConfig, allocator: Allocator, run_id: str, step: int,
+                      scored: pa.Table) -> pa.Table:
     """K per prefix, tree by tree (no cross-prompt waiting): budget m_i * N for tree i."""
-    allocator = runtime.allocator_for(cfg)
-    budget = runtime.budget_for(cfg)
+    budget = cfg.budget
     rng = np.random.default_rng([cfg.seed, step, 3])
     rows = scored.to_pylist()
     k = np.zeros(len(rows), dtype=np.int64)
@@ -97,30 +100,18 @@ def allocate_prefixes(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table
 
 
 @task(name="allocate-joint", cache_policy=runtime.PHASE_KEY)
-def allocate_joint(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table, roots: pa.Table,
-                   counts: list[int], leaves: int) -> tuple[pa.Table, pa.Table]:
-    """The joint split (``TrainConfig.joint_split``): ``leaves`` between continuations of the
-    step's prefixes (``scored``, from ``score_prefixes``) and bare rollouts of the candidates of
-    ``roots`` (``score_roots``'s table) that have no rollout yet (``counts``, per candidate).
-    Returns (``scored`` with K per prefix, ``roots`` with m per fresh candidate). A root offered
-    with mixed bare rollouts (a tree with no prefix, observed NaN) is not a candidate: more
-    rollouts cannot make it mixed."""
-    allocator = runtime.allocator_for(cfg)
+def allocate_joint(cfg: TrainConfig, allocator: Allocator, run_id: str, step: int,
+                   scored: pa.Table, roots: pa.Table, pool: RootPool, counts: list[int],
+                   leaves: int) -> tuple[pa.Table, pa.Table]:
+    """The joint split (``TrainConfig.joint_split``, ``trace_core.waves.split_jointly``):
+    ``leaves`` between continuations of the step's prefixes (``scored``, from
+    ``score_prefixes``) and bare rollouts of the candidates of ``pool`` (``roots``, the table
+    it was read from) that have no rollout yet (``counts``, per candidate). Returns (``scored``
+    with K per prefix, ``roots`` with m per candidate)."""
     rng = np.random.default_rng([cfg.seed, step, 5])
-    rows = scored.to_pylist()
-    usable = [i for i, r in enumerate(rows) if not np.isnan(r["observed"])]
-    prefixes = PrefixSet(predicted=np.asarray([rows[i]["predicted_v"] for i in usable], np.float64),
-                         observed=np.asarray([rows[i]["observed"] for i in usable], np.float64),
-                         correlation=np.asarray([rows[i]["correlation"] for i in usable], np.float64),
-                         seen=np.asarray([rows[i]["seen"] for i in usable], dtype=np.int64))
-    fresh = [i for i, c in enumerate(counts) if c == 0]
-    rho = roots.column("correlation").to_pylist()
-    pool = RootPool(predicted=np.asarray(roots.column("predicted_v").to_pylist(), np.float64)[fresh],
-                    staleness=np.asarray(roots.column("staleness").to_pylist(), np.float64)[fresh],
-                    correlation=float(rho[0]) if rho else 0.0)
-    m_fresh, k_usable = allocator.allocate_joint(prefixes, pool, leaves, rng)
-    k = np.zeros(len(rows), dtype=np.int64)
-    k[usable] = k_usable
-    m = np.zeros(len(roots), dtype=np.int64)
-    m[fresh] = m_fresh
-    return scored.append_column("k", pa.array(k)), roots.append_column("m", pa.array(m))
+    prefixes = PrefixSet(predicted=scored.column("predicted_v").to_numpy(),
+                         observed=scored.column("observed").to_numpy(),
+                         correlation=scored.column("correlation").to_numpy(),
+                         seen=scored.column("seen").to_numpy())
+    m, k = split_jointly(allocator, prefixes, pool, np.asarray(counts), leaves, rng)
+    return scored.append_column("k", pa.array(k)), with_counts(roots, m)

@@ -9,7 +9,7 @@ from prefect import task
 from tasks import runtime
 from tasks.correlation import outcome_correlation
 from tasks.runtime import load_predictor
-from trace_core.allocators import RootPool
+from trace_core.allocators import Allocator, RootPool
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import history_text
 
@@ -58,7 +58,7 @@ def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
 
 
 @task(name="score-roots", cache_policy=runtime.PHASE_KEY)
-def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
+def score_roots(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str, step: int,
                 item_ids: list[str]) -> pa.Table:
     """V~(x_i) for the pool, each prompt's staleness (steps since it was last rolled out) and
     the roots' outcome correlation rho (``tasks.correlation.outcome_correlation``)."""
@@ -69,20 +69,29 @@ def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
         "SELECT item_id, max(step) AS last FROM nodes WHERE run_id = $r AND step < $s AND depth = 0 "
         "GROUP BY item_id", {"r": run_id, "s": step}).to_pylist()
     seen = {r["item_id"]: r["last"] for r in last}
-    rho = outcome_correlation(cfg, workdir, run_id, step).at(0)
+    rho = outcome_correlation(cfg, allocator, workdir, run_id, step).at(0)
     return pa.table({"item_id": item_ids, "predicted_v": np.asarray(v, dtype=np.float64),
                      "staleness": staleness(cfg, step, item_ids, seen),
                      "correlation": pa.array([rho] * len(item_ids), pa.float64())})
 
 
-@task(name="allocate-roots", cache_policy=runtime.PHASE_KEY)
-def allocate_roots(cfg: TrainConfig, run_id: str, step: int, scored: pa.Table) -> pa.Table:
-    """m_i per candidate by the configured allocator (Stage 1 for trace / prompt_only)."""
-    allocator = runtime.allocator_for(cfg)
-    rho = scored.column("correlation").to_pylist()
-    pool = RootPool(predicted=np.asarray(scored.column("predicted_v").to_pylist()),
-                    staleness=np.asarray(scored.column("staleness").to_pylist()),
-                    correlation=float(rho[0]) if rho else 0.0)
-    rng = np.random.default_rng([cfg.seed, step, 2])
-    m = allocator.allocate_roots(pool, allocator.root_leaves(runtime.budget_for(cfg)), rng)
+def root_pool(scored: pa.Table) -> RootPool:
+    """The step's candidate pool as trace_core's allocators read it, from ``score_roots``' table."""
+    rho = scored.column("correlation")
+    return RootPool(predicted=scored.column("predicted_v").to_numpy(),
+                    staleness=scored.column("staleness").to_numpy(),
+                    correlation=float(rho[0].as_py()) if len(rho) else 0.0)
+
+
+def with_counts(scored: pa.Table, m: np.ndarray) -> pa.Table:
+    """``score_roots``' table with ``m``, the bare rollouts of each candidate (a wave's plan)."""
     return scored.append_column("m", pa.array(np.asarray(m, dtype=np.int64)))
+
+
+@task(name="allocate-roots", cache_policy=runtime.PHASE_KEY)
+def allocate_roots(cfg: TrainConfig, allocator: Allocator, run_id: str, step: int,
+                   scored: pa.Table, pool: RootPool) -> pa.Table:
+    """m_i per candidate of ``pool`` (``root_pool(scored)``) by the step's allocator (Stage 1 for
+    trace / prompt_only); ``scored`` with the column ``m``."""
+    rng = np.random.default_rng([cfg.seed, step, 2])
+    return with_counts(scored, allocator.allocate_roots(pool, allocator.root_leaves(cfg.budget), rng))

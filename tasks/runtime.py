@@ -19,7 +19,7 @@ import torch
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
-from trace_core.allocators import Allocator, AllocatorConfig, Budget, make_allocator
+from trace_core.allocators import Allocator, make_allocator
 from trace_core.predictor import HashedNgramPredictor, HeadConfig
 from trace_rl.config import TrainConfig
 from trace_rl.envs.base import Environment, TaskItem
@@ -150,20 +150,10 @@ def configure_threads() -> int:
     return n
 
 
-def budget_for(cfg: TrainConfig) -> Budget:
-    return Budget(roots=cfg.root_budget, multiplier=cfg.multiplier)
-
-
 def allocator_for(cfg: TrainConfig) -> Allocator:
-    """The configured allocator (one registry, at this edge)."""
-    # DAPO's batch target (half the groups the leaf budget affords, as the allocator's default)
-    # is passed explicitly: refill runs in another task, on a fresh allocator object.
-    dapo_groups = max(1, cfg.leaf_budget // cfg.group_size // 2)
-    return make_allocator(cfg.allocator, AllocatorConfig(
-        group_size=cfg.group_size, tree_group=cfg.tree_group, min_per_root=cfg.min_per_root,
-        max_per_root=cfg.max_per_root, explore_strength=cfg.exploration,
-        branch_from_root=cfg.branch_from_root, joint_split=cfg.joint_split,
-        dapo_batch_groups=dapo_groups))
+    """The configured allocator (one registry, at this edge); the train flow builds one per step
+    and hands it to the tasks that allocate."""
+    return make_allocator(cfg.allocator, cfg.allocator_config)
 
 
 def new_predictor(cfg: TrainConfig) -> HashedNgramPredictor:

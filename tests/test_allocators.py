@@ -15,6 +15,13 @@ from trace_core.allocators import (
 )
 
 
+def knobs(**changes) -> AllocatorConfig:
+    """Allocator knobs for these tests (the simulation benchmark's), with ``changes``."""
+    base = dict(group_size=8, tree_group=4, min_per_root=2, max_per_root=None, exploration=0.003,
+                branch_from_root=True, joint_split=False)
+    return AllocatorConfig(**{**base, **changes})
+
+
 def _pool(n=40, seed=0, stale=0.0):
     rng = np.random.default_rng(seed)
     v = rng.random(n)
@@ -30,11 +37,11 @@ def _prefixes(k=7, seed=0):
 def test_registry_and_config_edge():
     assert set(ALLOCATORS) == {"grpo", "dapo", "prompt_only", "random_prefix", "trace", "oracle"}
     for name in ALLOCATORS:
-        assert make_allocator(name).name == name
+        assert make_allocator(name, knobs()).name == name
     with pytest.raises(ValueError, match="unknown allocator 'ppo'"):
-        make_allocator("ppo")
+        make_allocator("ppo", knobs())
     with pytest.raises(ValueError, match="group_size"):
-        AllocatorConfig(group_size=1)
+        knobs(group_size=1)
 
 
 def test_budget_and_ledger():
@@ -53,7 +60,7 @@ def test_budget_and_ledger():
 def test_every_method_spends_the_equal_leaf_budget(name):
     """Root leaves plus tree leaves add up to Budget.total (DAPO spends by waves: tested below)."""
     budget = Budget(roots=24, multiplier=2)
-    alloc = make_allocator(name)
+    alloc = make_allocator(name, knobs())
     pool = _pool(n=200)
     rng = np.random.default_rng(1)
     counts = alloc.allocate_roots(pool, alloc.root_leaves(budget), rng)
@@ -64,7 +71,7 @@ def test_every_method_spends_the_equal_leaf_budget(name):
 
 
 def test_grpo_is_uniform():
-    alloc = make_allocator("grpo", AllocatorConfig(group_size=8))
+    alloc = make_allocator("grpo", knobs(group_size=8))
     counts = alloc.allocate_roots(_pool(100), 384, np.random.default_rng(0))
     assert sorted(counts[counts > 0]) == [8] * 48
     assert alloc.tree_leaves(8, Budget(128, 2)) == 0
@@ -76,13 +83,13 @@ def test_grpo_is_uniform():
 
 
 def test_dapo_first_wave_is_half_the_affordable_groups_by_default():
-    alloc = make_allocator("dapo", AllocatorConfig(group_size=8))
+    alloc = make_allocator("dapo", knobs(group_size=8))
     counts = alloc.allocate_roots(_pool(100), 384, np.random.default_rng(0))
     assert sorted(counts[counts > 0]) == [8] * 24
 
 
 def test_dapo_refills_missing_mixed_groups_with_fresh_prompts():
-    alloc = make_allocator("dapo", AllocatorConfig(group_size=4, dapo_batch_groups=3))
+    alloc = make_allocator("dapo", knobs(group_size=4, dapo_batch_groups=3))
     pool = _pool(50)
     rng = np.random.default_rng(0)
     counts = alloc.allocate_roots(pool, 40, rng)
@@ -102,7 +109,7 @@ def test_dapo_refills_missing_mixed_groups_with_fresh_prompts():
 
 
 def test_prompt_only_and_trace_use_the_exact_solver_on_explored_predictions():
-    cfg = AllocatorConfig(explore_strength=0.2)
+    cfg = knobs(exploration=0.2)
     pool = _pool(60, stale=3.0)
     explored = explore(pool.predicted, pool.staleness, strength=0.2)
     rng = np.random.default_rng(0)
@@ -119,7 +126,7 @@ def test_prompt_only_and_trace_use_the_exact_solver_on_explored_predictions():
 
 
 def test_oracle_uses_the_true_value_and_needs_it():
-    oracle = make_allocator("oracle")
+    oracle = make_allocator("oracle", knobs())
     pool, pre = _pool(60), _prefixes()
     rng = np.random.default_rng(0)
     np.testing.assert_array_equal(oracle.allocate_roots(pool, 40, rng), allocate_roots(pool.true_value, 40))
@@ -137,13 +144,13 @@ def test_exploration_revives_a_prompt_called_certain():
     pred = np.array([0.01, 0.2, 0.2, 0.2])
     pool = RootPool(predicted=pred, staleness=np.array([100.0, 0.0, 0.0, 0.0]))
     rng = np.random.default_rng(0)
-    off = make_allocator("trace", AllocatorConfig(explore_strength=0.0)).allocate_roots(pool, 6, rng)
-    on = make_allocator("trace", AllocatorConfig(explore_strength=0.05)).allocate_roots(pool, 6, rng)
+    off = make_allocator("trace", knobs(exploration=0.0)).allocate_roots(pool, 6, rng)
+    on = make_allocator("trace", knobs(exploration=0.05)).allocate_roots(pool, 6, rng)
     assert off[0] == 0 and on[0] >= 2
 
 
 def test_random_prefix_is_uniform_over_roots_and_branch_points():
-    alloc = make_allocator("random_prefix", AllocatorConfig(tree_group=4))
+    alloc = make_allocator("random_prefix", knobs(tree_group=4))
     rng = np.random.default_rng(0)
     counts = alloc.allocate_roots(_pool(100), 128, rng)
     assert sorted(counts[counts > 0]) == [4] * 32

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trace_rl.config import TrainConfig, check_inputs, config_from_mapping, load_config
+from pydantic import ValidationError
+
+from trace_rl.config import ConfigError, TrainConfig, check_inputs, config_from_mapping, load_config
 from trace_rl.envs.base import DatasetError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,15 +44,24 @@ BAD_OVERRIDES = [
     ("joint_split=maybe", "joint_split='maybe'"),
 ]
 BAD_YAML = [
-    ("root_budget: 4.5\n", "root_budget=4.5 (float); must be an integer"),
-    ('steps: "three"\n', "steps='three' (str); must be an integer"),
-    ("steps: true\n", "steps=True (bool); must be an integer"),
-    ("learning_rate: fast\n", "learning_rate='fast' (str); must be a finite number"),
-    ("joint_split: 1\n", "joint_split=1 (int); must be true or false"),
-    ("family: 3\n", "family=3 (int); must be a str"),
-    ("seed: -1\n", "seed=-1; must be in [0,"),
-    ("extra: [1]\n", "extra=[1] (list); must be a mapping"),
-    ("steps: [1\n", "not valid YAML"),
+    ("root_budget: 4.5\n", "root_budget=4.5 (float)", "valid integer"),
+    ('steps: "three"\n', "steps='three' (str)", "valid integer"),
+    ("steps: true\n", "steps=True (bool)", "valid integer"),
+    ("learning_rate: fast\n", "learning_rate='fast' (str)", "valid number"),
+    ("joint_split: 1\n", "joint_split=1 (int)", "valid boolean"),
+    ("family: 3\n", "family=3 (int)", "'synth_arith'"),
+    ("seed: -1\n", "seed=-1 (int)", "greater than or equal to 0"),
+    ("extra: [1]\n", "extra=[1] (list)", "valid dictionary"),
+    ("steps: [1\n", "cannot read", "as a YAML mapping"),
+]
+
+# The run ids of unchanged configs must not change (a run is resumed by its id, name + hash):
+# these hashes were computed on main at f399c1a, before TrainConfig became a pydantic model.
+HASHES_ON_MAIN = [
+    ({}, "5c2c477137"),
+    ({"allocator": "dapo", "group_size": 2}, "6aa1f358a9"),
+    ({"joint_split": True}, "3915a22981"),
+    ({"extra": {"n_train": 40}, "learning_rate": 1e-4, "exploration": 0.2}, "c8ea3d9356"),
 ]
 
 
@@ -61,14 +72,72 @@ def test_bad_override_names_field_and_value(override, says):
     assert says in str(err.value)
 
 
-@pytest.mark.parametrize("text,says", BAD_YAML)
-def test_bad_yaml_value_names_field_value_and_file(tmp_path, text, says):
+@pytest.mark.parametrize("text,says,allowed", BAD_YAML)
+def test_bad_yaml_value_names_field_value_and_file(tmp_path, text, says, allowed):
     path = tmp_path / "run.yaml"
     path.write_text(text)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ConfigError) as err:
         load_config(path)
-    assert says in str(err.value) or (says == "not valid YAML" and "YAML mapping" in str(err.value))
+    assert says in str(err.value) and allowed in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_every_problem_is_reported_at_once_one_line_each():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["family=nope", "steps=-1", "allocator=trace2", "exploration=2",
+                           "zzz=1"])
+    lines = str(err.value).splitlines()
+    assert len(lines) == 5, lines
+    says = {"family='nope'": "'synth_arith'", "steps=-1": "greater than or equal to 1",
+            "allocator='trace2'": "'grpo', 'dapo', 'prompt_only', 'random_prefix' or 'trace'",
+            "exploration=2.0": "less than or equal to 1", "unknown field 'zzz'": "known: run_name"}
+    for (field, allowed), line in zip(sorted(says.items()), sorted(lines)):
+        assert line.startswith("config: ") and field in line and allowed in line, line
+
+
+def test_names_come_from_the_registries():
+    from trace_core.advantages import ESTIMATORS
+    from trace_core.allocators import ALLOCATORS
+    from trace_core.loss import AGGREGATIONS
+    from trace_rl.engines import ENGINES
+    from trace_rl.envs.registry import families
+
+    enum = {name: set(prop.get("enum", ())) for name, prop in
+            TrainConfig.model_json_schema()["properties"].items()}
+    assert enum["allocator"] == set(ALLOCATORS) - {"oracle"}  # the oracle needs the true V
+    assert enum["advantage"] == set(ESTIMATORS)
+    assert enum["engine"] == {"auto", *ENGINES}
+    assert enum["family"] == set(families())
+    assert enum["loss_agg"] == set(AGGREGATIONS)
+
+
+def test_every_field_has_a_type_and_a_description():
+    props = TrainConfig.model_json_schema()["properties"]
+    assert set(props) == set(TrainConfig.model_fields)
+    for name, prop in props.items():
+        assert prop.get("type") or prop.get("enum"), name
+        assert len(prop.get("description", "")) > 10, name
+
+
+def test_frozen():
+    with pytest.raises(ValidationError, match="frozen"):
+        TrainConfig().steps = 3
+
+
+@pytest.mark.parametrize("values,digest", HASHES_ON_MAIN)
+def test_config_hash_is_the_one_main_computed(values, digest):
+    assert config_from_mapping(values).config_hash == digest
+
+
+def test_settings_below_are_derived_from_the_config():
+    cfg = config_from_mapping({"group_size": 6, "exploration": 0.25, "tree_group": 3,
+                               "target_kl": 0.05, "loss_agg": "token-mean", "ppo_epochs": 2})
+    knobs = cfg.allocator_config
+    assert (knobs.group_size, knobs.exploration, knobs.tree_group) == (6, 0.25, 3)
+    assert knobs.dapo_batch_groups == cfg.leaf_budget // 6 // 2
+    update = cfg.update_settings
+    assert (update.target_kl, update.agg, update.epochs) == (0.05, "token-mean", 2)
+    assert cfg.budget.total == cfg.leaf_budget
 
 
 def test_numbers_are_normalised_and_good_configs_pass(tmp_path):
@@ -81,12 +150,12 @@ def test_numbers_are_normalised_and_good_configs_pass(tmp_path):
     same = config_from_mapping({"learning_rate": 0.0001, "temperature": 1.0, "steps": 2,
                                 "extra": {"n_train": 40}, "clip_high": 0.3})
     assert cfg.config_hash == same.config_hash
-    assert TrainConfig().validate() == TrainConfig()
+    assert config_from_mapping(TrainConfig().to_dict()) == TrainConfig()
 
 
 def test_cross_field_rules_still_hold():
-    with pytest.raises(ValueError, match="max_per_root=1 < min_per_root=2"):
-        config_from_mapping({"max_per_root": 1})
+    with pytest.raises(ValueError, match="max_per_root=2 < min_per_root=3"):
+        config_from_mapping({"max_per_root": 2, "min_per_root": 3})
     with pytest.raises(ValueError, match="cannot hold root_budget=64"):
         config_from_mapping({"pool_size": 2, "root_budget": 64})
 
@@ -113,20 +182,40 @@ def test_inputs_checked_policy_and_data_files(tmp_path):
 
 
 def test_trace_train_refuses_bad_values_in_under_3_s(tmp_path):
-    """The CLI validates before importing flows: no Prefect server, no work dir, exit status 2."""
+    """The CLI validates before importing flows: no Prefect server, no work dir, exit status 2,
+    one line naming the field and what it may be."""
     env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
     (tmp_path / "a.yaml").write_text("root_budget: 4.5\n")
     (tmp_path / "b.yaml").write_text('steps: "three"\n')
-    cases = [[o] for o, _ in BAD_OVERRIDES[:6]] + [["-c", str(tmp_path / "a.yaml")],
-                                                   ["-c", str(tmp_path / "b.yaml")]]
-    names = [o.split("=")[0] for o, _ in BAD_OVERRIDES[:6]] + ["root_budget", "steps"]
-    for args, name in zip(cases, names):
+    cases = [(["family=nope"], "family='nope'", "'synth_arith'"),
+             (["steps=-1"], "steps=-1", "greater than or equal to 1"),
+             (["allocator=trace2"], "allocator='trace2'", "'random_prefix' or 'trace'"),
+             (["exploration=2"], "exploration=2.0", "less than or equal to 1"),
+             (["-c", str(tmp_path / "a.yaml")], "root_budget=4.5", "valid integer"),
+             (["-c", str(tmp_path / "b.yaml")], "steps='three'", "valid integer")]
+    cases += [([o], says, "config: ") for o, says in BAD_OVERRIDES[:4]]
+    for args, says, allowed in cases:
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "trace_rl.cli", "train", "--workdir",
+        out = subprocess.run([sys.executable, "-m", "cli", "train", "--workdir",
                               str(tmp_path / "wd"), *args], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=60)
         wall = time.perf_counter() - t0
-        assert out.returncode == 2, out.stdout + out.stderr
-        assert f"{name}=" in out.stdout + out.stderr and "Traceback" not in out.stderr
+        text = out.stdout + out.stderr
+        assert out.returncode == 2, text
+        assert says in text and allowed in text and "Traceback" not in text, text
+        assert len(text.strip().splitlines()) == 1, text
         assert wall < 3.0, f"{args}: {wall:.2f} s"
     assert not (tmp_path / "wd").exists()
+
+
+def test_a_bad_config_is_refused_before_prefect_or_torch_is_imported(tmp_path):
+    """What the CLI runs before it imports the flows loads neither Prefect nor torch."""
+    code = ("import sys\nfrom cli.app import app\n"
+            "try:\n    app(['train', '--workdir', sys.argv[1], 'family=nope', 'steps=-1'])\n"
+            "except SystemExit as exc:\n"
+            "    print('exit', exc.code, sorted({'prefect', 'torch', 'flows'} & set(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "wd")], cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "exit 2 []", out.stdout + out.stderr
+    assert "family='nope'" in out.stdout and "steps=-1" in out.stdout

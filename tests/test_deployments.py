@@ -26,6 +26,7 @@ import pytest
 from deployments.deploy import CPU_POOL, DEFAULT_CRON
 from deployments.retrain import latest_checkpoint
 from tasks.runtime import Paths
+from trace_rl.config import TrainConfig
 from trace_rl.storage.store import TreeStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +67,33 @@ def test_retrain_latest_refuses_a_pinned_run_id(tmp_path: Path) -> None:
     from deployments.retrain import retrain_latest
 
     with pytest.raises(ValueError, match="run_id"):
-        retrain_latest.fn(config={"run_id": "pinned"}, workdir=str(tmp_path))
+        retrain_latest.fn(config=TrainConfig(run_id="pinned"), workdir=str(tmp_path))
+
+
+def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
+    """The parameter schema the deployments send to the server (what the UI's run form renders
+    and the server enforces) has, for every TrainConfig field, a typed property with its
+    docstring as description, and refuses unknown fields."""
+    from deployments.deploy import deployments, deployment_specs
+
+    by_flow = {d.flow_name: d for d in deployments(deployment_specs(), [CPU_POOL])}
+    assert {"train", "retrain-latest", "evaluate"} <= set(by_flow)
+    for name in ("train", "retrain-latest", "evaluate"):
+        deployment = by_flow[name]
+        assert deployment.enforce_parameter_schema
+        schema = deployment._parameter_openapi_schema.model_dump()
+        assert schema["properties"]["config"]["$ref"] == "#/definitions/TrainConfig"
+        form = schema["definitions"]["TrainConfig"]
+        assert form["additionalProperties"] is False
+        assert set(form["properties"]) == set(TrainConfig.model_fields)
+        for field, prop in form["properties"].items():
+            assert prop.get("type") in ("integer", "number", "string", "boolean", "object"), field
+            doc = TrainConfig.model_fields[field].description
+            assert doc and prop["description"] == doc, field
+        assert form["properties"]["allocator"]["enum"] == [
+            "grpo", "dapo", "prompt_only", "random_prefix", "trace"]
+        assert (form["properties"]["exploration"]["minimum"],
+                form["properties"]["exploration"]["maximum"]) == (0, 1)
 
 
 # ------------------------------------------------------------------ a real server and worker
@@ -170,6 +197,15 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                     (DEFAULT_CRON, False)]  # paused until someone resumes it
                 assert scheduled.pull_steps == [{"prefect.deployments.steps.set_working_directory":
                                                  {"directory": str(REPO)}}]
+                # The form's values of issue 21 are refused by the server: no flow run is created.
+                train_cpu = client.read_deployment_by_name("train/cpu")
+                for bad in ({"family": "nope"}, {"steps": -1}, {"allocator": "trace2"},
+                            {"exploration": 2}, {"stepz": 3}):
+                    with pytest.raises(Exception, match="Validation failed") as refused:
+                        client.create_flow_run_from_deployment(
+                            train_cpu.id, parameters={"config": bad, "workdir": str(tmp_path)})
+                    assert next(iter(bad)) in str(refused.value), str(refused.value)
+                assert client.read_flow_runs() == []
             workdir = str(tmp_path / "wd")
             config = {**TINY, "policy": str(tiny_model_dir)}
             run = run_deployment("train/cpu", parameters={"config": config, "workdir": workdir},

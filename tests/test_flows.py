@@ -102,13 +102,33 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
 
     refit = retrain_predictor(run_id=summary["run_id"], workdir=str(tmp_path), epochs=2)
     assert refit["held_out_step"] == TINY["steps"] - 1 and Path(refit["path"]).exists()
-    assert 0.0 <= refit["brier"] <= 1.0
+    _check_refit(refit, tmp_path, summary["run_id"])
 
     # The same config again resumes the finished run: nothing is rolled out twice.
     again = train(config=cfg, workdir=str(tmp_path))
     assert again["steps_run"] == 0
     _check_trees(store, summary["run_id"], TINY["steps"], leaves)
     assert again["summary"] == summary["summary"]  # the stored evaluations, not new ones
+
+
+def _check_refit(refit: dict, workdir: Path, run_id: str) -> None:
+    """The refit's reported Brier scores are those of the predictor it saved, on the examples
+    of the held-out step (and of the constant prediction of their mean)."""
+    import numpy as np
+    import torch
+
+    from flows.retrain_predictor import _examples
+    from tasks import runtime
+    from trace_core.predictor import brier
+    from trace_rl.config import config_from_mapping
+
+    cfg = config_from_mapping(TreeStore(workdir / "trace.duckdb", create=False).get_run(run_id)["config"])
+    predictor = runtime.new_predictor(cfg)
+    predictor.load_state_dict(torch.load(refit["path"], weights_only=False))
+    histories, y, _ = _examples(str(workdir), run_id, refit["held_out_step"])
+    assert refit["examples"] == len(y) > 0
+    assert refit["brier"] == pytest.approx(brier(predictor.predict(histories), y))
+    assert refit["brier_constant"] == pytest.approx(brier(np.full_like(y, y.mean()), y))
 
 
 def _check_summary(result: dict, workdir: Path, client) -> None:
@@ -119,7 +139,7 @@ def _check_summary(result: dict, workdir: Path, client) -> None:
     from trace_core.stats import paired_gain
 
     s, run_id = result["summary"], result["run_id"]
-    sql = subprocess.run([str(Path(sys.executable).with_name("trace")), "sql", "--workdir",
+    sql = subprocess.run([sys.executable, "-m", "cli", "sql", "--workdir",
                           str(workdir), "--format", "json",
                           f"SELECT step, accuracy, ci_low, ci_high, items, samples, per_item "
                           f"FROM evals WHERE run_id = '{run_id}' ORDER BY step"],
@@ -200,7 +220,7 @@ def test_sigkill_mid_step_then_resume(tiny_model_dir, tmp_path):
 def test_trace_sql_answers_while_training_writes(tiny_model_dir, tmp_path):
     cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 3}
     proc = _spawn_train(cfg, tmp_path, tmp_path / "train.log")
-    trace = [sys.executable, "-m", "trace_rl.cli", "sql", "--workdir", str(tmp_path), "--format",
+    trace = [sys.executable, "-m", "cli", "sql", "--workdir", str(tmp_path), "--format",
              "json", "SELECT count(*) AS n FROM nodes"]
     answers = []
     deadline = time.time() + 600
@@ -341,7 +361,7 @@ def test_two_trains_on_one_fresh_work_dir_one_runs_one_refuses(tiny_model_dir, t
     overrides = [f"{k}={v}" for k, v in {**TINY, "policy": str(tiny_model_dir), "steps": 1,
                                          "plot_every": 0}.items()]
     wd = tmp_path / "wd"
-    cmd = [sys.executable, "-m", "trace_rl.cli", "train", "--workdir", str(wd), *overrides]
+    cmd = [sys.executable, "-m", "cli", "train", "--workdir", str(wd), *overrides]
     procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     started = time.perf_counter()

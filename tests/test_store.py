@@ -420,7 +420,7 @@ def test_trace_sql_can_neither_write_nor_read_outside_the_store(store, tmp_path)
     the store, not the MLflow database next to it, not an attachable file, not a new file."""
     from typer.testing import CliRunner
 
-    from trace_rl.cli import app
+    from cli.app import app
 
     wd = store.path.parent
     (wd / "mlflow.db").write_bytes(b"the MLflow store")

@@ -33,7 +33,8 @@ def _samples(tok, advantages):
 
 def _settings(**kw):
     base = dict(learning_rate=1e-3, clip_low=0.2, clip_high=0.28, kl_coef=0.0, epochs=1,
-                micro_batch=4, agg="seq-mean-token-mean", mini_batches=1)
+                micro_batch=4, agg="seq-mean-token-mean", mini_batches=1, target_kl=0.0,
+                target_position_kl=0.0)
     return UpdateSettings(**{**base, **kw})
 
 

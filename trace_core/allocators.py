@@ -123,36 +123,37 @@ class PrefixSet:
         return self.predicted.shape[0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AllocatorConfig:
-    """Knobs of all allocators (each reads the ones it needs)."""
+    """Knobs of all allocators (each reads the ones it needs). No defaults for the knobs a
+    training run sets: they come from ``trace_rl.config.TrainConfig.allocator_config`` (or, in a
+    simulation, from the benchmark's own config), so no value is declared twice."""
 
-    group_size: int = 8
+    group_size: int
     """n: rollouts per prompt for grpo and dapo."""
-    tree_group: int = 4
+    tree_group: int
     """Bare rollouts per prompt for random_prefix's uniform roots."""
-    min_per_root: int = 2
+    min_per_root: int
     """Stage 1: an active prompt gets at least this many bare rollouts (one can never be mixed)."""
-    max_per_root: int | None = None
+    max_per_root: int | None
     """Stage 1: cap on bare rollouts per prompt; None = no cap."""
-    max_per_prefix: int | None = None
-    """Stage 2: cap on continuations per prefix; None = no cap."""
-    explore_strength: float = 0.003
-    """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it).
-    Small by default: in a stationary process exploration only costs (docs/results.md)."""
-    branch_from_root: bool = True
+    exploration: float
+    """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it)."""
+    branch_from_root: bool
     """Stage 2 (trace, oracle): besides the depth >= 1 prefixes, offer the root itself (the
     depth-0 prefix, the prompt) of a tree whose bare rollouts all agree, with the shared outcome as
     its observed outcome. A continuation from the root is one more bare rollout; it competes on
     the same marginal gain q^K (1 - q). Without it, a prompt whose outcome is fixed by its first
     turn can only spend its m_i N continuations on prefixes that repeat their outcome."""
-    joint_split: bool = False
+    joint_split: bool
     """trace, oracle: after the bare rollouts, the continuation budget (M N leaves) is split
     across the whole step between continuations of any tree's prefixes and bare rollouts of
     prompts not yet rolled out (``allocate_joint``: each leaf goes where it buys the most
     expected mixed groups), instead of m_i N continuations inside tree i. With independent
     draws (rho 0) a continuation's predicted flip chance usually beats a fresh pair's gain per
     leaf; with the calibrated rho of ``trace_core.calibration`` it often does not."""
+    max_per_prefix: int | None = None
+    """Stage 2: cap on continuations per prefix; None = no cap."""
     dapo_batch_groups: int | None = None
     """DAPO's target number of mixed groups (its first wave's size); None = half of the groups the
     leaf budget affords, so the other half is left for refills (a full first wave would make DAPO
@@ -161,8 +162,8 @@ class AllocatorConfig:
     def __post_init__(self) -> None:
         if self.group_size < 2 or self.tree_group < 2 or self.min_per_root < 2:
             raise ValueError("AllocatorConfig: group_size, tree_group and min_per_root must be >= 2")
-        if self.explore_strength < 0:
-            raise ValueError(f"AllocatorConfig.explore_strength must be >= 0, got {self.explore_strength}")
+        if self.exploration < 0:
+            raise ValueError(f"AllocatorConfig.exploration must be >= 0, got {self.exploration}")
 
 
 class LeafLedger:
@@ -187,6 +188,8 @@ class Allocator(ABC):
 
     name = "base"
     uses_predictor = False
+    simulation_only = False
+    """Whether the method needs what only a simulation knows (the true V)."""
     """Whether the method reads ``RootPool.predicted`` / ``PrefixSet.predicted``."""
 
     def __init__(self, config: AllocatorConfig):
@@ -296,7 +299,7 @@ class PromptOnly(Allocator):
     uses_predictor = True
 
     def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
-        v = explore(pool.predicted, pool.staleness, strength=self.config.explore_strength)
+        v = explore(pool.predicted, pool.staleness, strength=self.config.exploration)
         return allocate_roots(v, leaves, min_per_root=self.config.min_per_root,
                               max_per_root=self.config.max_per_root, correlation=pool.correlation)
 
@@ -311,7 +314,7 @@ class Trace(Allocator):
         return budget.roots
 
     def root_values(self, pool: RootPool) -> np.ndarray:
-        return explore(pool.predicted, pool.staleness, strength=self.config.explore_strength)
+        return explore(pool.predicted, pool.staleness, strength=self.config.exploration)
 
     def prefix_values(self, prefixes: PrefixSet) -> np.ndarray:
         return prefixes.predicted
@@ -358,6 +361,7 @@ class Oracle(Trace):
 
     name = "oracle"
     uses_predictor = False
+    simulation_only = True
 
     def root_values(self, pool: RootPool) -> np.ndarray:
         if pool.true_value is None:
@@ -431,7 +435,7 @@ ALLOCATORS: dict[str, Callable[[AllocatorConfig], Allocator]] = {
 """The one registry at the config edge: method name -> factory."""
 
 
-def make_allocator(name: str, config: AllocatorConfig = AllocatorConfig()) -> Allocator:
+def make_allocator(name: str, config: AllocatorConfig) -> Allocator:
     if name not in ALLOCATORS:
         raise ValueError(f"unknown allocator {name!r}; choose one of {sorted(ALLOCATORS)}")
     return ALLOCATORS[name](config)

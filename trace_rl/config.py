@@ -1,64 +1,93 @@
 """The one typed, frozen configuration of a training run, and its loading from YAML + overrides.
 
-Every field has a docstring; derived values are properties; ``validate`` says what to fix. The
-registry of variants (allocators, advantage estimators, engines) is resolved at this edge by name.
+``TrainConfig`` is a pydantic model: every field has a type, a range and a docstring (its
+description in the Prefect UI's run form, whose JSON schema comes from this model), names are
+checked against the registries they select from, and cross-field rules are one model validator.
+The CLI, YAML files, the flows' parameters, deployments and benchmarks all build this model, and
+the settings below it (``AllocatorConfig``, ``UpdateSettings``, ``Budget``) are derived from it,
+so no default is declared twice. A bad config raises ``ConfigError``, one line per problem.
+
+Over 400 lines because every run parameter is documented where it is declared (the docstrings
+are the UI form's help and carry the measurements behind each default); the logic is ~150 lines.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import math
 import re
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, get_origin
 
 import yaml
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from trace_core.advantages import ESTIMATORS
+from trace_core.allocators import ALLOCATORS, AllocatorConfig, Budget
+from trace_rl.engines import ENGINES
+from trace_rl.envs.registry import families
 
-ALLOCATORS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
-ADVANTAGES = tuple(ESTIMATORS)  # the registry's names
-ENGINES = ("auto", "hf", "vllm")
+if TYPE_CHECKING:
+    from trace_rl.policy.update import UpdateSettings
+
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+"""``trace_core.loss.AGGREGATIONS``' names (a test checks they agree; not imported: that module
+pulls in torch, and a config must be checked before anything heavy is imported)."""
+_RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # as trace_rl.storage.store and MLflow want
+_MAX_SEED = 2**32 - 1  # numpy's legacy seeding and some samplers refuse larger seeds
+
+# The names a field may take, read from the registries they select from. (Oracle allocators need
+# the true V, which only a simulation has.)
+AllocatorName = Literal[tuple(n for n, f in ALLOCATORS.items() if not f.simulation_only)]  # type: ignore[misc]
+AdvantageName = Literal[tuple(ESTIMATORS)]  # type: ignore[misc]
+EngineKind = Literal[("auto", *ENGINES)]  # type: ignore[misc]
+Family = Literal[tuple(families())]  # type: ignore[misc]
+LossAggregation = Literal[LOSS_AGGREGATIONS]  # type: ignore[misc]
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+class ConfigError(ValueError):
+    """A config that cannot run: one line per problem, each naming the field, the value given
+    and what it may be (``config: steps=-1 (int) in overrides: Input should be ...``)."""
+
+
+class TrainConfig(BaseModel):
     """A TRACE training run. ``trace train`` with no config runs these defaults: 20 steps of
     the tiny CPU policy on a synthetic family, evaluated on held-out items before and after, small
     enough for a 2-core machine (docs/results.md, "The default run")."""
 
-    run_name: str = "trace-default"
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
+
+    run_name: str = Field("trace-default", pattern=_RUN_ID)
     """Human name; the run id is ``<run_name>-<config hash>`` unless ``run_id`` is set."""
-    run_id: str = ""
+    run_id: str = Field("", pattern=f"^$|{_RUN_ID}")
     """Explicit run id (re-using one resumes that run); empty = derived from name + config hash."""
-    family: str = "synth_arith"
+    family: Family = "synth_arith"
     """Task family (``trace_rl.envs.registry``): synth_arith, synth_lookup, synth_fncall,
     hotpotqa, math, bfcl."""
-    difficulty: int = 1
+    difficulty: int = Field(1, ge=1)
     """Difficulty knob of a synthetic family (ignored by real families). At 1 the bootstrapped
     tiny policy starts at ~51% sampled success on synth_arith (docs/results.md), so groups mix."""
-    train_split: str = "train"
+    train_split: str = Field("train", min_length=1)
     """Split (or data file, for real families) that roots are drawn from."""
-    eval_split: str = "test"
+    eval_split: str = Field("test", min_length=1)
     """Held-out split for ``evaluate`` and the train flow's before/after evaluation."""
-    eval_items: int = 200
+    eval_items: int = Field(200, ge=0)
     """Held-out items the train flow evaluates the policy on before the first step and after the
     last (paired: same items, same sampling seeds; 0 = no evaluation). A bootstrapped policy's
     own selection and report items are skipped. The interval of the gain over 200 items x 4
     samples is about +-4 points (docs/results.md, "The default run")."""
-    eval_samples: int = 4
+    eval_samples: int = Field(4, ge=1)
     """Rollouts per held-out item, at the training temperature; an item's score is their mean."""
-    policy: str = "tiny"
+    policy: str = Field("tiny", min_length=1)
     """A Hugging Face causal LM directory, or ``tiny`` for the project's bootstrapped CPU model."""
-    engine: str = "auto"
+    engine: EngineKind = "auto"
     """Rollout engine: ``hf`` (transformers), ``vllm``, or ``auto`` (per-device default chosen by
     bench/engines.py)."""
-    allocator: str = "trace"
+    allocator: AllocatorName = "trace"
     """Budget allocator: trace, grpo, dapo, prompt_only, random_prefix."""
-    advantage: str = "branch"
+    advantage: AdvantageName = "branch"
     """Tree advantage estimator (trace_core.advantages): branch, treepo, tree_grpo, segment, grpo.
     ``branch`` (each turn against the value of the last branch point above it; on a flat group
     r - mean, so the flat baselines are unaffected) by measurement (docs/results.md, "Session 6"):
@@ -73,22 +102,22 @@ class TrainConfig:
     (``trace_core.advantages.per_node``), so a prefix continued K times weighs once in the loss,
     not K + 1 times; a no-op for flat groups. Off by measurement (docs/results.md, "Session 7"):
     TRACE +0.6 points (inside the seeds' spread), one random_prefix run of three broke."""
-    steps: int = 20
+    steps: int = Field(20, ge=1)
     """Training steps (each: roots -> level 0 -> level 1 -> update). 20 by measurement
     (docs/results.md, "The default run"): at 10 one seed's gain of five held zero in its interval."""
-    pool_size: int = 32
+    pool_size: int = Field(32, ge=1)
     """Candidate prompts scored by the predictor per step (Stage 1 pool)."""
-    root_budget: int = 16
+    root_budget: int = Field(16, ge=2)
     """M: bare rollouts per step, shared across the pool by Stage 1."""
-    multiplier: int = 2
+    multiplier: int = Field(2, ge=0)
     """N: continuation multiplier; Stage 2 spends m_i * N continuations on prompt i."""
-    min_per_root: int = 2
+    min_per_root: int = Field(2, ge=2)
     """Smallest non-zero root allocation (one rollout can never be mixed)."""
-    max_per_root: int = 8
+    max_per_root: int = Field(8, ge=2)
     """Cap on rollouts per prompt."""
-    group_size: int = 4
+    group_size: int = Field(4, ge=2)
     """n: rollouts per prompt for the flat baselines (grpo, dapo)."""
-    tree_group: int = 2
+    tree_group: int = Field(2, ge=2)
     """Bare rollouts per prompt for random_prefix's uniform roots."""
     branch_from_root: bool = True
     """TRACE's Stage 2 also offers the root of a tree whose bare rollouts all agree (a
@@ -103,43 +132,43 @@ class TrainConfig:
     to flip than they are. On from session 5 to 7; off again since session 8, by measurement at
     N = 2 (docs/results.md, "Session 8": the paper's split reaches 1.41x and 1.68x GRPO's effective
     ratio against 1.03x, with 30% fewer generated tokens, at accuracy within the seeds' noise)."""
-    exploration: float = 0.1
+    exploration: float = Field(0.1, ge=0, le=1)
     """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
-    correlation_window: int = 4
+    correlation_window: int = Field(4, ge=0)
     """Stage 1 and Stage 2 (trace, prompt_only) estimate rho, the correlation of a node's rollout
     outcomes given its prediction, from the stored trees of this many previous steps (more if
     they hold too little evidence; ``tasks.correlation``, ``trace_core.calibration``), and
     allocate on the Beta-posterior gains of ``trace_core.allocation``. 0 = off: rollouts read as
     independent Bernoulli(V~) draws, the paper's formulas. Default by measurement
     (docs/results.md, "Session 5")."""
-    correlation_min_terms: int = 16
+    correlation_min_terms: int = Field(16, ge=1)
     """Nodes a depth needs in the window before its own rho estimate is used (else the pooled
     prefixes' estimate, else 0)."""
-    max_turns: int = 4
+    max_turns: int = Field(4, ge=1)
     """Turn cap of an episode."""
-    max_new_tokens: int = 48
+    max_new_tokens: int = Field(48, ge=1)
     """Token cap of one turn."""
-    temperature: float = 1.0
+    temperature: float = Field(1.0, ge=0)
     """Sampling temperature of rollouts."""
-    tool_timeout_s: float = 5.0
+    tool_timeout_s: float = Field(5.0, gt=0)
     """Wall-clock limit of one tool call."""
-    learning_rate: float = 1e-4
+    learning_rate: float = Field(1e-4, gt=0)
     """AdamW learning rate of the policy (suits the tiny CPU policy, whose SFT peaks at 2e-3; use
     about 1e-6 for a multi-billion-parameter model). 1e-4 rather than 2e-4 by the runs that broke
     the tiny policy, counted over every method (docs/results.md, "Session 5")."""
-    lr_warmup_steps: int = 0
+    lr_warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up over this many RL steps (0 = off): step s (0-based) uses
     ``learning_rate * (s + 1) / lr_warmup_steps`` until the full rate. AdamW's first steps move
     every parameter by about the learning rate whatever its gradient's size (the moment
     estimates hold one or two samples), which is what warm-up tempers (OpenRLHF's
     ``lr_warmup_ratio``, verl's ``lr_warmup_steps``)."""
-    clip_low: float = 0.2
+    clip_low: float = Field(0.2, ge=0, lt=1)
     """PPO ratio clip below 1."""
-    clip_high: float = 0.28
+    clip_high: float = Field(0.28, ge=0)
     """PPO ratio clip above 1 (DAPO clip-higher)."""
-    kl_coef: float = 0.0
+    kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
-    loss_agg: str = "seq-mean-token-sum"
+    loss_agg: LossAggregation = "seq-mean-token-sum"
     """How token losses are averaged (trace_core.loss.AGGREGATIONS): token-mean,
     seq-mean-token-sum, seq-mean-token-mean. Default by measurement (docs/results.md, "Learning
     benchmark" and "Session 6"): seq-mean-token-mean gives each token of a short path more weight
@@ -150,16 +179,16 @@ class TrainConfig:
     (medians 7-12), so ``max_grad_norm`` clips nearly every optimiser step to norm 1. token-mean
     was worst in session 1 (10 steps took the tiny policy from 16.3% to 9.3% / 6.7% greedy
     accuracy)."""
-    ppo_epochs: int = 4
+    ppo_epochs: int = Field(4, ge=1)
     """Passes over a step's paths (each pass: ``mini_batches`` optimiser steps). Default 4 with
     ``mini_batches`` 1, four AdamW steps on the whole batch, by measurement (docs/results.md,
     "Session 9" item 4): with 4 steps on quarters of the batch, TRACE's ~5 mixed trees per step
     gave each step 1.2 prompts; on the whole batch every method's final held-out accuracy rose
     (+0.7 to +5.8 points; mean of the five 80.3 -> 83.4) at 1.4-2.0x a run's training wall time
     (the whole benchmark's: 1.27x)."""
-    micro_batch: int = 8
+    micro_batch: int = Field(8, ge=1)
     """Paths per forward/backward pass (memory); gradients are accumulated over micro-batches."""
-    mini_batches: int = 1
+    mini_batches: int = Field(1, ge=1)
     """Optimiser steps per PPO epoch (verl's ppo_mini_batch): a step's paths are split into this
     many mini-batches of whole trees (at most one per ``micro_batch`` paths), gradients
     accumulated over their micro-batches. Whole trees keep each step's advantages centred: a
@@ -169,7 +198,7 @@ class TrainConfig:
     d=1, 10 steps: 4 steps reached 78.0% (GRPO) / 68.2% (TRACE) held-out sampled accuracy from
     48.0%, one step 62.3% / 56.2%; session 9: 4 steps on the whole batch beat 4 on quarters of
     it for every method). Default 1 with ``ppo_epochs`` 4."""
-    target_kl: float = 0.1
+    target_kl: float = Field(0.1, ge=0)
     """Trust-region guard of the policy update (0 = off): an optimiser step after which the
     approximate KL of the sampling policy from the new one, on the mini-batch it used, exceeds
     this is undone and the step's update ends (``UpdateSettings.target_kl``). A guard against
@@ -178,31 +207,88 @@ class TrainConfig:
     tiny policy's tool-call format for the rest of the run (TRACE and prompt_only, seed 2); at
     0.1 those runs learn and 0-2 steps of 20 are undone; at 0.02 half of GRPO's steps were cut
     short and it learned far slower (65.0% vs 78.8% after 20 steps)."""
-    target_position_kl: float = 0.0
+    target_position_kl: float = Field(0.0, ge=0)
     """Position-wise trust-region guard (0 = off): as ``target_kl``, on the largest KL of the
     next-token distribution at one policy-token position of the mini-batch
     (``trace_rl.policy.update.position_kl``), which catches one likely token moved far (a turn's
     first token collapsing) that the mean over a path's tokens dilutes."""
-    predictor_epochs: int = 5
+    predictor_epochs: int = Field(5, ge=0)
     """Epochs of the predictor's online regression per step."""
-    predictor_lr: float = 3e-3
+    predictor_lr: float = Field(3e-3, gt=0)
     """Learning rate of the predictor head."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=_MAX_SEED)
     """Seed of every random choice (roots, sampling, initialisation)."""
-    checkpoint_every: int = 1
+    checkpoint_every: int = Field(1, ge=1)
     """Register the policy checkpoint in MLflow (artifacts + a model version, weights and
     tokenizer without the optimiser state) every this many steps, and always at the last step.
     Every step's weights stay in the work dir's checkpoints; only the newest keeps its optimiser
     state (for resuming)."""
-    plot_every: int = 1
+    plot_every: int = Field(1, ge=0)
     """Render a rollout tree and a calibration plot every this many steps (0 = never)."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
     """Family-specific options passed to the environment factory."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _float_literals(cls, v: Any, info: Any) -> Any:
+        """A float field given as an int (``lr: 1``) or as YAML 1.1 reads ``1e-4`` (a string:
+        PyYAML wants a dot in a float's mantissa) becomes a float, so the config hash does not
+        depend on how a number was written."""
+        if cls.model_fields[info.field_name].annotation is float:
+            if isinstance(v, int) and not isinstance(v, bool):
+                return float(v)
+            if isinstance(v, str) and _FLOAT_LITERAL.match(v.strip()):
+                return float(v)
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        """The rules that tie fields together, all reported at once."""
+        bad = []
+        if self.max_per_root < self.min_per_root:
+            bad.append(f"max_per_root={self.max_per_root} < min_per_root={self.min_per_root}")
+        if self.root_budget < self.min_per_root:
+            bad.append(f"root_budget={self.root_budget}; must be >= min_per_root={self.min_per_root}")
+        if self.pool_size * self.max_per_root < self.root_budget:
+            bad.append(f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot "
+                       f"hold root_budget={self.root_budget}; raise pool_size or max_per_root")
+        if bad:
+            raise ValueError("\n".join(bad))
+        return self
 
     @property
     def leaf_budget(self) -> int:
         """Trajectories per step at equal cost: M bare rollouts + M * N continuations."""
         return self.root_budget * (1 + self.multiplier)
+
+    @property
+    def budget(self) -> Budget:
+        """The per-step leaf budget the allocators share (M, N)."""
+        return Budget(roots=self.root_budget, multiplier=self.multiplier)
+
+    @property
+    def allocator_config(self) -> AllocatorConfig:
+        """The allocators' knobs, from this config. DAPO's batch target (half the groups the leaf
+        budget affords) is set explicitly: a resumed step may refill with an allocator object
+        that never ran the step's first wave."""
+        return AllocatorConfig(
+            group_size=self.group_size, tree_group=self.tree_group,
+            min_per_root=self.min_per_root, max_per_root=self.max_per_root,
+            exploration=self.exploration, branch_from_root=self.branch_from_root,
+            joint_split=self.joint_split,
+            dapo_batch_groups=max(1, self.leaf_budget // self.group_size // 2))
+
+    @property
+    def update_settings(self) -> "UpdateSettings":
+        """The policy update's settings, from this config (imports torch)."""
+        from trace_rl.policy.update import UpdateSettings
+
+        return UpdateSettings(learning_rate=self.learning_rate, clip_low=self.clip_low,
+                              clip_high=self.clip_high, kl_coef=self.kl_coef,
+                              epochs=self.ppo_epochs, micro_batch=self.micro_batch,
+                              agg=self.loss_agg, mini_batches=self.mini_batches,
+                              target_kl=self.target_kl,
+                              target_position_kl=self.target_position_kl)
 
     @property
     def config_hash(self) -> str:
@@ -217,211 +303,78 @@ class TrainConfig:
         return self.run_id or f"{self.run_name}-{self.config_hash}"
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["extra"] = dict(self.extra)
-        return d
-
-    def validate(self) -> "TrainConfig":
-        """Check every field's type, then its range and the registries; raise ``ValueError``
-        naming the field, its value and what to fix. Cheap and free of I/O (``check_inputs``
-        checks the files a run reads)."""
-        for f in fields(self):
-            _check_type(f.name, getattr(self, f.name))
-
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ValueError(f"config: {msg}")
-
-        for name, (test, what) in _RANGES.items():
-            v = getattr(self, name)
-            need(test(v), f"{name}={v!r}; must be {what}")
-        for name, choices in (("allocator", ALLOCATORS), ("advantage", ADVANTAGES),
-                              ("engine", ENGINES), ("loss_agg", LOSS_AGGREGATIONS),
-                              ("family", _families())):
-            v = getattr(self, name)
-            need(v in choices, f"{name}={v!r}; choose one of {tuple(choices)}")
-        need(_RUN_ID.match(self.resolved_run_id) is not None,
-             f"run id {self.resolved_run_id!r} (from run_name={self.run_name!r}, "
-             f"run_id={self.run_id!r}) must match {_RUN_ID.pattern}: letters, digits, _ . -")
-        need(all(isinstance(k, str) for k in self.extra),
-             f"extra={dict(self.extra)!r}; its keys must be strings")
-        need(self.max_per_root >= self.min_per_root,
-             f"max_per_root={self.max_per_root} < min_per_root={self.min_per_root}")
-        need(self.root_budget >= self.min_per_root,
-             f"root_budget={self.root_budget}; must be >= min_per_root={self.min_per_root}")
-        need(self.pool_size * self.max_per_root >= self.root_budget,
-             f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot hold "
-             f"root_budget={self.root_budget}; raise pool_size or max_per_root")
-        return self
-
-
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-"""``trace_core.loss.AGGREGATIONS``' names (not imported: that module pulls in torch, and the
-CLI validates a config before importing anything heavy)."""
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # as trace_rl.storage.store and MLflow want
-_MAX_SEED = 2**32 - 1  # numpy's legacy seeding and some samplers refuse larger seeds
-
-
-def _families() -> list[str]:
-    from trace_rl.envs.registry import families  # the one registry; factories import lazily
-
-    return families()
-
-
-def _positive(v: float) -> bool:
-    return v > 0
-
-
-def _at_least(lo: float) -> Any:
-    return lambda v: v >= lo
-
-
-# Range of each field (``bool``: a string field must not be empty); types come from the defaults
-# (``_check_type``). A field missing here takes any value of its type; names checked against a
-# registry and the cross-field rules are in ``TrainConfig.validate``.
-_RANGES: dict[str, tuple[Any, str]] = {
-    "run_name": (bool, "a non-empty string"),
-    "train_split": (bool, "a non-empty split name or data file"),
-    "eval_split": (bool, "a non-empty split name or data file"),
-    "policy": (bool, "'tiny' or a Hugging Face model directory"),
-    "difficulty": (_at_least(1), ">= 1"),
-    "eval_items": (_at_least(0), ">= 0 (0 = no held-out evaluation)"),
-    "eval_samples": (_at_least(1), ">= 1"),
-    "steps": (_at_least(1), ">= 1"),
-    "pool_size": (_at_least(1), ">= 1"),
-    "root_budget": (_at_least(1), ">= 1"),
-    "multiplier": (_at_least(0), ">= 0"),
-    "min_per_root": (_at_least(1), ">= 1"),
-    "max_per_root": (_at_least(1), ">= 1"),
-    "group_size": (_at_least(1), ">= 1 (rollouts per prompt of grpo and dapo)"),
-    "tree_group": (_at_least(1), ">= 1 (bare rollouts per prompt of random_prefix)"),
-    "exploration": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "correlation_window": (_at_least(0), ">= 0 (0 = off)"),
-    "correlation_min_terms": (_at_least(1), ">= 1"),
-    "max_turns": (_at_least(1), ">= 1"),
-    "max_new_tokens": (_at_least(1), ">= 1"),
-    "temperature": (_at_least(0), ">= 0 (0 = greedy)"),
-    "tool_timeout_s": (_positive, "> 0 seconds"),
-    "learning_rate": (_positive, "> 0"),
-    "lr_warmup_steps": (_at_least(0), ">= 0 (0 = off)"),
-    "clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "clip_high": (_at_least(0), ">= 0"),
-    "kl_coef": (_at_least(0), ">= 0 (0 = off)"),
-    "ppo_epochs": (_at_least(1), ">= 1"),
-    "micro_batch": (_at_least(1), ">= 1"),
-    "mini_batches": (_at_least(1), ">= 1"),
-    "target_kl": (_at_least(0), ">= 0 (0 = off)"),
-    "target_position_kl": (_at_least(0), ">= 0 (0 = off)"),
-    "predictor_epochs": (_at_least(0), ">= 0"),
-    "predictor_lr": (_positive, "> 0"),
-    "seed": (lambda v: 0 <= v <= _MAX_SEED, f"in [0, {_MAX_SEED}]"),
-    "checkpoint_every": (_at_least(1), ">= 1"),
-    "plot_every": (_at_least(0), ">= 0 (0 = never)"),
-}
-
-_DEFAULTS: dict[str, Any] = {}  # the defaults' values, filled on first use
-
-
-def _kind(name: str) -> type:
-    """The type a field holds: that of its default (``extra``: a mapping)."""
-    if not _DEFAULTS:
-        _DEFAULTS.update(TrainConfig().to_dict())
-    d = _DEFAULTS[name]
-    return Mapping if isinstance(d, Mapping) else type(d)
-
-
-def _check_type(name: str, v: Any) -> None:
-    kind = _kind(name)
-    if kind is bool:
-        ok, what = isinstance(v, bool), "true or false"
-    elif kind is int:
-        ok, what = isinstance(v, int) and not isinstance(v, bool), "an integer"
-    elif kind is float:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        what = "a finite number"
-    elif kind is Mapping:
-        ok, what = isinstance(v, Mapping), "a mapping of option: value"
-    else:
-        ok, what = isinstance(v, kind), f"a {kind.__name__}"
-    if not ok:
-        raise ValueError(f"config: {name}={v!r} ({type(v).__name__}); must be {what}")
-
-
-def _normalise(name: str, v: Any) -> Any:
-    """A value of a float field given as an int (``lr: 1``) or as YAML 1.1 reads ``1e-4`` (a
-    string: PyYAML wants a dot in a float's mantissa) becomes a float, so the config hash does
-    not depend on how a number was written. Anything else is left for ``_check_type``."""
-    if _kind(name) is float:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return float(v)
-        if isinstance(v, str) and _FLOAT_LITERAL.match(v.strip()):
-            return float(v)
-    return v
+        return self.model_dump()
 
 
 _FLOAT_LITERAL = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
-def _coerce(name: str, raw: Any, default: Any) -> Any:
-    """Parse a command-line override string into the type of the field's default."""
-    if not isinstance(raw, str) or isinstance(default, str):
-        return raw
+def _explain(exc: ValidationError, where: str) -> ConfigError:
+    """One line per error of ``exc``: the field, the value and type given, what it may be."""
+    lines = []
+    for e in exc.errors():
+        field = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"config: unknown field {field!r} in {where}; known: "
+                         f"{', '.join(TrainConfig.model_fields)}")
+        elif not field:  # the model validator: already names its fields
+            msg = e["msg"].removeprefix("Value error, ")
+            lines += [f"config: {m} (in {where})" for m in msg.splitlines()]
+        else:
+            v = e["input"]
+            lines.append(f"config: {field}={v!r} ({type(v).__name__}) in {where}: {e['msg']}")
+    return ConfigError("\n".join(lines))
+
+
+def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "config") -> TrainConfig:
+    """Defaults updated by ``data``; every unknown key or bad value is reported at once, naming
+    ``where`` it came from."""
+    if isinstance(data, TrainConfig):
+        return data
     try:
-        if isinstance(default, bool):
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if isinstance(default, int):
+        return TrainConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise _explain(exc, where) from None
+
+
+def _coerce(name: str, raw: str) -> Any:
+    """A command-line override string as the field's type; left as it is when it does not
+    parse, so that validation reports it with the other problems."""
+    kind = TrainConfig.model_fields[name].annotation if name in TrainConfig.model_fields else str
+    try:
+        if kind is bool:
+            return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
+                    "no": False, "off": False}.get(raw.lower(), raw)
+        if kind is int:
             return int(raw)
-        if isinstance(default, float):
+        if kind is float:
             return float(raw)
-        if isinstance(default, Mapping):
+        if get_origin(kind) is dict:
             return json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"config: cannot read {name}={raw!r} as {type(default).__name__}") from exc
+    except ValueError:
+        return raw
     return raw
 
 
-def config_from_mapping(data: Mapping[str, Any], where: str = "config") -> TrainConfig:
-    """Defaults updated by ``data``; unknown keys are errors naming ``where`` they came from."""
-    known = {f.name for f in fields(TrainConfig)}
-    for k in data:
-        if k not in known:
-            raise ValueError(f"config: unknown field {k!r} in {where}; known: {sorted(known)}")
-    values = {k: _normalise(k, v) for k, v in data.items()}
-    try:
-        return dataclasses.replace(TrainConfig(), **values).validate()
-    except ValueError as exc:
-        raise ValueError(f"{exc} (in {where})") from None
-
-
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Defaults, then a YAML file, then ``key=value`` overrides; unknown keys are errors. The
-    result is validated (``TrainConfig.validate``) and its inputs checked (``check_inputs``)."""
-    known = {f.name: f for f in fields(TrainConfig)}
-    defaults = TrainConfig()
+    """Defaults, then a YAML file, then ``key=value`` overrides, validated once (every problem
+    reported at once), then its inputs checked (``check_inputs``)."""
     values: dict[str, Any] = {}
     if path is not None:
         try:
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ValueError(f"config: cannot read {path} as a YAML mapping: {exc}") from None
+            raise ConfigError(f"config: cannot read {path} as a YAML mapping: {exc}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"config: {path} must hold a mapping of field: value")
-        config_from_mapping(data, str(path))  # names the file in any error
+            raise ConfigError(f"config: {path} must hold a mapping of field: value")
         values.update(data)
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"config: override {item!r} must look like key=value")
+            raise ConfigError(f"config: override {item!r} must look like key=value")
         k, raw = item.split("=", 1)
-        k = k.strip()
-        if k not in known:
-            raise ValueError(f"config: unknown field {k!r} in override {item!r}; known: {sorted(known)}")
-        values[k] = _coerce(k, raw, getattr(defaults, k))
-    return check_inputs(config_from_mapping(values, "overrides" if path is None
-                                            else f"{path} + overrides"))
+        values[k.strip()] = _coerce(k.strip(), raw)
+    where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
+    return check_inputs(config_from_mapping(values, where))
 
 
 def check_inputs(cfg: TrainConfig) -> TrainConfig:

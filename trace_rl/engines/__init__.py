@@ -14,12 +14,36 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from trace_rl.engines.hf import HFEngine
-from trace_rl.engines.vllm_engine import VLLMEngine
 from trace_rl.rollout.types import Engine
 
-ENGINES: dict[str, Callable[..., Engine]] = {"hf": HFEngine, "vllm": VLLMEngine}
+
+def _lazy(module: str, cls: str) -> Callable[..., Engine]:
+    """The constructor ``cls`` of ``trace_rl.engines.<module>``, imported when first called:
+    listing the engine kinds (a config check) must not import torch or vLLM."""
+    def build(*args: Any, **kwargs: Any) -> Engine:
+        import importlib
+
+        return getattr(importlib.import_module(f"trace_rl.engines.{module}"), cls)(*args, **kwargs)
+
+    return build
+
+
+ENGINES: dict[str, Callable[..., Engine]] = {"hf": _lazy("hf", "HFEngine"),
+                                             "vllm": _lazy("vllm_engine", "VLLMEngine")}
 """Engine kind -> constructor ``(model_dir, **opts)``."""
+
+
+def __getattr__(name: str) -> Any:
+    """``HFEngine`` and ``VLLMEngine``, imported on first use (module ``__getattr__``, PEP 562)."""
+    if name == "HFEngine":
+        from trace_rl.engines.hf import HFEngine
+
+        return HFEngine
+    if name == "VLLMEngine":
+        from trace_rl.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 DEFAULT_ENGINE: dict[str, str] = {"cpu": "vllm", "cuda": "vllm"}
 """Device -> default engine kind, from bench/engines.py (docs/results.md, "Engines benchmark"):

@@ -59,11 +59,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jsonschema
 
-from trace_rl.envs.base import Environment, TaskItem, ToolError, parse_expression
+from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict, parse_expression
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import load_jsonl, row_field
-from trace_rl.rollout.format import system_prompt
-from trace_rl.rollout.types import Action, Verdict
+from trace_rl.envs.prompt import system_prompt
 
 FAMILY = "bfcl"
 BFCL_DIR = Path("function_calling") / "bfcl"

@@ -36,11 +36,10 @@ from typing import Any, Literal, Mapping, Sequence
 
 import bm25s
 
-from trace_rl.envs.base import Environment, TaskItem, ToolError
+from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import load_jsonl, row_field
-from trace_rl.rollout.format import system_prompt
-from trace_rl.rollout.types import Action, Verdict
+from trace_rl.envs.prompt import system_prompt
 
 FAMILY = "hotpotqa"
 F1_THRESHOLD = 0.3

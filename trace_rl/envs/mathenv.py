@@ -28,12 +28,11 @@ from typing import Any, Callable, Mapping
 
 from math_verify import parse, verify
 
-from trace_rl.envs.base import Environment, TaskItem, ToolError
+from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import load_jsonl, row_field
+from trace_rl.envs.prompt import system_prompt
 from trace_rl.envs.sandbox import SandboxLimits, require_sandbox, run_python
-from trace_rl.rollout.format import system_prompt
-from trace_rl.rollout.types import Action, Verdict
 
 FAMILY = "math"
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")

@@ -37,32 +37,36 @@ class PathSample:
     groups, so the advantages of each optimiser step stay centred as they are within a group."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UpdateSettings:
+    """The policy update's knobs. No defaults for those a training run sets: they come from
+    ``trace_rl.config.TrainConfig.update_settings``, where each is documented."""
+
     learning_rate: float
     clip_low: float
     clip_high: float
     kl_coef: float
     epochs: int
     micro_batch: int
-    agg: str = "seq-mean-token-sum"
-    max_grad_norm: float = 1.0
-    mini_batches: int = 1
+    agg: str
+    mini_batches: int
     """Optimiser steps per epoch (at most one per ``micro_batch`` paths): the step's paths are
     split into this many mini-batches of whole groups (``PathSample.group``, balanced in size)
     and the gradients of a mini-batch's micro-batches are accumulated (weighted so the mini-batch loss
     is ``agg`` over all of its paths) before one clipped AdamW step."""
-    target_kl: float = 0.0
+    target_kl: float
     """Trust-region guard (0 = off): after each optimiser step the mini-batch it used is scored
     again; if the approximate KL of the sampling policy from the updated one (k3, mean over
     policy tokens) exceeds this, that step is undone (weights and AdamW moments) and the update
     ends there. PPO implementations stop early on the same statistic (SB3's and TRL's
     ``target_kl``); undoing the step as well keeps a single overshooting step from landing."""
-    target_position_kl: float = 0.0
+    target_position_kl: float
     """Position-wise guard (0 = off): as ``target_kl``, on the largest KL(sampling || updated)
     of the next-token distribution at one policy-token position of the mini-batch
     (``position_kl``). Catches a step that moves one likely token (a turn's first token) far,
     which the mean over a path's tokens dilutes."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip of each optimiser step (not a run parameter)."""
 
 
 def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:

@@ -25,19 +25,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
+from trace_rl.envs.prompt import (ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, TOOL_CLOSE,
+                                  TOOL_OPEN)
 from trace_rl.rollout.types import Action
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 STOP: tuple[str, ...] = (TOOL_CLOSE, ANSWER_CLOSE)
 """Stop strings that end a policy turn; the engine keeps them in the text and tokens."""
-
-FORMAT_HELP = ('Each turn: <think>reasoning</think> then either '
-               '<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call> '
-               'or <answer>final answer</answer>.')
 
 
 def _invalid(why: str) -> Action:
@@ -94,15 +89,6 @@ def render_action(action: Action, thought: str = "") -> str:
     if action.kind == "answer":
         return f"{head}{ANSWER_OPEN}{action.answer}{ANSWER_CLOSE}"
     raise ValueError(f"render_action: cannot render an {action.kind!r} action ({action.error})")
-
-
-def system_prompt(instructions: str, tools: Sequence[Mapping[str, Any]]) -> str:
-    """A family's system message: its instructions, the turn format, and each tool's schema as one
-    line of compact JSON (``tools`` in the OpenAI ``{"type": "function", "function": …}`` form)."""
-    lines = [instructions.strip(), FORMAT_HELP, "Tools:"]
-    lines += [json.dumps(t.get("function", t), separators=(",", ":"), ensure_ascii=False)
-              for t in tools]
-    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

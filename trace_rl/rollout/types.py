@@ -12,7 +12,9 @@ the tool's observation and are masked out of the loss.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
+
+from trace_rl.envs.base import Action, Verdict  # an environment's vocabulary, re-exported here
 
 
 @dataclass(frozen=True)
@@ -67,34 +69,6 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Action:
-    """A parsed agent action."""
-
-    kind: Literal["tool", "answer", "invalid"]
-    tool: str | None = None
-    arguments: Mapping[str, Any] | None = None
-    answer: Any = None
-    error: str | None = None  # why an "invalid" action did not parse
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "tool": self.tool, "arguments": dict(self.arguments or {}) or None,
-                "answer": self.answer, "error": self.error}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Action":
-        return cls(kind=d["kind"], tool=d.get("tool"), arguments=d.get("arguments"),
-                   answer=d.get("answer"), error=d.get("error"))
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The verifier's word on a final answer: reward in {0, 1} plus reported metrics (EM, F1...)."""
-
-    reward: float
-    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass

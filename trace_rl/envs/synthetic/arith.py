@@ -17,9 +17,8 @@ import operator
 import random
 from typing import Any, Callable, Mapping
 
-from trace_rl.envs.base import TaskItem, ToolError, parse_expression
+from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict, parse_expression
 from trace_rl.envs.synthetic.common import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
-from trace_rl.rollout.types import Action, Verdict
 
 CALCULATOR = function_tool("calculator", "Evaluate an arithmetic expression.",
                            {"expression": {"type": "string"}})

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from trace_rl.envs.base import Environment, TaskItem, ToolError
 from trace_rl.envs.io import item_from_row, item_to_row, load_jsonl, write_jsonl
-from trace_rl.rollout.format import system_prompt
+from trace_rl.envs.prompt import system_prompt
 
 SPLITS = ("train", "test")
 TEST_BUCKETS = 10

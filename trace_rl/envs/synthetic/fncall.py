@@ -20,9 +20,8 @@ import copy
 import random
 from typing import Any, Callable, Mapping
 
-from trace_rl.envs.base import TaskItem, ToolError
+from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict
 from trace_rl.envs.synthetic.common import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
-from trace_rl.rollout.types import Action, Verdict
 
 ROOMS = ["kitchen", "bedroom", "office", "hall", "garden", "bath"]
 DOORS = ["front", "back", "garage"]

@@ -17,9 +17,8 @@ import json
 import random
 from typing import Any, Mapping
 
-from trace_rl.envs.base import TaskItem, ToolError
+from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict
 from trace_rl.envs.synthetic.common import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
-from trace_rl.rollout.types import Action, Verdict
 
 SYLLABLES = ("ka", "lo", "mi", "ru", "te", "vo", "zi", "na", "pe", "sa", "do", "gu", "ba", "fi",
              "ho", "je")

@@ -91,7 +91,7 @@ def train(
         with train_lock(wd, cfg.resolved_run_id, wait=wait):
             with prefect_ready():
                 from flows.train import train as train_flow
-            result = train_flow(config=cfg.to_dict(), workdir=wd, wait=wait)
+            result = train_flow(config=cfg, workdir=wd, wait=wait)
     except WorkdirBusyError as exc:
         console.print(f"[red]trace train: {exc}[/]")
         raise typer.Exit(3)
@@ -146,7 +146,7 @@ def evaluate(
     with prefect_ready():
         from flows.evaluate import evaluate as evaluate_flow
 
-    result = evaluate_flow(policy_dir=policy, config=cfg.to_dict(), split=split,
+    result = evaluate_flow(policy_dir=policy, config=cfg, split=split,
                            limit=limit or None, samples=samples, temperature=temperature,
                            workdir=_workdir(workdir))
     console.print_json(json.dumps(result))
@@ -154,17 +154,20 @@ def evaluate(
 
 @app.command()
 def bootstrap(
-    family: str = typer.Option("synth_arith", help="Synthetic family to warm-start on."),
-    difficulty: int = typer.Option(2, help="Difficulty of the family."),
-    seed: int = typer.Option(0, help="Seed."),
+    family: Optional[str] = typer.Option(None, help="Synthetic family to warm-start on (default: the "
+                               "train config's)."),
+    difficulty: Optional[int] = typer.Option(None, help="Difficulty of the family (default: the train "
+                                   "config's)."),
+    seed: Optional[int] = typer.Option(None, help="Seed (default: the train config's)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
     """Make (or reuse) the tiny CPU policy by SFT on synthetic expert traces."""
     with prefect_ready():
         from flows.bootstrap import bootstrap as bootstrap_flow
 
-    console.print(bootstrap_flow(family=family, difficulty=difficulty, workdir=_workdir(workdir),
-                                 seed=seed))
+    chosen = {k: v for k, v in (("family", family), ("difficulty", difficulty), ("seed", seed))
+              if v is not None}  # the rest: the flow's defaults, those of TrainConfig
+    console.print(bootstrap_flow(workdir=_workdir(workdir), **chosen))
 
 
 @app.command()

@@ -1,0 +1,74 @@
+"""How a step spends its leaf budget in waves of bare rollouts: the outcomes each wave adds per
+candidate, DAPO's refill waves, and TRACE's joint split of the rest (DESIGN.md section 1,
+"Baselines" and ``AllocatorConfig.joint_split``).
+
+A wave's trees are numbered ``wave * pool_size + candidate``, so a candidate's rollouts of every
+wave add up by index. Pure functions of arrays and an ``Allocator``; the pipeline (flows/train.py)
+runs the rollouts between them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from trace_core.allocators import Allocator, Budget, PrefixSet, RootPool
+
+
+def outcome_counts(tree_id: Sequence[int], reward: Sequence[float], is_leaf: Sequence[bool],
+                   pool_size: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """([P] rollouts, [P] mixed) of one wave: per candidate, its leaves and whether their
+    rewards hold both a success and a failure. ``tree_id``, ``reward``, ``is_leaf``: one entry
+    per node of the wave ([nodes]; rewards of non-leaves are ignored); candidate = tree_id - offset."""
+    leaf = np.asarray(is_leaf, dtype=bool)
+    t = np.asarray(tree_id, dtype=np.int64)[leaf] - offset
+    if t.size and (t.min() < 0 or t.max() >= pool_size):
+        raise ValueError(f"outcome_counts: tree ids {offset + t.min()}..{offset + t.max()} are not "
+                         f"in this wave's range {offset}..{offset + pool_size - 1}")
+    r = np.asarray(reward, dtype=np.float64)[leaf]
+    counts = np.bincount(t, minlength=pool_size).astype(np.int64)  # [P]
+    wins = np.bincount(t, weights=r, minlength=pool_size)  # [P]
+    return counts, (wins > 0) & (wins < counts)
+
+
+def refill_wave(allocator: Allocator, pool: RootPool, counts: np.ndarray, mixed: np.ndarray,
+                budget: Budget, rng: np.random.Generator) -> np.ndarray | None:
+    """The next wave's [P] extra bare rollouts, or None when there is none: the allocator asks
+    for no refill (every method but DAPO), or its root stage has spent its leaves. ``counts``
+    [P] and ``mixed`` [P]: the candidates' rollouts so far and whether they are mixed."""
+    left = allocator.root_leaves(budget) - int(np.sum(counts))
+    extra = allocator.refill(pool, counts, mixed, left, rng) if left > 0 else None
+    if extra is None or int(np.sum(extra)) == 0:
+        return None
+    extra = np.asarray(extra, dtype=np.int64)
+    if int(extra.sum()) > left:
+        raise ValueError(f"refill_wave: {allocator.name} asks for {int(extra.sum())} leaves, "
+                         f"{left} are left")
+    return extra
+
+
+def split_jointly(allocator: Allocator, prefixes: PrefixSet, pool: RootPool, counts: np.ndarray,
+                  leaves: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """([P] bare rollouts per candidate, [K] continuations per prefix): ``leaves`` split across
+    the step between continuations of the prefixes and bare rollouts of the candidates with no
+    rollout yet (``counts`` [P] == 0), by ``allocator.allocate_joint``. A prefix observed NaN
+    (a root offered with mixed bare rollouts) is no candidate: more rollouts from it cannot make
+    its group mixed. Candidates already rolled out get 0."""
+    usable = ~np.isnan(prefixes.observed)  # [K]
+    part = PrefixSet(
+        predicted=np.asarray(prefixes.predicted, np.float64)[usable],
+        observed=np.asarray(prefixes.observed, np.float64)[usable],
+        correlation=None if prefixes.correlation is None
+        else np.asarray(prefixes.correlation, np.float64)[usable],
+        seen=None if prefixes.seen is None else np.asarray(prefixes.seen, np.int64)[usable])
+    fresh = np.flatnonzero(np.asarray(counts) == 0)
+    fresh_pool = RootPool(predicted=np.asarray(pool.predicted, np.float64)[fresh],
+                          staleness=np.asarray(pool.staleness, np.float64)[fresh],
+                          correlation=pool.correlation)
+    m_fresh, k_usable = allocator.allocate_joint(part, fresh_pool, leaves, rng)
+    k = np.zeros(prefixes.size, dtype=np.int64)
+    k[usable] = k_usable
+    m = np.zeros(pool.size, dtype=np.int64)
+    m[fresh] = m_fresh
+    return m, k
