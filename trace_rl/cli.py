@@ -212,6 +212,35 @@ def _cell(v: object) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+@app.command()
+def view(
+    run: Optional[str] = typer.Argument(None, help="Run id (default: the newest run)."),
+    step: Optional[int] = typer.Option(None, "--step", help="Step (default: the newest with trees)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the page to this HTML file "
+                                       "(self-contained, no server) instead of serving it."),
+    port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free port)."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Look at the rollout trees: runs, steps, one step's trees and its allocation, read-only.
+
+    Serves on 127.0.0.1 (reload for newer rows; works while a run trains), or with --out writes
+    the same page as one HTML file that needs no server and no network."""
+    from trace_rl.view.data import ViewError
+
+    try:
+        if out is not None:
+            from trace_rl.view.page import write_page
+
+            console.print(f"trace view: wrote {write_page(_workdir(workdir), out, run, step)}")
+        else:
+            from trace_rl.view.server import serve
+
+            serve(_workdir(workdir), port, run, step, say=console.print)
+    except ViewError as exc:
+        console.print(f"trace view: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def score(ctx: typer.Context) -> None:
     """Grade a JSONL of predictions with the training verifiers:
