@@ -95,16 +95,18 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
 
 def log_step_page(tracker: Tracker, workdir: str, run_id: str, step: int) -> str:
     """The step's ``trace view`` page (its trees and allocation, one self-contained file) as the
-    MLflow artifact ``view/step_NNNN.html``, which the MLflow UI shows as a page, and a link
-    artifact to it on the Prefect flow run; returns the artifact's URI."""
-    from prefect.artifacts import create_link_artifact
+    MLflow artifact ``view/step_NNNN.html``, which the MLflow UI shows as a page, and a Markdown
+    artifact on the Prefect flow run linking to it; returns the artifact's URI."""
+    from prefect.artifacts import create_markdown_artifact
 
     uri = tracker.log_text(step_page(runtime.store(workdir), run_id, step),
                            f"view/step_{step:04d}.html")
-    create_link_artifact(
-        key=f"view-{_slug(run_id)}-step-{step}", link=uri, link_text=f"trees of step {step}",
-        description=f"TRACE run {run_id}, step {step}: its rollout trees and allocation (also "
-                    f"`trace view {run_id} --step {step} --workdir {workdir}`)")
+    create_markdown_artifact(
+        key=f"view-{_slug(run_id)}-step-{step}",
+        markdown=f"[Rollout trees of step {step}]({uri}) (MLflow artifact "
+                 f"`view/step_{step:04d}.html`)\n\nLive, while the run writes: "
+                 f"`trace view {run_id} --step {step} --workdir {workdir}`\n",
+        description=f"TRACE run {run_id}, step {step}: its rollout trees and allocation")
     return uri
 
 

@@ -192,7 +192,12 @@ def test_each_step_logs_its_page_to_mlflow_and_a_link_to_prefect(trained, chromi
         links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
             any_=[f"view-{run_id.lower()}-step-{s}" for s in range(TINY["steps"])])))
     assert len(links) == TINY["steps"]
-    assert all(a.type == "link" and a.flow_run_id and "view/step_" in a.data for a in links)
+    for a in links:
+        step = int(a.key.rsplit("-", 1)[1])
+        assert a.flow_run_id and f"--step {step}" in a.data, a
+        target = re.search(r"\]\((file://[^)]+)\)", a.data).group(1)
+        assert target.endswith(f"view/step_{step:04d}.html")
+        assert Path(urllib.request.url2pathname(target[len("file://"):])).is_file(), target
 
 
 def test_a_page_of_a_step_still_being_written_with_hostile_text(chromium, tmp_path):
@@ -341,3 +346,41 @@ def test_bad_input_gets_one_line_and_leaves_the_store_unchanged(trained, tmp_pat
     finally:
         _stop(server)
     assert _digest(wd) == before
+
+
+def test_stage2_figures_of_a_prefix_are_rebuilt_from_the_store(tmp_path):
+    """q = r p + (1 - r)(1 - p) from the Stage 2 score and the bare rollout's outcome, K from the
+    allocation, 1 - q^K; the root's m_i and v; mixed anchors and pairs as the SQL views say."""
+    from trace_rl.view import page_data
+
+    store = TreeStore(tmp_path)
+    store.init_run("r", {"family": "synth_arith", "allocator": "trace"})
+    n = lambda **kw: dict(tree_id=0, item_id="i", family="synth_arith", is_leaf=False, **kw)  # noqa: E731
+    bare = [n(local_index=0, parent_index=-1, depth=0, predicted_v=0.3, allocated_k=2),
+            n(local_index=1, parent_index=0, depth=1), n(local_index=2, parent_index=1, depth=2),
+            {**n(local_index=3, parent_index=2, depth=3), "is_leaf": True, "reward": 1.0},
+            {**n(local_index=4, parent_index=0, depth=1), "is_leaf": True, "reward": 1.0}]
+    alloc0 = pa.table({"node_id": ["r/s0/t0/n0"], "allocator": ["trace"],
+                       "k": pa.array([2], pa.int64()), "predicted_v": [0.3]})
+    store.write_level("r", 0, 0, pa.Table.from_pylist(bare, schema=NODE_INPUT_SCHEMA), alloc0)
+    cont = [n(local_index=5, parent_index=1, depth=2),
+            {**n(local_index=6, parent_index=5, depth=3), "is_leaf": True, "reward": 0.0},
+            {**n(local_index=7, parent_index=1, depth=2), "is_leaf": True, "reward": 1.0}]
+    alloc1 = pa.table({"node_id": ["r/s0/t0/n1", "r/s0/t0/n2"], "allocator": ["trace"] * 2,
+                       "k": pa.array([2, 0], pa.int64()), "predicted_v": [0.2, 0.9]})
+    store.write_level("r", 0, 1, pa.Table.from_pylist(cont, schema=NODE_INPUT_SCHEMA), alloc1)
+    d = page_data(TreeStore(tmp_path, create=False))["details"]["0"]
+    [tree] = d["trees"]
+    node = {x["slot"]: x for x in tree["nodes"]}
+    assert (tree["m"], tree["v"], tree["leaves"], tree["mixed"]) == (2, 0.3, 4, True)
+    assert node[1]["k"] == 2 and node[1]["observed"] == 1.0
+    assert node[1]["q"] == pytest.approx(0.2) and node[1]["score"] == pytest.approx(1 - 0.2 ** 2)
+    assert node[2]["k"] == 0 and node[2]["q"] == pytest.approx(0.9) and node[2]["score"] == 0.0
+    assert node[1]["value"] == pytest.approx(2 / 3) and node[1]["mixed"]  # no backup yet: leaves
+    assert node[3]["k"] is None and node[3]["reward"] == 1.0
+    views = {k: store.query(f"SELECT count(*) AS n FROM {k}").to_pylist()[0]["n"]
+             for k in ("mixed_anchors", "contrast_pairs")}
+    assert (d["counts"]["mixed_anchors"], d["counts"]["contrast_pairs"]) == (
+        views["mixed_anchors"], views["contrast_pairs"])
+    assert d["counts"]["branch_points"] == 1 and d["counts"]["root_budget"] == 2
+    assert d["leaves_per_level"] == [{"level": 0, "leaves": 2}, {"level": 1, "leaves": 2}]
