@@ -3,8 +3,9 @@ their allocation, as plain JSON-ready dicts (``page_data``).
 
 Every page is read on one read-only connection (``TreeStore.snapshot``), so its numbers come from
 one published snapshot even while a run writes, and the connection is closed before the page is
-sent: nothing is held between requests. The counts are the ones users get from the SQL views
-(``mixed_anchors``, ``contrast_pairs``, ``subtree_stats``) on the same step.
+sent: nothing is held between requests. The counts follow the definitions of the SQL views
+(``subtree_stats``, ``mixed_anchors``, ``contrast_pairs``), computed on the step's rows only (the
+views recurse over the whole store); the tests check them against ``trace sql``.
 
 Per node the page gets the Stage 2 figures of DESIGN.md section 1, rebuilt from what the store
 keeps: p = V~(H) as the allocation used it (``allocations.predicted_v`` at level >= 1), the
@@ -153,13 +154,6 @@ def step_detail(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> dict[
                        "ORDER BY tree_id, local_index", q)
     allocs = _rows(con, "SELECT level, node_id, allocator, item_id, predicted_v, true_v, k, gain "
                         "FROM allocations WHERE run_id = ? AND step = ? ORDER BY level, node_id", q)
-    mixed = {r["node_id"] for r in _rows(
-        con, "SELECT node_id FROM mixed_anchors WHERE run_id = ? AND step = ?", q)}
-    pairs = _rows(con, "SELECT parent_id, better_id, worse_id, pure FROM contrast_pairs "
-                       "WHERE run_id = ? AND step = ?", q)
-    below = {r["node_id"]: r for r in _rows(
-        con, "SELECT s.node_id, s.leaves_below, s.leaf_mean FROM subtree_stats s JOIN nodes n "
-             "USING (node_id) WHERE n.run_id = ? AND n.step = ?", q)}
     ledger = _rows(con, "SELECT level, method, trajectories, prompt_tokens, generated_tokens, "
                         "tool_calls, wall_seconds FROM ledger WHERE run_id = ? AND step = ? "
                         "ORDER BY level, method", q)
@@ -174,14 +168,16 @@ def step_detail(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> dict[
         seen["k"] += int(a["k"] or 0)
         if a["gain"] is not None:
             seen["gain"] = a["gain"]
-    paired = defaultdict(set)
-    for p in pairs:
-        paired[p["better_id"]].add(p["worse_id"])
-        paired[p["worse_id"]].add(p["better_id"])
-
     trees: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for n in nodes:
         trees[n["tree_id"]].append(n)
+    below = {r["node_id"]: r for rows in trees.values() for r in _leaf_stats(rows)}
+    mixed = {k for k, b in below.items() if not b["leaf"] and b["min"] < b["max"]}
+    pairs = _contrast_pairs(nodes, below)
+    paired = defaultdict(set)
+    for better, worse in pairs:
+        paired[better].add(worse)
+        paired[worse].add(better)
     out_trees = []
     for tree_id, rows in trees.items():
         out_trees.append(_tree(tree_id, rows, prefix_alloc, roots_alloc, mixed, paired, below))
@@ -254,7 +250,7 @@ def _tree(tree_id: int, rows: list[dict[str, Any]], prefix_alloc: dict, roots_al
                 q = obs * p + (1 - obs) * (1 - p)
                 score = 1 - q ** k if k else 0.0
         b = below.get(nid, {})
-        value = _num(r["value"]) if r["value"] is not None else _num(b.get("leaf_mean"))
+        value = _num(r["value"]) if r["value"] is not None else _num(b.get("mean"))
         action = None
         if r["action_json"]:
             try:
@@ -264,7 +260,7 @@ def _tree(tree_id: int, rows: list[dict[str, Any]], prefix_alloc: dict, roots_al
         out_nodes.append({
             "id": nid, "slot": r["local_index"], "parent": r["parent_index"], "depth": r["depth"],
             "level": r["level"], "leaf": bool(r["is_leaf"]), "reward": _num(r["reward"]),
-            "value": value, "n": r["n_leaves"] if r["n_leaves"] is not None else b.get("leaves_below"),
+            "value": value, "n": r["n_leaves"] if r["n_leaves"] is not None else b.get("leaves"),
             "v": _num(r["predicted_v"]), "adv": _num(r["advantage"]),
             "text": _clip(r["text"]), "action": action, "obs": _clip(r["observation"]),
             "tool": bool(r["tool_called"]), "error": bool(r["error"]),
@@ -284,6 +280,39 @@ def _tree(tree_id: int, rows: list[dict[str, Any]], prefix_alloc: dict, roots_al
             "mixed": root["node_id"] in mixed, "nodes": out_nodes,
             "branch_points": sum(1 for n in out_nodes if n["k"]),
             "mixed_branch_points": sum(1 for n in out_nodes if n["k"] and n["mixed"])}
+
+
+def _leaf_stats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per node of one tree, from the leaves below it (the ``subtree_stats`` view, restricted to
+    the tree): leaves, mean, min and max reward; nodes with no leaf below yet are left out."""
+    parent = {r["local_index"]: r["parent_index"] for r in rows}
+    ids = {r["local_index"]: r["node_id"] for r in rows}
+    got: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["is_leaf"] and r["reward"] is not None:
+            slot = r["local_index"]
+            while slot in ids:
+                got[slot].append(float(r["reward"]))
+                slot = parent[slot]
+    leafy = {r["local_index"]: bool(r["is_leaf"]) for r in rows}
+    return [{"node_id": ids[k], "leaf": leafy[k], "leaves": len(v), "mean": sum(v) / len(v),
+             "min": min(v), "max": max(v)} for k, v in got.items()]
+
+
+def _contrast_pairs(nodes: list[dict[str, Any]], below: dict[str, dict]) -> list[tuple[str, str]]:
+    """(better, worse) sibling pairs whose leaf success rates differ (the ``contrast_pairs``
+    view): every unordered pair with different rates once, better first."""
+    kids: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for n in nodes:
+        if n["parent_index"] >= 0 and n["node_id"] in below:
+            kids[n["tree_id"], n["parent_index"]].append(n["node_id"])
+    out = []
+    for sibs in kids.values():
+        for a in sibs:
+            for b in sibs:
+                if below[a]["mean"] > below[b]["mean"]:
+                    out.append((a, b))
+    return out
 
 
 def _ranges(xs: list[int]) -> str:
