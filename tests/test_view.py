@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -335,6 +336,12 @@ def test_bad_input_gets_one_line_and_leaves_the_store_unchanged(trained, tmp_pat
     # Served: the same refusals, before any port opens; a bad request gets the line as a 404.
     res = _trace("view", "--workdir", str(wd), "--port", "0", "no-such-run")
     assert res.returncode == 2 and "run 'no-such-run'" in res.stdout + res.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        res = _trace("view", "--workdir", str(wd), "--port", str(taken.getsockname()[1]))
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "cannot listen on 127.0.0.1:" in lines[0]
     before = _digest(wd)
     server, url = _start_server(wd, run_id)
     try:
