@@ -207,6 +207,10 @@ def test_a_page_of_a_step_still_being_written_with_hostile_text(chromium, tmp_pa
     store = TreeStore(tmp_path)
     store.init_run("qa-run", {"family": "hotpotqa", "allocator": "trace"})
     store.mark_step("qa-run", 0, "running")
+    out = _trace("view", "--workdir", str(tmp_path), "--out", str(tmp_path / "empty.html"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    dom, console = chromium.load((tmp_path / "empty.html").as_uri())  # a run with no tree yet
+    assert console == [] and "No trees yet" in dom and 'data-rendered="1"' in dom
     long_obs = "paragraph " * 2000
     rows = [dict(tree_id=3, local_index=0, parent_index=-1, depth=0, item_id="q1", is_leaf=False,
                  family="hotpotqa", text="Who? </script><script>alert(1)</script><!--",
