@@ -11,9 +11,13 @@ Carlo.
 
 The estimator (each replicate, per prompt):
 
-* V_i ~ Beta(a + s_i, b + f_i): s_i, f_i the prompt's stored bare successes and failures, (a, b)
-  a Beta prior fitted to all prompts of the run by moments (empirical Bayes), so that a prompt
-  seen twice, both failed, still has a chance to succeed.
+* V_i ~ Beta(kappa_0 v_i + s_i, kappa_0 (1 - v_i) + f_i): v_i the prompt's Stage 1 score, s_i
+  and f_i its stored draws of V(x_i) (bare rollouts and continuations from the root), kappa_0
+  fitted by moments to the whole run (the disagreeing pairs among each prompt's draws against
+  2 v (1 - v), as ``trace_core.calibration`` does for depth 0). So a prompt seen twice, both
+  failed, still has a chance to succeed, and its score tells how likely. **Never-sampled
+  prompts** (candidates the run filtered, m_i = 0, stored as k = 0 allocation rows) get the
+  prior alone: their outcomes are what the scores and the fitted kappa_0 predict.
 * Each bare rollout the allocator asks for ends in y ~ Bernoulli(V_i) and follows a stored bare
   rollout of the prompt that ended in y, drawn uniformly: its prefixes, their Stage 2 scores and
   their continuation outcomes become this rollout's. **Never-sampled paths**: a replay cannot see
@@ -121,7 +125,7 @@ def fit_environment(steps: Sequence[Sequence[StoredTree]]) -> Environment:
     flips over the sum of (1 - q)."""
     trees = [t for step in steps for t in step if t.bare]
     if not trees:
-        raise ValueError("replay: no stored tree with a bare rollout")
+        raise ValueError("replay: no stored tree with a bare rollout")  # nothing to fit
     # Roots: disagreeing pairs among a prompt's stored draws, s f / C(n, 2), against 2 v (1 - v).
     pairs = [(s * f / (0.5 * (s + f) * (s + f - 1)), 2 * t.predicted * (1 - t.predicted))
              for t in trees for s, f in [t.root_counts()] if s + f >= 2]
@@ -167,23 +171,24 @@ def replay_step(trees: Sequence[StoredTree], allocator: Allocator, budget: Budge
                          "stored trees does not have")
     pool = RootPool(predicted=np.array([t.predicted for t in trees], np.float64),
                     staleness=np.zeros(len(trees)))
-    usable = [j for j, t in enumerate(trees) if t.bare]
-    posteriors = {j: env.posterior(trees[j].predicted, *trees[j].root_counts()) for j in usable}
+    posteriors = [env.posterior(t.predicted, *t.root_counts()) for t in trees]
     groups = np.zeros(replicates)
     active = np.zeros(replicates)
     leaves = np.zeros(replicates)
     for rep in range(replicates):
-        m = allocator.allocate_roots(pool, allocator.root_leaves(budget), rng)
-        for j in usable:
-            if m[j] <= 0:
-                continue
+        try:
+            m = allocator.allocate_roots(pool, allocator.root_leaves(budget), rng)
+        except ValueError as exc:
+            raise ValueError(f"{allocator.name} cannot allocate {budget.total} leaves over "
+                             f"the {len(trees)} stored candidates of a step ({exc}); a run stores "
+                             f"its filtered candidates as k = 0 allocation rows since issue 23, "
+                             f"older runs only the prompts they rolled out") from exc
+        for j in np.flatnonzero(m):
             mixed, spent = _replay_tree(trees[j], posteriors[j], int(m[j]), allocator, budget,
                                         env, rng)
             groups[rep] += mixed
             active[rep] += 1
             leaves[rep] += spent
-        # Prompts without a stored rollout cannot be replayed; their rollouts count as spent.
-        leaves[rep] += float(sum(m[j] for j in range(len(trees)) if j not in set(usable)))
     return StepReplay(groups=float(groups.mean()),
                       groups_se=float(groups.std(ddof=1) / np.sqrt(replicates)) if replicates > 1 else 0.0,
                       active=float(active.mean()), leaves=float(leaves.mean()))
