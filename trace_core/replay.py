@@ -119,13 +119,13 @@ def _concentration(observed: float, expected: float) -> float:
 
 
 def fit_environment(steps: Sequence[Sequence[StoredTree]]) -> Environment:
-    """The prior of V(x) (``_npmle`` over every stored prompt's bare draws), and kappa per depth
-    from the continuations: P(continuation != y) = kappa / (kappa + 1) (1 - q), q = y V + (1 - y)
-    (1 - V) with V the prompt's posterior mean, so kappa / (kappa + 1) is the observed number of
-    flips over the sum of (1 - q)."""
+    """kappa_0 of the prompts' prior (disagreeing pairs among each prompt's stored draws against
+    2 v (1 - v)), and kappa per depth from the continuations: P(continuation != y) =
+    kappa / (kappa + 1) (1 - q), q = y V + (1 - y)(1 - V) with V the prompt's posterior mean, so
+    kappa / (kappa + 1) is the observed number of flips over the sum of (1 - q)."""
     trees = [t for step in steps for t in step if t.bare]
     if not trees:
-        raise ValueError("replay: no stored tree with a bare rollout")  # nothing to fit
+        raise ValueError("no stored tree with a bare rollout to replay")
     # Roots: disagreeing pairs among a prompt's stored draws, s f / C(n, 2), against 2 v (1 - v).
     pairs = [(s * f / (0.5 * (s + f) * (s + f - 1)), 2 * t.predicted * (1 - t.predicted))
              for t in trees for s, f in [t.root_counts()] if s + f >= 2]
@@ -167,8 +167,8 @@ def replay_step(trees: Sequence[StoredTree], allocator: Allocator, budget: Budge
                 env: Environment, rng: np.random.Generator, replicates: int = 200) -> StepReplay:
     """Expected contrastive groups, trees and leaves of ``allocator`` on one step's prompts."""
     if allocator.name == "dapo":
-        raise ValueError("replay: dapo's refill waves draw fresh prompts, which a replay of "
-                         "stored trees does not have")
+        raise ValueError("dapo cannot be replayed: its refill waves draw fresh prompts, which "
+                         "stored trees do not have")
     pool = RootPool(predicted=np.array([t.predicted for t in trees], np.float64),
                     staleness=np.zeros(len(trees)))
     posteriors = [env.posterior(t.predicted, *t.root_counts()) for t in trees]
