@@ -215,6 +215,97 @@ def _cell(v: object) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+@app.command()
+def view(
+    run: Optional[str] = typer.Argument(None, help="Run id (default: the newest run)."),
+    step: Optional[int] = typer.Option(None, "--step", help="Step (default: the newest with trees)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the page to this HTML file "
+                                       "(self-contained, no server) instead of serving it."),
+    port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free port)."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Look at the rollout trees: runs, steps, one step's trees and its allocation, read-only.
+
+    Serves on 127.0.0.1 (reload for newer rows; works while a run trains), or with --out writes
+    the same page as one HTML file that needs no server and no network."""
+    from trace_rl.view.data import ViewError
+
+    try:
+        if out is not None:
+            from trace_rl.view.page import write_page
+
+            console.print(f"trace view: wrote {write_page(_workdir(workdir), out, run, step)}")
+        else:
+            from trace_rl.view.server import serve
+
+            serve(_workdir(workdir), port, run, step, say=console.print)
+    except ViewError as exc:
+        console.print(f"trace view: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+
+
+@app.command()
+def replay(
+    run: str = typer.Argument(..., help="Run id whose stored trees to replay."),
+    overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (e.g. "
+                                          "multiplier=2 exploration=0.05): budget and allocator knobs."),
+    allocator: str = typer.Option("trace,grpo,prompt_only", "--allocator", "-a",
+                                  help="Comma-separated allocators to compare."),
+    replicates: int = typer.Option(100, help="Monte Carlo replicates per step."),
+    seed: int = typer.Option(0, help="Seed of the replay's draws."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Offline counterfactual allocation: the contrastive groups each allocator would have found
+    on the run's stored trees, at the same budget (estimator and bias: docs/viewer.md)."""
+    from trace_rl.storage.replay import ReplayError
+    from trace_rl.view.data import ViewError, open_store
+
+    try:
+        store = open_store(_workdir(workdir))
+        from trace_rl.storage.replay import stored_config
+
+        base = stored_config(store, run)
+        cfg = _load_config(None, overrides)  # validates the overrides' names and values
+        given = {o.split("=", 1)[0].strip() for o in overrides or []}
+        from trace_rl.config import config_from_mapping
+
+        merged = {k: v for k, v in base.items() if k in cfg.to_dict()}
+        merged.update({k: getattr(cfg, k) for k in given})
+        names = [a.strip() for a in allocator.split(",") if a.strip()]
+        from tasks.runtime import allocator_for, budget_for
+        from trace_rl.storage.replay import replay_stored
+
+        allocs = [allocator_for(config_from_mapping({**merged, "allocator": a}, "--allocator"))
+                  for a in names]
+        budget = budget_for(config_from_mapping(merged, "the run's config + overrides"))
+        steps, env, replays = replay_stored(store, run, allocs, budget, replicates, seed)
+    except (ViewError, ReplayError, ValueError) as exc:
+        console.print(f"trace replay: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+    print_replay(run, budget, steps, env, replays)
+
+
+def print_replay(run: str, budget, steps: list[int], env, replays) -> None:
+    """Per step and overall: expected contrastive groups (effective ratio) per allocator."""
+    kappa = ", ".join(f"{d}: {k:.2f}" for d, k in sorted(env.kappa.items())) or "none stored"
+    console.print(f"replay of {run}: {len(steps)} steps, budget {budget.total} leaves per step "
+                  f"(M = {budget.roots}, N = {budget.multiplier}); prompt kappa "
+                  f"{env.root_kappa:.2f}, prefix kappa by depth {{{kappa}}}")
+    t = Table("step", *[f"{r.allocator}: groups (eff. ratio)" for r in replays])
+    for i, s in enumerate(steps):
+        t.add_row(str(s), *[f"{r.steps[i].groups:.2f} ± {r.steps[i].groups_se:.2f} "
+                            f"({r.steps[i].effective_ratio:.2f})" for r in replays])
+    overall = [r.overall() for r in replays]
+    t.add_row("mean per step [95% CI]", *[f"{o['groups']:.2f} [{o['groups_low']:.2f}, "
+                                          f"{o['groups_high']:.2f}] ({o['effective_ratio']:.2f})"
+                                          for o in overall])
+    t.add_row("leaves per step", *[f"{o['leaves']:.1f}" for o in overall])
+    console.print(t)
+    if not env.identified:
+        console.print("no continuation is stored in this run: prefix values are taken to scatter "
+                      "around their prompt's with kappa = 4 (not estimated)")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def score(ctx: typer.Context) -> None:
     """Grade a JSONL of predictions with the training verifiers:

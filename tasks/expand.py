@@ -65,6 +65,10 @@ def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_di
         fmt_rows += tree.rows
         allocs.append({"tree_id": tree_offset + t, "local_index": 0, "allocator": cfg.allocator,
                        "k": int(r["m"]), "item_id": r["item_id"], "predicted_v": r["predicted_v"]})
+    if wave == 0:  # the filtered candidates too (k = 0): the whole Stage 1 decision is stored
+        allocs += [{"tree_id": t, "local_index": 0, "allocator": cfg.allocator, "k": 0,
+                    "item_id": r["item_id"], "predicted_v": r["predicted_v"]}
+                   for t, r in enumerate(rows_) if r["m"] <= 0]
     # The ledger is keyed by (run, step, level, method): a refill wave is its own row.
     method = cfg.allocator if wave == 0 else f"{cfg.allocator}:refill{wave}"
     return {"nodes": to_table(fmt_rows), "allocations": allocs, "ledger": _ledger_dict(method, ledger)}

@@ -15,6 +15,7 @@ from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import parent_array
 from trace_rl.storage import plots
 from trace_rl.storage.tracking import Tracker
+from trace_rl.view.page import step_page
 
 
 @task(name="tree-metrics", cache_policy=runtime.PHASE_KEY)
@@ -61,6 +62,7 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
     if register_policy:
         tracker.log_checkpoint("policy", policy_dir, step, exclude=(OPTIMIZER_STATE,))
     tracker.log_checkpoint("predictor", predictor_file, step)
+    log_step_page(tracker, workdir, run_id, step)
     if not plot:
         return
     store = runtime.store(workdir)
@@ -89,6 +91,23 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
                                      scored.column("value").to_pylist(),
                                      title=f"predictor calibration, step {step}")
         tracker.log_figure(fig, f"figures/calibration_step_{step:04d}.png")
+
+
+def log_step_page(tracker: Tracker, workdir: str, run_id: str, step: int) -> str:
+    """The step's ``trace view`` page (its trees and allocation, one self-contained file) as the
+    MLflow artifact ``view/step_NNNN.html``, which the MLflow UI shows as a page, and a Markdown
+    artifact on the Prefect flow run linking to it; returns the artifact's URI."""
+    from prefect.artifacts import create_markdown_artifact
+
+    uri = tracker.log_text(step_page(runtime.store(workdir), run_id, step),
+                           f"view/step_{step:04d}.html")
+    create_markdown_artifact(
+        key=f"view-{_slug(run_id)}-step-{step}",
+        markdown=f"[Rollout trees of step {step}]({uri}) (MLflow artifact "
+                 f"`view/step_{step:04d}.html`)\n\nLive, while the run writes: "
+                 f"`trace view {run_id} --step {step} --workdir {workdir}`\n",
+        description=f"TRACE run {run_id}, step {step}: its rollout trees and allocation")
+    return uri
 
 
 def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
@@ -191,7 +210,11 @@ def log_summary(workdir: str, mlflow_run_id: str, run_id: str, where: Mapping[st
 
 def _artifact_key(run_id: str) -> str:
     """Prefect artifact keys allow lower-case letters, digits and dashes only."""
-    return "summary-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    return "summary-" + _slug(run_id)
+
+
+def _slug(run_id: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
 
 
 def _log_reward_curve(tracker: Tracker, run_id: str, evals: list[Mapping[str, Any]],

@@ -547,6 +547,14 @@ class TreeStore:
                                  f"is read-only)")
             return con.sql(sql, params=params).to_arrow_table()
 
+    @contextmanager
+    def snapshot(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One read-only connection (``READ_CONFIG``) for several reads that must agree: they all
+        see the same snapshot. Closed on exit, so nothing stays held between uses (``trace
+        view`` opens one per page). Run only SELECTs on it; the connection refuses writes."""
+        with self._connect(read_only=True) as con:
+            yield con
+
     def read_step(self, run_id: str, step: int) -> pa.Table:
         """All nodes of one step, ordered by tree and slot."""
         return self.query("SELECT * FROM nodes WHERE run_id = $r AND step = $s "

@@ -234,6 +234,13 @@ class Tracker:
             tags={"step": str(step), RUN_TAG: self.trace_run_id or ""})
         return mv.version
 
+    def log_text(self, text: str, path: str) -> str:
+        """Save text as an artifact (e.g. 'view/step_0003.html', which the MLflow UI shows as a
+        page); return the artifact's URI."""
+        run_id = self._run()
+        self.client.log_text(run_id, text, path)
+        return f"{self.client.get_run(run_id).info.artifact_uri.rstrip('/')}/{path}"
+
     def log_figure(self, fig: "Figure", path: str) -> None:
         """Save a matplotlib figure as an artifact (e.g. 'figures/tree_step_0003.png'), then close it."""
         import matplotlib.pyplot as plt

@@ -1,0 +1,137 @@
+"""Replay validation: ``trace_core.replay`` on simulated runs against the simulator's exact
+process (the figure and numbers in docs/viewer.md, "Replay"; the same check as
+tests/test_replay.py).
+
+    python -m bench.replay [--runs 4] [--out docs/viewer/replay_validation.png]
+
+A simulated run stores, per step, a pool of prompts with Stage 1 scores (the true V plus noise),
+STORED_BARE bare rollouts each and one continuation from every prefix on them. The truth for an
+allocator is the mean number of contrastive groups when it allocates on the same prompts and
+scores and its rollouts come from the simulator itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from trace_core.allocators import AllocatorConfig, Budget, PrefixSet, RootPool, make_allocator, root_prefix
+from trace_core.replay import StoredPrefix, StoredRollout, StoredTree, replay_run
+from trace_core.simulator import SimConfig, Simulator
+
+STEPS, POOL, STORED_BARE = 6, 16, 4
+BUDGET = Budget(roots=16, multiplier=1)
+NOISE = 0.15  # the "predictor": the true V plus this much Gaussian noise
+
+
+def noisy(v: float, rng: np.random.Generator) -> float:
+    return float(np.clip(v + rng.normal(0, NOISE), 0.01, 0.99))
+
+
+def prefixes(turns: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Non-leaf prefixes (depth >= 1) of a rollout: every history before its last turn."""
+    return [turns[:t] for t in range(1, len(turns))]
+
+
+def logged_steps(sim: Simulator, rng: np.random.Generator):
+    """What a run stores: per step a pool of prompts with Stage 1 scores, STORED_BARE bare
+    rollouts each, and one continuation from every prefix on them (with its Stage 2 score)."""
+    steps = []
+    for _ in range(STEPS):
+        prompts = sim.sample_prompts(POOL, rng)
+        v = [noisy(sim.true_value(p), rng) for p in prompts]
+        trees = []
+        for prompt, vi in zip(prompts, v):
+            bare = []
+            for _ in range(STORED_BARE):
+                ro = sim.rollout(prompt, (), rng)
+                pre = tuple(StoredPrefix(depth=len(h), predicted=noisy(sim.true_value(prompt, h), rng),
+                                         continuations=(float(sim.rollout(prompt, h, rng).reward),))
+                            for h in prefixes(ro.turns))
+                bare.append(StoredRollout(float(ro.reward), pre))
+            trees.append(StoredTree(predicted=vi, bare=tuple(bare)))
+        steps.append((prompts, v, trees))
+    return steps
+
+
+def truth(sim: Simulator, name: str, prompts, v, rng: np.random.Generator, reps: int) -> float:
+    """Expected contrastive groups when the allocator runs on the simulator itself."""
+    allocator = make_allocator(name, AllocatorConfig())
+    pool = RootPool(predicted=np.asarray(v), staleness=np.zeros(len(v)))
+    total = 0
+    for _ in range(reps):
+        m = allocator.allocate_roots(pool, allocator.root_leaves(BUDGET), rng)
+        for i in np.flatnonzero(m):
+            prompt = prompts[i]
+            bare = [sim.rollout(prompt, (), rng) for _ in range(int(m[i]))]
+            outcomes = [float(r.reward) for r in bare]
+            extra = allocator.tree_leaves(int(m[i]), BUDGET)
+            if extra:
+                cands = [(h, float(r.reward)) for r in bare for h in prefixes(r.turns)]
+                shared = root_prefix(outcomes)
+                if not cands or (allocator.branches_from_root and shared is not None):
+                    cands.append(((), shared))
+                ok = [c for c in cands if c[1] is not None]
+                if len(cands) == 1 and cands[0][0] == ():
+                    k = [extra]
+                    ok = cands
+                else:
+                    k = allocator.allocate_prefixes(PrefixSet(
+                        predicted=np.array([noisy(sim.true_value(prompt, h), rng) for h, _ in ok]),
+                        observed=np.array([y for _, y in ok])), extra, rng)
+                for (h, _), kk in zip(ok, k):
+                    outcomes += [float(sim.rollout(prompt, h, rng).reward) for _ in range(int(kk))]
+            total += 0 < sum(outcomes) < len(outcomes)
+    return total / reps
+
+
+def validate(sim: Simulator, runs: list, names: list[str], replicates: int = 100
+             ) -> dict[str, tuple[list[float], list[float]]]:
+    """Per allocator: (replay estimates, truths) of the groups summed over each run's steps."""
+    out = {}
+    for name in names:
+        est, tru = [], []
+        for logged in runs:
+            _, [rep] = replay_run([t for _, _, t in logged], [make_allocator(name)], BUDGET,
+                                  seed=1, replicates=replicates)
+            est.append(sum(s.groups for s in rep.steps))
+            tru.append(sum(truth(sim, name, prompts, v, np.random.default_rng(2), reps=replicates)
+                           for prompts, v, _ in logged))
+        out[name] = (est, tru)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--out", default="docs/viewer/replay_validation.png")
+    args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sim = Simulator(SimConfig())
+    runs = [logged_steps(sim, np.random.default_rng(seed)) for seed in range(args.runs)]
+    result = validate(sim, runs, ["trace", "grpo", "prompt_only"])
+    fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    top = max(max(e + t) for e, t in result.values()) * 1.1
+    ax.plot([0, top], [0, top], color="#999", lw=1, ls="--")
+    for name, (est, tru) in result.items():
+        ax.scatter(tru, est, label=name, s=30)
+        print(f"| {name} | {' / '.join(f'{e:.1f} vs {t:.1f}' for e, t in zip(est, tru))} | "
+              f"{sum(est):.1f} vs {sum(tru):.1f} ({100 * (sum(est) / sum(tru) - 1):+.1f} %) |")
+    ax.set_xlabel(f"truth: groups over {STEPS} steps (simulator)")
+    ax.set_ylabel("replay estimate from stored trees")
+    ax.set_title("trace replay against the exact process", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""`trace view` for real: a tiny `trace train` (CLI, Prefect, DuckDB, MLflow), its page written
+with `trace view --out` and loaded in headless Debian chromium, the server answering while a
+second `trace train` writes, and bad input refused with the store unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from trace_rl.storage.schema import NODE_INPUT_SCHEMA
+from trace_rl.storage.store import TreeStore
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
+        "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
+        "plot_every": 0, "eval_items": 0}
+pytestmark = [pytest.mark.slow]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def _trace(*args: str, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
+    """The CLI of this tree (``python -m trace_rl.cli``), as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "trace_rl.cli", *args], cwd=REPO,
+                          env=popen.pop("env", _env()), capture_output=True, text=True,
+                          timeout=timeout, **popen)
+
+
+def _sql(workdir: Path, query: str) -> list[dict]:
+    out = _trace("sql", "--workdir", str(workdir), "--format", "json", query)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def _train_cmd(workdir: Path, policy: Path, **over: object) -> list[str]:
+    cfg = {**TINY, "policy": str(policy), **over}
+    return [sys.executable, "-m", "trace_rl.cli", "train", "--workdir", str(workdir),
+            *[f"{k}={v}" for k, v in cfg.items()]]
+
+
+def _digest(workdir: Path) -> dict[str, str]:
+    """sha256 of every file of the store (published and private database, WAL, locks)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(workdir.iterdir()) if p.is_file() and "duckdb" in p.name}
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir, prefect_harness, tmp_path_factory) -> tuple[Path, str]:
+    """A real tiny `trace train steps=2` (the CLI, on the session's Prefect server): its work dir
+    and run id."""
+    from prefect.settings import PREFECT_API_URL
+
+    wd = tmp_path_factory.mktemp("view") / "wd"
+    out = subprocess.run(_train_cmd(wd, tiny_model_dir), cwd=REPO, capture_output=True, text=True,
+                         env=_env(PREFECT_API_URL=PREFECT_API_URL.value()), timeout=900)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    [run] = _sql(wd, "SELECT run_id FROM runs")
+    return wd, run["run_id"]
+
+
+def _install_chromium() -> str | None:
+    """Debian's chromium: on PATH, or installed with apt-get (as root); else why not."""
+    if shutil.which("chromium"):
+        return None
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return "chromium is not installed and this user cannot apt-get install it (not root)"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "install", "-y", "chromium"],
+                ["sh", "-c", "apt-get update && apt-get install -y chromium"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if done.returncode == 0 and shutil.which("chromium"):
+            return None
+    return f"apt-get could not install chromium: {(done.stdout + done.stderr).strip()[-300:]}"
+
+
+class Chromium:
+    """Headless chromium: the DOM after the page's scripts ran, and what it wrote to its console
+    (``--enable-logging=stderr`` prints each console message as an ``INFO:CONSOLE`` line)."""
+
+    def __init__(self, exe: str, profile: Path):
+        self.exe, self.profile = exe, profile
+
+    def load(self, url: str, *extra: str) -> tuple[str, list[str]]:
+        out = subprocess.run([self.exe, "--headless", "--no-sandbox", "--disable-gpu",
+                              "--no-first-run", f"--user-data-dir={self.profile}",
+                              "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+                              *extra, "--dump-dom", url],
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stderr[-2000:]
+        console = [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
+        return out.stdout, console
+
+
+@pytest.fixture(scope="session")
+def chromium(tmp_path_factory) -> Chromium:
+    why = _install_chromium()
+    if why:
+        pytest.skip(why)
+    browser = Chromium(shutil.which("chromium"), tmp_path_factory.mktemp("chromium-profile"))
+    # The console check can fail: a page with an error is seen as one.
+    bad = tmp_path_factory.mktemp("bad") / "bad.html"
+    bad.write_text("<html><body><script>no_such_function();</script></body></html>")
+    _, console = browser.load(bad.as_uri())
+    assert any("no_such_function" in line for line in console), console
+    return browser
+
+
+# ------------------------------------------------------------------ the page in a browser
+
+
+def _shown(dom: str) -> dict[str, int]:
+    """What the loaded page shows: its counters and the tree nodes it drew."""
+    counts = {m[0]: int(m[1]) for m in re.findall(r'id="count-([a-z]+)" data-n="(\d+)"', dom)}
+    counts["drawn_nodes"] = len(re.findall(r'<g class="tnode[ "]', dom))
+    counts["drawn_leaves"] = len(re.findall(r'<g class="tnode tleaf[ "]', dom))
+    return counts
+
+
+def _step_counts(wd: Path, run_id: str, step: int) -> dict[str, int]:
+    [row] = _sql(wd, f"SELECT count(*) AS nodes, count(*) FILTER (WHERE is_leaf) AS leaves, "
+                     f"count(DISTINCT tree_id) AS trees FROM nodes WHERE run_id = '{run_id}' "
+                     f"AND step = {step}")
+    [mixed] = _sql(wd, f"SELECT count(*) AS n FROM mixed_anchors WHERE run_id = '{run_id}' AND "
+                       f"step = {step}")
+    [pairs] = _sql(wd, f"SELECT count(*) AS n FROM contrast_pairs WHERE run_id = '{run_id}' AND "
+                       f"step = {step}")
+    return {**row, "anchors": mixed["n"], "pairs": pairs["n"]}
+
+
+def _assert_page_matches(dom: str, console: list[str], want: dict[str, int]) -> None:
+    assert console == [], console  # the page logs nothing unless something went wrong
+    assert 'data-rendered="1"' in dom
+    assert re.search(r'<div id="errors"></div>', dom), "the page reported an error"
+    shown = _shown(dom)
+    assert want["nodes"] > 0 and want["leaves"] > 0
+    assert (shown["nodes"], shown["leaves"], shown["trees"]) == (want["nodes"], want["leaves"],
+                                                                 want["trees"]), shown
+    assert (shown["drawn_nodes"], shown["drawn_leaves"]) == (want["nodes"], want["leaves"]), shown
+    assert (shown["anchors"], shown["pairs"]) == (want["anchors"], want["pairs"]), shown
+
+
+def test_page_of_a_real_run_in_headless_chromium(trained, chromium, tmp_path):
+    wd, run_id = trained
+    before = _digest(wd)
+    out = _trace("view", "--workdir", str(wd), "--out", str(tmp_path / "t.html"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    page = (tmp_path / "t.html").read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing from the network
+    dom, console = chromium.load((tmp_path / "t.html").as_uri())
+    _assert_page_matches(dom, console, _step_counts(wd, run_id, TINY["steps"] - 1))
+    # The file holds every step: step 0 is one link away, with its own counts.
+    dom, console = chromium.load((tmp_path / "t.html").as_uri() + "#step-0")
+    _assert_page_matches(dom, console, _step_counts(wd, run_id, 0))
+    assert _digest(wd) == before
+
+
+def test_each_step_logs_its_page_to_mlflow_and_a_link_to_prefect(trained, chromium):
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    wd, run_id = trained
+    [run] = _sql(wd, f"SELECT mlflow_run_id FROM runs WHERE run_id = '{run_id}'")
+    client = MlflowClient(tracking_uri=f"sqlite:///{wd / 'mlflow.db'}")
+    pages = sorted(a.path for a in client.list_artifacts(run["mlflow_run_id"], "view"))
+    assert pages == [f"view/step_{s:04d}.html" for s in range(TINY["steps"])]
+    local = Path(client.download_artifacts(run["mlflow_run_id"], pages[-1], str(wd / "dl")))
+    dom, console = chromium.load(local.as_uri())
+    _assert_page_matches(dom, console, _step_counts(wd, run_id, TINY["steps"] - 1))
+    with get_client(sync_client=True) as prefect:
+        links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=[f"view-{run_id.lower()}-step-{s}" for s in range(TINY["steps"])])))
+    assert len(links) == TINY["steps"]
+    for a in links:
+        step = int(a.key.rsplit("-", 1)[1])
+        assert a.flow_run_id and f"--step {step}" in a.data, a
+        target = re.search(r"\]\((file://[^)]+)\)", a.data).group(1)
+        assert target.endswith(f"view/step_{step:04d}.html")
+        assert Path(urllib.request.url2pathname(target[len("file://"):])).is_file(), target
+
+
+def test_a_page_of_a_step_still_being_written_with_hostile_text(chromium, tmp_path):
+    """A step with only its bare rollouts (no backup yet) of a family with long observations, and
+    text that would end a <script> block: the page loads, folds, and counts right."""
+    store = TreeStore(tmp_path)
+    store.init_run("qa-run", {"family": "hotpotqa", "allocator": "trace"})
+    store.mark_step("qa-run", 0, "running")
+    out = _trace("view", "--workdir", str(tmp_path), "--out", str(tmp_path / "empty.html"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    dom, console = chromium.load((tmp_path / "empty.html").as_uri())  # a run with no tree yet
+    assert console == [] and "No trees yet" in dom and 'data-rendered="1"' in dom
+    long_obs = "paragraph " * 2000
+    rows = [dict(tree_id=3, local_index=0, parent_index=-1, depth=0, item_id="q1", is_leaf=False,
+                 family="hotpotqa", text="Who? </script><script>alert(1)</script><!--",
+                 predicted_v=0.4, allocated_k=2)]
+    for j, reward in ((1, 1.0), (3, 0.0)):
+        rows += [dict(tree_id=3, local_index=j, parent_index=0, depth=1, item_id="q1",
+                      is_leaf=False, family="hotpotqa", text='<think>search</think>',
+                      action_json='{"tool": "search", "args": {"q": "</script>"}}',
+                      observation=long_obs),
+                 dict(tree_id=3, local_index=j + 1, parent_index=j, depth=2, item_id="q1",
+                      is_leaf=True, family="hotpotqa", text="answer", reward=reward)]
+    store.write_level("qa-run", 0, 0, pa.Table.from_pylist(rows, schema=NODE_INPUT_SCHEMA),
+                      allocations=pa.table({"node_id": ["qa-run/s0/t3/n0"], "allocator": ["trace"],
+                                            "k": pa.array([2], pa.int64()),
+                                            "predicted_v": [0.4]}))
+    out = _trace("view", "--workdir", str(tmp_path), "--out", str(tmp_path / "t.html"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    dom, console = chromium.load((tmp_path / "t.html").as_uri())
+    _assert_page_matches(dom, console, {"nodes": 5, "leaves": 2, "trees": 1, "anchors": 1,
+                                        "pairs": 1})
+    assert "<script>alert(1)" not in dom  # the text is shown, never run
+
+
+# ------------------------------------------------------------------ serving
+
+
+def _start_server(wd: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "trace_rl.cli", "view", "--workdir", str(wd),
+                             "--port", "0", *args], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    found = re.search(r"http://127\.0\.0\.1:\d+/\S*", line)
+    if not found:
+        proc.kill()
+        raise AssertionError(f"no URL from trace view: {line}{proc.stdout.read()}")
+    return proc, found.group(0)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_view_serves_while_a_second_train_writes(trained, tiny_model_dir, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    wd, run_id = trained
+    server, url = _start_server(wd)
+    base = url.split("?")[0]
+    writer = subprocess.Popen(_train_cmd(wd, tiny_model_dir, seed=7, steps=1), cwd=REPO,
+                              env=_env(PREFECT_API_URL=PREFECT_API_URL.value()),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen_runs, answers = set(), 0
+    try:
+        deadline = time.time() + 600
+        while writer.poll() is None and time.time() < deadline:
+            code, body = _get(base)
+            assert code == 200, body[:500]
+            if writer.poll() is None:
+                seen_runs.add(len(_data(body)["runs"]))
+                answers += 1
+            time.sleep(0.3)
+        assert writer.wait(timeout=60) == 0, writer.stdout.read()[-3000:]
+        # Served after it finished: the new run by default, the first run's page as it was.
+        code, body = _get(base)
+        assert code == 200 and _data(body)["run"] != run_id
+        code, body = _get(f"{base}?run={run_id}&step=0")
+        assert code == 200 and _data(body)["run"] == run_id
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        _stop(server)
+    # Several answers while the second run was alive, and they saw it appear.
+    assert answers >= 3 and 2 in seen_runs, (answers, seen_runs)
+
+
+def _data(page: str) -> dict:
+    return json.loads(re.search(r'id="trace-data" type="application/json">(.*?)</script>', page,
+                                re.S).group(1))
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _refused(wd: Path, *args: str, out: Path | None = None) -> str:
+    """Run `trace view` expecting a refusal: status 2, one line, no page, nothing changed."""
+    before = _digest(wd) if wd.is_dir() else {}
+    target = out or wd.parent / "never.html"
+    res = _trace("view", "--workdir", str(wd), "--out", str(target), *args)
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
+    assert not target.exists()
+    assert (_digest(wd) if wd.is_dir() else {}) == before
+    return lines[0]
+
+
+def test_bad_input_gets_one_line_and_leaves_the_store_unchanged(trained, tmp_path):
+    wd, run_id = trained
+    msg = _refused(wd, "no-such-run")
+    assert "run 'no-such-run'" in msg and run_id in msg
+    msg = _refused(wd, run_id, "--step", "99")
+    assert "step 99" in msg and "steps 0-1" in msg
+    empty = tmp_path / "empty"
+    TreeStore(empty)  # a store with its schema and no run
+    assert "no runs" in _refused(empty) and str(empty) in _refused(empty)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "trace.duckdb").write_bytes(os.urandom(1 << 16))
+    msg = _refused(corrupt)
+    assert "not a readable DuckDB database" in msg and str(corrupt / "trace.duckdb") in msg
+    msg = _refused(tmp_path / "nothing-here")
+    assert "no TRACE database" in msg
+    # Served: the same refusals, before any port opens; a bad request gets the line as a 404.
+    res = _trace("view", "--workdir", str(wd), "--port", "0", "no-such-run")
+    assert res.returncode == 2 and "run 'no-such-run'" in res.stdout + res.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        res = _trace("view", "--workdir", str(wd), "--port", str(taken.getsockname()[1]))
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "cannot listen on 127.0.0.1:" in lines[0]
+    before = _digest(wd)
+    server, url = _start_server(wd, run_id)
+    try:
+        base = url.split("?")[0]
+        code, body = _get(f"{base}?run={run_id}&step=42")
+        assert code == 404 and "step 42" in body and len(body.strip().splitlines()) == 1
+        code, body = _get(f"{base}?step=x")
+        assert code == 400 and "'x'" in body
+    finally:
+        _stop(server)
+    assert _digest(wd) == before
+
+
+def test_stage2_figures_of_a_prefix_are_rebuilt_from_the_store(tmp_path):
+    """q = r p + (1 - r)(1 - p) from the Stage 2 score and the bare rollout's outcome, K from the
+    allocation, 1 - q^K; the root's m_i and v; mixed anchors and pairs as the SQL views say."""
+    from trace_rl.view import page_data
+
+    store = TreeStore(tmp_path)
+    store.init_run("r", {"family": "synth_arith", "allocator": "trace"})
+    n = lambda **kw: dict(tree_id=0, item_id="i", family="synth_arith", is_leaf=False, **kw)  # noqa: E731
+    bare = [n(local_index=0, parent_index=-1, depth=0, predicted_v=0.3, allocated_k=2),
+            n(local_index=1, parent_index=0, depth=1), n(local_index=2, parent_index=1, depth=2),
+            {**n(local_index=3, parent_index=2, depth=3), "is_leaf": True, "reward": 1.0},
+            {**n(local_index=4, parent_index=0, depth=1), "is_leaf": True, "reward": 1.0}]
+    alloc0 = pa.table({"node_id": ["r/s0/t0/n0"], "allocator": ["trace"],
+                       "k": pa.array([2], pa.int64()), "predicted_v": [0.3]})
+    store.write_level("r", 0, 0, pa.Table.from_pylist(bare, schema=NODE_INPUT_SCHEMA), alloc0)
+    cont = [n(local_index=5, parent_index=1, depth=2),
+            {**n(local_index=6, parent_index=5, depth=3), "is_leaf": True, "reward": 0.0},
+            {**n(local_index=7, parent_index=1, depth=2), "is_leaf": True, "reward": 1.0}]
+    alloc1 = pa.table({"node_id": ["r/s0/t0/n1", "r/s0/t0/n2"], "allocator": ["trace"] * 2,
+                       "k": pa.array([2, 0], pa.int64()), "predicted_v": [0.2, 0.9]})
+    store.write_level("r", 0, 1, pa.Table.from_pylist(cont, schema=NODE_INPUT_SCHEMA), alloc1)
+    d = page_data(TreeStore(tmp_path, create=False))["details"]["0"]
+    [tree] = d["trees"]
+    node = {x["slot"]: x for x in tree["nodes"]}
+    assert (tree["m"], tree["v"], tree["leaves"], tree["mixed"]) == (2, 0.3, 4, True)
+    assert node[1]["k"] == 2 and node[1]["observed"] == 1.0
+    assert node[1]["q"] == pytest.approx(0.2) and node[1]["score"] == pytest.approx(1 - 0.2 ** 2)
+    assert node[2]["k"] == 0 and node[2]["q"] == pytest.approx(0.9) and node[2]["score"] == 0.0
+    assert node[1]["value"] == pytest.approx(2 / 3) and node[1]["mixed"]  # no backup yet: leaves
+    assert node[3]["k"] is None and node[3]["reward"] == 1.0
+    views = {k: store.query(f"SELECT count(*) AS n FROM {k}").to_pylist()[0]["n"]
+             for k in ("mixed_anchors", "contrast_pairs")}
+    assert (d["counts"]["mixed_anchors"], d["counts"]["contrast_pairs"]) == (
+        views["mixed_anchors"], views["contrast_pairs"])
+    assert d["counts"]["branch_points"] == 1 and d["counts"]["root_budget"] == 2
+    assert d["leaves_per_level"] == [{"level": 0, "leaves": 2}, {"level": 1, "leaves": 2}]
