@@ -17,9 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from trace_core.allocators import AllocatorConfig, Budget, PrefixSet, RootPool, make_allocator, root_prefix
+from bench.allocation import BenchConfig
+from trace_core.allocators import Budget, PrefixSet, RootPool, make_allocator, root_prefix
 from trace_core.replay import StoredPrefix, StoredRollout, StoredTree, replay_run
 from trace_core.simulator import SimConfig, Simulator
+
+KNOBS = BenchConfig().allocator  # the simulation's allocator knobs, as bench.allocation's
 
 STEPS, POOL, STORED_BARE = 6, 16, 4
 BUDGET = Budget(roots=16, multiplier=1)
@@ -58,7 +61,7 @@ def logged_steps(sim: Simulator, rng: np.random.Generator):
 
 def truth(sim: Simulator, name: str, prompts, v, rng: np.random.Generator, reps: int) -> float:
     """Expected contrastive groups when the allocator runs on the simulator itself."""
-    allocator = make_allocator(name, AllocatorConfig())
+    allocator = make_allocator(name, KNOBS)
     pool = RootPool(predicted=np.asarray(v), staleness=np.zeros(len(v)))
     total = 0
     for _ in range(reps):
@@ -94,7 +97,7 @@ def validate(sim: Simulator, runs: list, names: list[str], replicates: int = 100
     for name in names:
         est, tru = [], []
         for logged in runs:
-            _, [rep] = replay_run([t for _, _, t in logged], [make_allocator(name)], BUDGET,
+            _, [rep] = replay_run([t for _, _, t in logged], [make_allocator(name, KNOBS)], BUDGET,
                                   seed=1, replicates=replicates)
             est.append(sum(s.groups for s in rep.steps))
             tru.append(sum(truth(sim, name, prompts, v, np.random.default_rng(2), reps=replicates)

@@ -272,12 +272,12 @@ def replay(
         merged = {k: v for k, v in base.items() if k in cfg.to_dict()}
         merged.update({k: getattr(cfg, k) for k in given})
         names = [a.strip() for a in allocator.split(",") if a.strip()]
-        from tasks.runtime import allocator_for, budget_for
+        from tasks.runtime import allocator_for
         from trace_rl.storage.replay import replay_stored
 
         allocs = [allocator_for(config_from_mapping({**merged, "allocator": a}, "--allocator"))
                   for a in names]
-        budget = budget_for(config_from_mapping(merged, "the run's config + overrides"))
+        budget = config_from_mapping(merged, "the run's config + overrides").budget
         steps, env, replays = replay_stored(store, run, allocs, budget, replicates, seed)
     except (ViewError, ReplayError, ValueError) as exc:
         console.print(f"trace replay: {exc}", style="red", markup=False)

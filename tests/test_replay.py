@@ -76,7 +76,7 @@ def test_stored_trees_are_read_back_for_the_replay(tmp_path):
     assert by_reward[1.0].prefixes == (StoredPrefix(depth=1, predicted=0.6, continuations=(0.0,)),)
 
     repo = Path(__file__).resolve().parents[1]
-    cli = [sys.executable, "-m", "trace_rl.cli", "replay", "--workdir", str(tmp_path)]
+    cli = [sys.executable, "-m", "cli", "replay", "--workdir", str(tmp_path)]
     ok = subprocess.run([*cli, "r", "--replicates", "20"], cwd=repo, capture_output=True,
                         text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(repo)})
     assert ok.returncode == 0, ok.stdout + ok.stderr

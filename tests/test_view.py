@@ -39,8 +39,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _trace(*args: str, timeout: float = 120, **popen) -> subprocess.CompletedProcess:
-    """The CLI of this tree (``python -m trace_rl.cli``), as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "trace_rl.cli", *args], cwd=REPO,
+    """The CLI of this tree (``python -m cli``), as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO,
                           env=popen.pop("env", _env()), capture_output=True, text=True,
                           timeout=timeout, **popen)
 
@@ -53,7 +53,7 @@ def _sql(workdir: Path, query: str) -> list[dict]:
 
 def _train_cmd(workdir: Path, policy: Path, **over: object) -> list[str]:
     cfg = {**TINY, "policy": str(policy), **over}
-    return [sys.executable, "-m", "trace_rl.cli", "train", "--workdir", str(workdir),
+    return [sys.executable, "-m", "cli", "train", "--workdir", str(workdir),
             *[f"{k}={v}" for k, v in cfg.items()]]
 
 
@@ -238,7 +238,7 @@ def test_a_page_of_a_step_still_being_written_with_hostile_text(chromium, tmp_pa
 
 
 def _start_server(wd: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "trace_rl.cli", "view", "--workdir", str(wd),
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "view", "--workdir", str(wd),
                              "--port", "0", *args], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
