@@ -51,6 +51,7 @@ def _phases(workdir: str, watch: Progress | None = None, where: str = "") -> dic
         "backup": learn.backup, "fit_predictor": learn.fit_predictor,
         "tree_advantages": learn.tree_advantages, "policy_update": learn.policy_update,
         "sync_weights": learn.sync_weights, "tree_metrics": track.tree_metrics,
+        "prediction_metrics": track.prediction_metrics,
         "log_step": track.log_step,
     }
     bound = {k: bind(t, workdir) for k, t in named.items()}
@@ -136,6 +137,7 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     sync_s = p["sync_weights"](cfg, update["policy_dir"])
     metrics = dict(p["tree_metrics"](workdir, run_id, step))
     metrics.update(pred_stats)
+    metrics.update(p["prediction_metrics"](workdir, run_id, step))
     metrics.update(update["stats"])
     rho_prefix = [r for r, d in zip(scored_prefixes.column("correlation").to_pylist(),
                                     scored_prefixes.column("depth").to_pylist()) if d >= 1]
@@ -244,7 +246,8 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
         if cfg.policy == "tiny":
             from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
         watch.note(None)  # the bootstrap reports its own progress
-        initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"))
+        initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
+                             options=cfg.family_options() or None)
                    if cfg.policy == "tiny" else cfg.policy)
         policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:

@@ -10,6 +10,7 @@ from tasks import runtime
 from tasks.correlation import outcome_correlation
 from tasks.runtime import load_predictor
 from trace_core.allocators import RootPool
+from trace_core.posterior import PromptPosterior
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import history_text
 
@@ -57,14 +58,34 @@ def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
             else float(step - first_offered.get(i, step)) for i in item_ids]
 
 
+def prompt_posterior(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> PromptPosterior:
+    """The per-prompt posterior of ``TrainConfig.root_posterior`` as of the start of ``step``:
+    successes and rollouts of every prompt's bare rollouts (level-0 leaves, refill waves
+    included) in the stored trees of the earlier steps. Continuations are left out: they start
+    from prefixes Stage 2 chose for being uncertain, so they are no sample of the prompt's
+    success rate. Rebuilt from DuckDB, so a resumed run has the same counts and there is no state
+    of its own to keep."""
+    rows = runtime.store(workdir).query(
+        "SELECT item_id, sum(reward) AS s, count(*) AS n FROM nodes WHERE run_id = $r "
+        "AND step < $s AND is_leaf AND level = 0 GROUP BY item_id ORDER BY item_id",
+        {"r": run_id, "s": step}).to_pylist()
+    posterior = PromptPosterior(cfg.root_posterior)
+    posterior.update([r["item_id"] for r in rows], np.asarray([r["s"] for r in rows], np.float64),
+                     np.asarray([r["n"] for r in rows], np.float64))
+    return posterior
+
+
 @task(name="score-roots", cache_policy=runtime.PHASE_KEY)
 def score_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int,
                 item_ids: list[str]) -> pa.Table:
-    """V~(x_i) for the pool, each prompt's staleness (steps since it was last rolled out) and
+    """V~(x_i) for the pool (the text predictor's, or with ``root_posterior`` > 0 the per-prompt
+    posterior shrunk towards it: ``prompt_posterior``), each prompt's staleness (steps since it was last rolled out) and
     the roots' outcome correlation rho (``tasks.correlation.outcome_correlation``)."""
     items = runtime.items_for(cfg, cfg.train_split)
     predictor = load_predictor(cfg, workdir, run_id, step - 1)
     v = predictor.predict([history_text(items[i].question, []) for i in item_ids])
+    if cfg.root_posterior > 0:
+        v = prompt_posterior(cfg, workdir, run_id, step).predict(item_ids, np.asarray(v))
     last = runtime.store(workdir).query(
         "SELECT item_id, max(step) AS last FROM nodes WHERE run_id = $r AND step < $s AND depth = 0 "
         "GROUP BY item_id", {"r": run_id, "s": step}).to_pylist()

@@ -36,7 +36,7 @@ class TrainConfig:
     """Explicit run id (re-using one resumes that run); empty = derived from name + config hash."""
     family: str = "synth_arith"
     """Task family (``trace_rl.envs.registry``): synth_arith, synth_lookup, synth_fncall,
-    hotpotqa, math, bfcl."""
+    synth_chain, hotpotqa, math, bfcl."""
     difficulty: int = 1
     """Difficulty knob of a synthetic family (ignored by real families). At 1 the bootstrapped
     tiny policy starts at ~51% sampled success on synth_arith (docs/results.md), so groups mix."""
@@ -196,6 +196,25 @@ class TrainConfig:
     state (for resuming)."""
     plot_every: int = 1
     """Render a rollout tree and a calibration plot every this many steps (0 = never)."""
+    root_posterior: float = 0.0
+    """Stage 1 (trace, prompt_only): strength k of a per-prompt posterior over the text
+    predictor's root estimate, V~(x) = (s + k p) / (n + k) with s successes in n earlier bare
+    rollouts of prompt x (``trace_core.posterior``, counts rebuilt from the stored trees, so a
+    resumed run has them too) and p the text predictor's estimate; 0 = off (the text predictor
+    alone). Worth it where prompts recur (synth_chain's train pool: every ~8 steps)."""
+    chain_hops: str = "2:0.35,3:0.40,4:0.25"
+    """synth_chain: hop distribution of the items, ``HOPS:WEIGHT`` entries (normalised)."""
+    chain_hazard_a: float = 0.5
+    """synth_chain: a of the Beta(a, b) that draws each item's hazard rate (aliases and
+    homonyms along its chain)."""
+    chain_hazard_b: float = 1.0
+    """synth_chain: b of that Beta(a, b)."""
+    chain_alias_share: float = 0.5
+    """synth_chain: share of the hazards that are aliases (recoverable: a retry costs a turn);
+    the rest are homonyms (unrecoverable: the wrong copy derails the chain)."""
+    chain_train_items: int = 256
+    """synth_chain: items of the train split, the pool prompts are drawn from (at pool_size 32
+    a prompt recurs every ~8 steps)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Family-specific options passed to the environment factory."""
 
@@ -206,11 +225,32 @@ class TrainConfig:
 
     @property
     def config_hash(self) -> str:
-        """Stable hash of everything that changes results (not the run name or id)."""
+        """Stable hash of everything that changes results (not the run name or id). Options in
+        ``_HASHED_UNLESS_DEFAULT`` enter it only when set, so adding one keeps the ids of runs
+        made before it."""
         d = self.to_dict()
         d.pop("run_name")
         d.pop("run_id")
+        defaults = TrainConfig()
+        for name in _HASHED_UNLESS_DEFAULT:
+            if d[name] == getattr(defaults, name):
+                del d[name]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+    def family_options(self) -> dict[str, Any]:
+        """The fields the family registered as its options (``trace_rl.envs.registry.options``),
+        by name: e.g. synth_chain's ``chain_*`` generator parameters."""
+        from trace_rl.envs.registry import options
+
+        return {name: getattr(self, name) for name in options(self.family)}
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the family's factory: ``difficulty`` for a synthetic family,
+        ``family_options()``, then ``extra``."""
+        kwargs: dict[str, Any] = {"difficulty": self.difficulty} if self.family.startswith("synth_") else {}
+        kwargs.update(self.family_options())
+        kwargs.update(self.extra)
+        return kwargs
 
     @property
     def resolved_run_id(self) -> str:
@@ -255,6 +295,9 @@ class TrainConfig:
         return self
 
 
+_HASHED_UNLESS_DEFAULT = ("root_posterior", "chain_hops", "chain_hazard_a", "chain_hazard_b",
+                         "chain_alias_share", "chain_train_items")
+"""Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 """``trace_core.loss.AGGREGATIONS``' names (not imported: that module pulls in torch, and the
 CLI validates a config before importing anything heavy)."""
@@ -317,6 +360,12 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "seed": (lambda v: 0 <= v <= _MAX_SEED, f"in [0, {_MAX_SEED}]"),
     "checkpoint_every": (_at_least(1), ">= 1"),
     "plot_every": (_at_least(0), ">= 0 (0 = never)"),
+    "root_posterior": (_at_least(0), ">= 0 (pseudo-rollouts of the prior; 0 = off)"),
+    "chain_hops": (bool, "HOPS:WEIGHT entries, e.g. '2:0.35,3:0.40,4:0.25'"),
+    "chain_hazard_a": (_positive, "> 0 (a Beta parameter)"),
+    "chain_hazard_b": (_positive, "> 0 (a Beta parameter)"),
+    "chain_alias_share": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "chain_train_items": (_at_least(1), ">= 1"),
 }
 
 _DEFAULTS: dict[str, Any] = {}  # the defaults' values, filled on first use
@@ -439,11 +488,8 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
             raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
                              f"(no {policy / 'config.json'}); give one, or 'tiny' for the "
                              f"bootstrapped CPU policy")
-    kwargs = dict(cfg.extra)
-    if cfg.family.startswith("synth_"):
-        kwargs.setdefault("difficulty", cfg.difficulty)
     try:
-        env = make_env(cfg.family, **kwargs)
+        env = make_env(cfg.family, **cfg.env_kwargs())
     except (TypeError, ValueError) as exc:
         raise ValueError(f"config: family={cfg.family!r} with extra={dict(cfg.extra)!r}: {exc}") from exc
     # Only the training split: the train flow reads nothing else, and a family's default
@@ -460,4 +506,9 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
     if len(items) < cfg.pool_size:
         raise ValueError(f"config: train_split={split!r} of family {cfg.family!r} holds "
                          f"{len(items)} items; pool_size={cfg.pool_size} needs as many")
+    caps = [c for c in (env.turn_cap(it) for it in items) if c is not None]
+    if caps and cfg.max_turns < max(caps):
+        raise ValueError(f"config: max_turns={cfg.max_turns} is below the turn cap of some "
+                         f"{cfg.family} items ({max(caps)}: hops + 3); set max_turns={max(caps)} "
+                         f"or more (each item keeps its own cap)")
     return cfg

@@ -93,6 +93,11 @@ class Environment(abc.ABC):
     def user_prompt(self, item: TaskItem) -> str:
         return item.question
 
+    def turn_cap(self, item: TaskItem) -> int | None:
+        """This item's own turn cap, or None for the loop's cap alone. The ReAct loop ends an
+        episode at the smaller of the two (``synth_chain``: hops + 3)."""
+        return None
+
     @abc.abstractmethod
     def reset(self, item: TaskItem) -> Any:
         """A fresh state for ``item``."""
