@@ -301,3 +301,31 @@ def test_chain_options_reach_the_family_and_are_checked():
     assert TrainConfig(chain_hops="2:1").config_hash != base.config_hash
     assert TrainConfig(root_posterior=4.0).config_hash != base.config_hash
     assert base.family_options() == {} and "chain_hops" not in base.env_kwargs()
+
+
+def test_oracle_success_is_what_an_agent_that_cannot_tell_homonyms_apart_achieves(tok, env):
+    """An agent that reads every record right but picks a homonym's copy at random (seeded by
+    its context) succeeds on each item with probability ``oracle_success``: over 150 items the
+    mean success matches the mean oracle within sampling error."""
+    import random
+
+    items = env.load("test", limit=150)
+    oracle = np.array([env.oracle_success(it) for it in items])
+    assert set(np.round(oracle, 4)) <= {0.0, 1.0, 0.5, 0.25, 0.125, 0.0625}
+    for it, o in zip(items, oracle):
+        hz = it.meta["hazards"]
+        assert o == (0.5 ** hz.count(HOMONYM) if hz.count(ALIAS) <= 2 else 0.0)
+    fmt = TurnFormat(tok)
+    by_question = {it.question: it for it in items}
+
+    def respond(context: str, j: int) -> str:
+        item = next(it for q, it in by_question.items() if q in context)
+        coin = random.Random(context).randrange
+        return render_action(follower(lambda it, hop, n: coin(n))(item, observations(context, fmt)))
+
+    eps = run_episodes(ScriptedEngine(tok, respond), env, [Start(it) for it in items],
+                       sampling=SAMPLING, max_turns=8)
+    won = np.array([e.reward for e in eps])
+    assert np.all(won[oracle == 1.0] == 1.0) and np.all(won[oracle == 0.0] == 0.0)
+    se = np.sqrt(np.sum(oracle * (1 - oracle))) / len(items)
+    assert abs(won.mean() - oracle.mean()) < 4 * se + 1e-9, (won.mean(), oracle.mean())

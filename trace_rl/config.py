@@ -202,6 +202,12 @@ class TrainConfig:
     rollouts of prompt x (``trace_core.posterior``, counts rebuilt from the stored trees, so a
     resumed run has them too) and p the text predictor's estimate; 0 = off (the text predictor
     alone). Worth it where prompts recur (synth_chain's train pool: every ~8 steps)."""
+    root_oracle: bool = False
+    """Stage 1 (trace, prompt_only) scores prompts by the family's oracle instead of a predictor
+    (``Environment.oracle_success``: synth_chain's hazards, 0.5 per homonym), scaled to the
+    policy's success so far (``tasks.roots.oracle_roots``): the benchmark's reference for what a
+    predictor that ranks prompts perfectly by their hidden structure would give. Stage 2 keeps the
+    shared predictor."""
     chain_hops: str = "2:0.35,3:0.40,4:0.25"
     """synth_chain: hop distribution of the items, ``HOPS:WEIGHT`` entries (normalised)."""
     chain_hazard_a: float = 0.5
@@ -295,7 +301,7 @@ class TrainConfig:
         return self
 
 
-_HASHED_UNLESS_DEFAULT = ("root_posterior", "chain_hops", "chain_hazard_a", "chain_hazard_b",
+_HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a", "chain_hazard_b",
                          "chain_alias_share", "chain_train_items")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")

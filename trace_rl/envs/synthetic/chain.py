@@ -249,6 +249,14 @@ class SynthChain(SyntheticEnv):
     def turn_cap(self, item: TaskItem) -> int:
         return int(item.meta["hops"]) + SPARE_TURNS
 
+    def oracle_success(self, item: TaskItem) -> float:
+        """0.5 per homonym on the chain (the copies cannot be told apart), times 0 where its
+        aliases need more retries than the cap leaves (an agent that retries each alias; the
+        expert drops the hyphen there instead)."""
+        hazards = item.meta["hazards"]
+        fits = hazards.count(ALIAS) <= self.turn_cap(item) - item.meta["hops"] - 1
+        return 0.5 ** hazards.count(HOMONYM) * float(fits)
+
     def tools(self) -> list[dict[str, Any]]:
         return [SEARCH]
 
