@@ -73,9 +73,11 @@ def test_prediction_metrics_of_a_stored_step(workdir):
     assert m["predictor/flip_realised"] == 1.0
 
 
-CHAIN = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 5,
-         "max_new_tokens": 16, "multiplier": 1, "family": "synth_chain", "chain_hops": "2:1",
-         "chain_train_items": 6, "root_posterior": 4.0, "plot_every": 0, "eval_items": 0}
+CHAIN = {"engine": "hf", "steps": 2, "root_budget": 8, "pool_size": 4, "max_per_root": 2,
+         "max_turns": 5, "max_new_tokens": 16, "multiplier": 1, "family": "synth_chain",
+         "chain_hops": "2:1", "chain_train_items": 4, "root_posterior": 4.0, "plot_every": 0,
+         "eval_items": 0}
+"""Every step rolls out each of the 4 prompts twice, so step 1 scores prompts seen at step 0."""
 
 
 @pytest.mark.slow
@@ -96,7 +98,7 @@ def test_chain_flow_scores_roots_by_the_posterior_and_logs_prediction_metrics(ti
         "AND is_leaf AND level = 0 GROUP BY item_id", {"r": run_id}).to_pylist()}
     scored = store.query("SELECT item_id, predicted_v FROM nodes WHERE run_id = $r AND step = 1 "
                          "AND depth = 0 ORDER BY item_id", {"r": run_id}).to_pylist()
-    assert any(r["item_id"] in seen for r in scored)  # 4 of 6 prompts twice: some recur
+    assert {r["item_id"] for r in scored} == set(seen) and len(seen) == 4
     items = runtime.items_for(cfg, "train")
     text = runtime.load_predictor(cfg, workdir, run_id, 0).predict(
         [history_text(items[r["item_id"]].question, []) for r in scored])
