@@ -422,11 +422,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "--difficulty must be >= the largest); default: all at --difficulty")
     ap.add_argument("--methods", default=",".join(METHODS),
                     help=f"allocators, or variants: {', '.join(VARIANTS)}")
-    ap.add_argument("--seeds", default="3",
+    ap.add_argument("--seeds", default=None,
                     help="a count (3: seeds seed-start .. seed-start + 2) or a range (3-5). Each "
                          "(method, seed) run is kept in <workdir>/runs/, and a later invocation "
                          "with the same settings reuses it, so seeds accumulate: the report covers "
-                         "every recorded seed")
+                         "every recorded seed (default 3; 1 with --quick)")
     ap.add_argument("--seed-start", type=int, default=0,
                     help="first seed of a --seeds count")
     ap.add_argument("--steps", type=int, default=20)
@@ -467,7 +467,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.summarise_only:
         return summarise_recorded(Path(args.workdir), args.plot)
     if args.quick:
-        args.seeds, args.steps, args.eval_every, args.eval_items, args.eval_samples = "1", 2, 2, 8, 2
+        args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
+        args.seeds = args.seeds or "1"
         args.root_budget, args.pool_size = 4, 8
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
@@ -478,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from trace_rl.envs.registry import options
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    seeds = parse_seeds(args.seeds, args.seed_start)
+    seeds = parse_seeds(args.seeds or "3", args.seed_start)
     mix = [int(d) for d in args.mix.split(",") if d.strip()]
     keys = [kv.split("=", 1)[0].strip() for kv in args.set]
     # --set, parsed (and unknown keys refused) exactly as `trace train key=value` does
