@@ -452,6 +452,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "makes prompts recur across steps, as in multi-epoch training")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further TrainConfig fields for every method (e.g. loss_agg=seq-mean-token-mean)")
+    ap.add_argument("--policy", default=None,
+                    help="start every run from this Hugging Face policy directory instead of the "
+                         "family's bootstrapped tiny policy (a bootstrap.json beside it tells "
+                         "which test items to skip)")
     ap.add_argument("--workdir", default="bench_runs/learning",
                     help="keeps the bootstrapped policy (cached) and every run's trees and metrics")
     ap.add_argument("--plot", default="docs/learning.png")
@@ -485,9 +489,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # --set, parsed (and unknown keys refused) exactly as `trace train key=value` does
     overridden = load_config(None, [f"family={args.family}", *args.set]) if args.set else None
     family_options = {k: getattr(overridden or TrainConfig(), k) for k in options(args.family)}
-    policy = bootstrap(family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
-                       preset="test" if args.quick else "tiny", mix=mix or None,
-                       options=family_options or None)
+    policy = str(Path(args.policy).resolve()) if args.policy else bootstrap(
+        family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
+        preset="test" if args.quick else "tiny", mix=mix or None, options=family_options or None)
     base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
             "root_budget": args.root_budget, "multiplier": args.multiplier,
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf",
