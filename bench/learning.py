@@ -318,7 +318,8 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
     """``method`` minus each other method on ``key`` (``at_tokens``: held-out accuracy at equal
     generated tokens, the primary comparison; ``final``: at equal leaves), paired by seed: mean,
     its ``level`` Student-t interval, the paired t-test's two-sided p and the p after Holm's
-    correction over the baselines (``trace_core.stats.holm``). A baseline with fewer than two
+    correction over the baselines (``trace_core.stats.holm``; the allocators of ``METHODS``: the
+    ``VARIANTS`` of TRACE get their own p and no correction, nan). A baseline with fewer than two
     shared seeds has no interval or p (nan) and takes no part in the correction."""
     from scipy import stats as st
 
@@ -344,7 +345,7 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
                        p=float(st.ttest_1samp(d, 0.0).pvalue) if se > 0 else
                        (0.0 if row["mean"] != 0 else 1.0))
         out[other] = row
-    tested = [m for m, row in out.items() if np.isfinite(row["p"])]
+    tested = [m for m, row in out.items() if np.isfinite(row["p"]) and m not in VARIANTS]
     adjusted = holm([out[m]["p"] for m in tested]) if tested else []
     for m in out:
         out[m]["p_holm"] = float("nan")

@@ -119,3 +119,8 @@ def test_seeds_accumulate_and_paired_tests_correct_over_baselines(tmp_path):
     # Holm over the two baselines: the smaller p times 2, the larger times 1 (never below it)
     assert d["p_holm"] == pytest.approx(2 * d["p"])
     assert g["p_holm"] == pytest.approx(max(g["p"], 2 * d["p"])) and g["p"] > 0.2
+    # a variant of TRACE is no baseline: its own p, outside the correction
+    oracle = [_run("trace_oracle", s, [0.5, 0.6, a]) for s, a in enumerate([0.9, 0.8, 0.95])]
+    tests = paired_tests(results + oracle, key="final")
+    assert math.isnan(tests["trace_oracle"]["p_holm"]) and 0 < tests["trace_oracle"]["p"] < 1
+    assert tests["dapo"]["p_holm"] == pytest.approx(2 * d["p"])
