@@ -36,6 +36,14 @@ from typing import Any, Sequence
 import numpy as np
 
 METHODS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
+VARIANTS: dict[str, dict[str, Any]] = {
+    "trace_oracle": {"allocator": "trace", "root_oracle": True},
+    "trace_posterior": {"allocator": "trace", "root_posterior": 4.0},
+}
+"""Methods beyond the allocators: TRACE with Stage 1 scored by the family's oracle
+(``TrainConfig.root_oracle``: on synth_chain 0.5 per homonym, scaled to the policy's success so
+far; what a predictor ranking prompts by their hidden hazards would give), and TRACE with the
+per-prompt posterior (``root_posterior`` 4)."""
 
 
 @dataclass
@@ -76,8 +84,8 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
     from trace_rl.config import config_from_mapping
     from trace_rl.storage.store import TreeStore
 
-    config = {**base, "allocator": method, "seed": seed, "policy": policy,
-              "run_name": f"learn-{method}-s{seed}"}
+    config = {**base, **VARIANTS.get(method, {"allocator": method}), "seed": seed,
+              "policy": policy, "run_name": f"learn-{method}-s{seed}"}
     t0 = time.perf_counter()
     summary = train(config=config_from_mapping(config, "bench.learning"), workdir=str(workdir))
     wall = time.perf_counter() - t0
@@ -135,31 +143,82 @@ def fill_eval_tokens(workdir: Path, r: RunResult) -> RunResult:
     return RunResult(**{**r.__dict__, "eval_tokens": tokens})
 
 
+def parse_seeds(text: str, start: int = 0) -> list[int]:
+    """``--seeds``: ``"3"`` = three seeds from ``start``; ``"3-5"`` = seeds 3, 4 and 5."""
+    first, sep, last = str(text).partition("-")
+    try:
+        seeds = list(range(int(first), int(last) + 1)) if sep else \
+            list(range(start, start + int(first)))
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: give a count (3) or a range (3-5)") from None
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"--seeds {text!r}: no seeds (a count >= 1, or a range low-high of seeds >= 0)")
+    return seeds
+
+
+def run_record(workdir: Path, method: str, seed: int) -> Path:
+    """Where the result of one (method, seed) run is kept, so that seeds accumulate across
+    invocations (``--seeds 3-5`` adds three to a benchmark of seeds 0-2)."""
+    return workdir / "runs" / f"{method}-s{seed}.json"
+
+
+def save_run(workdir: Path, signature: str, r: RunResult) -> Path:
+    path = run_record(workdir, r.method, r.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"signature": signature, "result": r.__dict__}, indent=1) + "\n")
+    tmp.rename(path)
+    return path
+
+
+def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult | None:
+    """The recorded run of (method, seed) made with the same settings (``signature``), or None."""
+    path = run_record(workdir, method, seed)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return RunResult(**data["result"]) if data.get("signature") == signature else None
+
+
+def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any], policy: str) -> str:
+    """What makes two runs of one method and seed the same run: the train config (every field
+    but the method and seed), the evaluation settings and the starting policy's record."""
+    import hashlib
+
+    record = Path(policy) / "bootstrap.json"
+    policy_id = json.loads(record.read_text()).get("input_hash", "") if record.exists() else policy
+    blob = json.dumps({"base": base, "eval_steps": list(eval_steps), "ev": ev, "policy": policy_id},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
-             eval_steps: Sequence[int], start: float, ev: dict[str, Any]) -> RunResult:
+             eval_steps: Sequence[int], start: float, ev: dict[str, Any], sig: str) -> RunResult:
     """One (method, seed) run in a worker process, in a work dir of its own: a DuckDB file has
     one writer process, and each worker runs its own flows (and temporary Prefect server)."""
     from tasks.runtime import configure_threads
 
     configure_threads()
     method, seed = job
-    return run_one(method, seed, base, policy, Path(workdir) / f"job-{method}-s{seed}", eval_steps,
-                   start_accuracy=start, **ev)
+    r = run_one(method, seed, base, policy, Path(workdir) / f"job-{method}-s{seed}", eval_steps,
+                start_accuracy=start, **ev)
+    save_run(Path(workdir), sig, r)
+    return r
 
 
 def run_parallel(jobs: Sequence[tuple[str, int]], workers: int, base: dict[str, Any], policy: str,
                  workdir: Path, eval_steps: Sequence[int], start: float,
-                 ev: dict[str, Any]) -> list[RunResult]:
+                 ev: dict[str, Any], sig: str) -> list[RunResult]:
     """The (method, seed) runs on ``workers`` processes (each one torch thread), results in job
-    order. Every run is still the same train flow from the same policy; only the work dir
-    differs (``<workdir>/job-<method>-s<seed>``)."""
+    order, each saved as it ends (``save_run``). Every run is still the same train flow from the
+    same policy; only the work dir differs (``<workdir>/job-<method>-s<seed>``)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")  # no forked torch / Prefect state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = [pool.submit(_run_job, job, base, str(Path(policy).resolve()), str(workdir),
-                               list(eval_steps), start, ev) for job in jobs]
+                               list(eval_steps), start, ev, sig) for job in jobs]
         return [f.result() for f in futures]
 
 
@@ -255,6 +314,56 @@ def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[st
     return out
 
 
+def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at_tokens",
+                 level: float = 0.95) -> dict[str, dict[str, Any]]:
+    """``method`` minus each other method on ``key`` (``at_tokens``: held-out accuracy at equal
+    generated tokens, the primary comparison; ``final``: at equal leaves), paired by seed: mean,
+    its ``level`` Student-t interval, the paired t-test's two-sided p and the p after Holm's
+    correction over the baselines (``trace_core.stats.holm``; the allocators of ``METHODS``: the
+    ``VARIANTS`` of TRACE get their own p and no correction, nan). A baseline with fewer than two
+    shared seeds has no interval or p (nan) and takes no part in the correction."""
+    from scipy import stats as st
+
+    from trace_core.stats import holm
+
+    budget_tokens = token_budget(results)
+    get = {"at_tokens": lambda r: accuracy_at_tokens(r, budget_tokens), "final": _final,
+           "auc": _auc}[key]
+    mine = {r.seed: r for r in results if r.method == method}
+    out: dict[str, dict[str, Any]] = {}
+    for other in dict.fromkeys(r.method for r in results if r.method != method):
+        theirs = {r.seed: r for r in results if r.method == other}
+        seeds = sorted(set(mine) & set(theirs))
+        d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
+        d = d[np.isfinite(d)]
+        row: dict[str, Any] = {"seeds": seeds, "n": int(d.size),
+                               "mean": float(d.mean()) if d.size else float("nan"),
+                               "low": float("nan"), "high": float("nan"), "p": float("nan")}
+        if d.size >= 2:
+            se = float(d.std(ddof=1) / np.sqrt(d.size))
+            half = float(st.t.ppf(0.5 + level / 2, d.size - 1)) * se
+            row.update(low=row["mean"] - half, high=row["mean"] + half,
+                       p=float(st.ttest_1samp(d, 0.0).pvalue) if se > 0 else
+                       (0.0 if row["mean"] != 0 else 1.0))
+        out[other] = row
+    tested = [m for m, row in out.items() if np.isfinite(row["p"]) and m not in VARIANTS]
+    adjusted = holm([out[m]["p"] for m in tested]) if tested else []
+    for m in out:
+        out[m]["p_holm"] = float("nan")
+    for m, p in zip(tested, adjusted):
+        out[m]["p_holm"] = float(p)
+    return out
+
+
+def print_tests(tests: dict[str, dict[str, Any]], key: str, method: str = "trace") -> None:
+    what = {"at_tokens": "at equal generated tokens", "final": "at equal leaves (final)",
+            "auc": "area under accuracy vs leaves"}[key]
+    for other, t in tests.items():
+        print(f"{method} - {other:<14} {what}: {100 * t['mean']:+5.1f} points (95% CI "
+              f"{100 * t['low']:+.1f}, {100 * t['high']:+.1f}), p {t['p']:.3f}, Holm-adjusted "
+              f"{t['p_holm']:.3f} over {t['n']} seeds")
+
+
 def print_paired(diffs: dict[str, dict[str, Any]], method: str = "trace") -> None:
     for other, row in diffs.items():
         f, a, t = row["final"], row["auc"], row["at_tokens"]
@@ -313,10 +422,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--mix", default="",
                     help="item difficulties taken in turn, e.g. 1,2,3 (a pool of uneven prompts; "
                          "--difficulty must be >= the largest); default: all at --difficulty")
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"allocators, or variants: {', '.join(VARIANTS)}")
+    ap.add_argument("--seeds", default=None,
+                    help="a count (3: seeds seed-start .. seed-start + 2) or a range (3-5). Each "
+                         "(method, seed) run is kept in <workdir>/runs/, and a later invocation "
+                         "with the same settings reuses it, so seeds accumulate: the report covers "
+                         "every recorded seed (default 3; 1 with --quick)")
     ap.add_argument("--seed-start", type=int, default=0,
-                    help="first seed (runs seeds seed-start .. seed-start + seeds - 1)")
+                    help="first seed of a --seeds count")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-items", type=int, default=200)
@@ -340,6 +454,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "makes prompts recur across steps, as in multi-epoch training")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further TrainConfig fields for every method (e.g. loss_agg=seq-mean-token-mean)")
+    ap.add_argument("--policy", default=None,
+                    help="start every run from this Hugging Face policy directory instead of the "
+                         "family's bootstrapped tiny policy (a bootstrap.json beside it tells "
+                         "which test items to skip)")
     ap.add_argument("--workdir", default="bench_runs/learning",
                     help="keeps the bootstrapped policy (cached) and every run's trees and metrics")
     ap.add_argument("--plot", default="docs/learning.png")
@@ -355,17 +473,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.summarise_only:
         return summarise_recorded(Path(args.workdir), args.plot)
     if args.quick:
-        args.seeds, args.steps, args.eval_every, args.eval_items, args.eval_samples = 1, 2, 2, 8, 2
+        args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
+        args.seeds = args.seeds or "1"
         args.root_budget, args.pool_size = 4, 8
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
     workdir = Path(args.workdir)
     from flows.bootstrap import bootstrap
 
+    from trace_rl.config import TrainConfig, load_config
+    from trace_rl.envs.registry import options
+
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    seeds = parse_seeds(args.seeds or "3", args.seed_start)
     mix = [int(d) for d in args.mix.split(",") if d.strip()]
-    policy = bootstrap(family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
-                       preset="test" if args.quick else "tiny", mix=mix or None)
+    keys = [kv.split("=", 1)[0].strip() for kv in args.set]
+    # --set, parsed (and unknown keys refused) exactly as `trace train key=value` does
+    overridden = load_config(None, [f"family={args.family}", *args.set]) if args.set else None
+    family_options = {k: getattr(overridden or TrainConfig(), k) for k in options(args.family)}
+    policy = str(Path(args.policy).resolve()) if args.policy else bootstrap(
+        family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
+        preset="test" if args.quick else "tiny", mix=mix or None, options=family_options or None)
     base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
             "root_budget": args.root_budget, "multiplier": args.multiplier,
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf",
@@ -374,27 +502,36 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from tasks.evaluate import bootstrap_items
 
     skip = bootstrap_items(policy)
+    # A family with its own train-split option (synth_chain's chain_train_items) takes
+    # --train-items there; the other synthetic families as n_train.
+    own_train = next((k for k in options(args.family) if k.endswith("_train_items")), None)
     base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {}),
-                     **({"n_train": args.train_items} if args.train_items is not None else {})}
+                     **({"n_train": args.train_items} if args.train_items is not None
+                        and own_train is None else {})}
+    if own_train and args.train_items is not None:
+        base[own_train] = args.train_items
     if args.learning_rate is not None:
         base["learning_rate"] = args.learning_rate
-    if args.set:  # parsed (and unknown keys refused) exactly as `trace train key=value` does
-        from trace_rl.config import load_config
-
-        overridden = load_config(None, args.set)
-        keys = [kv.split("=", 1)[0].strip() for kv in args.set]
+    if overridden is not None:
         base.update({k: getattr(overridden, k) for k in keys})
     eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
     ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
               eval_temperature=args.eval_temperature)
+    sig = signature(base, eval_steps, ev, policy)
     start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items, skip,
                   args.eval_samples, args.eval_temperature)
-    jobs = [(m, s) for s in range(args.seed_start, args.seed_start + args.seeds) for m in methods]
+    jobs = [(m, s) for s in seeds for m in methods if load_run(workdir, sig, m, s) is None]
     if args.jobs <= 1:
-        results = [run_one(m, s, base, policy, workdir, eval_steps, start_accuracy=start, **ev)
-                   for m, s in jobs]
-    else:
-        results = run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev)
+        for m, s in jobs:
+            save_run(workdir, sig, run_one(m, s, base, policy, workdir, eval_steps,
+                                           start_accuracy=start, **ev))
+    elif jobs:
+        run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev, sig)
+    # Every recorded seed of these methods made with these settings, this invocation's and
+    # earlier ones'.
+    recorded = sorted({int(p.stem.rsplit("-s", 1)[1]) for p in (workdir / "runs").glob("*.json")})
+    results = [r for s in recorded for m in methods
+               if (r := load_run(workdir, sig, m, s)) is not None]
     record = workdir / "learning_results.json"  # every run's curve, per seed, for later reading
     record.write_text(json.dumps({"args": vars(args), "start_accuracy": start,
                                   "results": [r.__dict__ for r in results]}, indent=1) + "\n")
@@ -425,6 +562,11 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
     print_table(table, len({r.seed for r in results}))
     diffs = paired(results)
     print_paired(diffs)
+    tests = {}
+    if any(r.method == "trace" for r in results):
+        for key in ("at_tokens", "final"):
+            tests[key] = paired_tests(results, key=key)
+            print_tests(tests[key], key)
     if args["plot"]:
         plot(table, Path(args["plot"]))
         print(f"plot: {args['plot']}")
@@ -436,7 +578,8 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
                  if table.get("grpo", {}).get("effective_ratio") else float("nan"))
         print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
               f"effective ratio {ratio:.2f}x GRPO")
-    return {"table": table, "paired": diffs, "results": [r.__dict__ for r in results]}
+    return {"table": table, "paired": diffs, "tests": tests,
+            "results": [r.__dict__ for r in results]}
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ work dir gets a copy; a second call in the same work dir returns the existing di
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 from prefect import flow
 
@@ -20,11 +23,15 @@ _DEFAULT = TrainConfig()
 @flow(name="bootstrap-policy", log_prints=True)
 def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficulty,
               workdir: str | None = None, seed: int = _DEFAULT.seed, preset: str = "tiny",
-              mix: list[int] | None = None) -> str:
+              mix: list[int] | None = None, options: dict[str, Any] | None = None) -> str:
     """Make (or reuse) the tiny policy for ``family`` (default: what ``trace train`` with no
     config bootstraps); return its HF directory. ``mix``: item difficulties taken in turn
-    (``SynthConfig.mix``)."""
+    (``SynthConfig.mix``). ``options``: the family's generator options
+    (``TrainConfig.family_options``); policies of other options get their own directory."""
     tag = f"-m{''.join(str(d) for d in mix)}" if mix else ""
+    if options:
+        tag += "-o" + hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
     out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"
     return str(bootstrap_policy(family, out, difficulty=difficulty, preset=preset, seed=seed,
-                                mix=tuple(mix or ()), cache_dir=cache_dir(), show_progress=True))
+                                mix=tuple(mix or ()), options=tuple(sorted((options or {}).items())),
+                                cache_dir=cache_dir(), show_progress=True))

@@ -63,6 +63,7 @@ class StepTasks:
     policy_update: Any
     sync_weights: Any
     tree_metrics: Any
+    prediction_metrics: Any
     log_step: Any
 
     @classmethod
@@ -82,7 +83,9 @@ class StepTasks:
                    fit_predictor=wrap(learn.fit_predictor),
                    tree_advantages=wrap(learn.tree_advantages),
                    policy_update=wrap(learn.policy_update), sync_weights=wrap(learn.sync_weights),
-                   tree_metrics=wrap(track.tree_metrics), log_step=wrap(track.log_step))
+                   tree_metrics=wrap(track.tree_metrics),
+                   prediction_metrics=wrap(track.prediction_metrics),
+                   log_step=wrap(track.log_step))
 
 
 def _watched(task: Any, watch: Progress, phase: str) -> Any:
@@ -130,7 +133,8 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     paths = t.tree_advantages(cfg, workdir, run_id, step)
     update = t.policy_update(cfg, workdir, run_id, step, policy_dir, paths)
     sync_s = t.sync_weights(cfg, update["policy_dir"])
-    metrics = {**t.tree_metrics(workdir, run_id, step), **pred_stats, **update["stats"],
+    metrics = {**t.tree_metrics(workdir, run_id, step), **pred_stats,
+               **t.prediction_metrics(workdir, run_id, step), **update["stats"],
                **_allocation_metrics(scored, scored_prefixes, chosen, waves, fresh_leaves),
                "time/rollout_s": t_rollout, "time/sync_s": sync_s,
                "time/step_s": time.perf_counter() - t0}
@@ -271,7 +275,8 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
         if cfg.policy == "tiny":
             from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
         watch.note(None)  # the bootstrap reports its own progress
-        initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"))
+        initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
+                             options=cfg.family_options() or None)
                    if cfg.policy == "tiny" else cfg.policy)
         policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:

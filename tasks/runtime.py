@@ -103,32 +103,30 @@ def store(workdir: str) -> TreeStore:
 
 
 @lru_cache(maxsize=8)
-def environment(family: str, difficulty: int, extra: tuple[tuple[str, Any], ...] = ()) -> Environment:
-    kwargs = dict(extra)
-    if family.startswith("synth_"):
-        kwargs.setdefault("difficulty", difficulty)
-    return make_env(family, **kwargs)
+def environment(family: str, kwargs: tuple[tuple[str, Any], ...] = ()) -> Environment:
+    return make_env(family, **dict(kwargs))
 
 
-def _extra_key(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
-    """``cfg.extra`` as a hashable cache key (lists, e.g. a difficulty ``mix``, become tuples)."""
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.extra.items()))
+def _kwargs_key(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
+    """``cfg.env_kwargs()`` as a hashable cache key (lists, e.g. a difficulty ``mix``, become
+    tuples)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                        for k, v in cfg.env_kwargs().items()))
 
 
 def env_for(cfg: TrainConfig) -> Environment:
-    return environment(cfg.family, cfg.difficulty, _extra_key(cfg))
+    return environment(cfg.family, _kwargs_key(cfg))
 
 
 @lru_cache(maxsize=16)
-def _items(family: str, difficulty: int, extra: tuple[tuple[str, Any], ...], split: str) -> dict[str, TaskItem]:
-    env = environment(family, difficulty, extra)
-    items = env.load(split)
+def _items(family: str, kwargs: tuple[tuple[str, Any], ...], split: str) -> dict[str, TaskItem]:
+    items = environment(family, kwargs).load(split)
     return {it.id: it for it in items}
 
 
 def items_for(cfg: TrainConfig, split: str) -> dict[str, TaskItem]:
     """Items of a split by id (loaded once per process)."""
-    return _items(cfg.family, cfg.difficulty, _extra_key(cfg), split)
+    return _items(cfg.family, _kwargs_key(cfg), split)
 
 
 def drop_optimizer_state(workdir: str, run_id: str, step: int) -> None:

@@ -7,12 +7,15 @@ import re
 from typing import Any, Mapping
 
 import numpy as np
+import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
+from trace_core import calibration
+from trace_core.predictor import auc, brier
 from trace_core.stats import paired_gain, verdict
 from trace_rl.policy.update import OPTIMIZER_STATE
-from trace_rl.rollout.treeio import parent_array
+from trace_rl.rollout.treeio import group_trees, parent_array
 from trace_rl.storage import plots
 from trace_rl.storage.tracking import Tracker
 from trace_rl.view.page import step_page
@@ -46,6 +49,45 @@ def tree_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
         "alloc/active_roots": float(roots["n"]),
     }
     out.update({f"ledger/{k}": float(v or 0.0) for k, v in ledger.items()})
+    return out
+
+
+@task(name="prediction-metrics", cache_policy=runtime.PHASE_KEY)
+def prediction_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
+    """How well the step's allocation inputs predicted its outcomes (``trace_core.calibration.
+    outcome_pairs``, ``tree_terms``): Stage 1's root predictions against the bare rollouts'
+    rewards, Stage 2's prefix predictions against the reward of the bare rollout each prefix lies
+    on (AUC where both outcomes occur, Brier), and the continuations' flip rate: predicted (a
+    continuation of a prefix whose bare rollout ended in r flips with probability 1 - q, q the
+    predicted chance of r, as independent draws) against realised. Read from the store."""
+    store = runtime.store(workdir)
+    scores = {r["node_id"]: r["predicted_v"] for r in store.query(
+        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step = $s AND "
+        "level = 1", {"r": run_id, "s": step}).to_pylist()}
+    pairs: list[list[np.ndarray]] = [[], [], [], []]
+    flips: list[calibration.Term] = []
+    for tree in group_trees(store.read_step(run_id, step).to_pylist()).values():
+        parent = parent_array(pa.Table.from_pylist(tree))
+        reward = np.asarray([np.nan if not r["is_leaf"] or r["reward"] is None else r["reward"]
+                             for r in tree], np.float64)
+        level = np.asarray([r["level"] for r in tree], np.int64)
+        predicted = np.asarray([np.nan if x is None else x for x in
+                                (tree[0]["predicted_v"] if r["depth"] == 0 else
+                                 scores.get(r["node_id"]) for r in tree)], np.float64)
+        for acc, arr in zip(pairs, calibration.outcome_pairs(parent, reward, level, predicted)):
+            acc.append(arr)
+        flips += [t for t in calibration.tree_terms(parent, reward, level, predicted) if t.depth >= 1]
+    out: dict[str, float] = {}
+    for name, p, y in (("root", pairs[0], pairs[1]), ("prefix", pairs[2], pairs[3])):
+        p, y = np.concatenate(p) if p else np.zeros(0), np.concatenate(y) if y else np.zeros(0)
+        if len(p):
+            out[f"predictor/{name}_brier"] = brier(p, y)
+        if len(p) and 0 < y.mean() < 1:
+            out[f"predictor/{name}_auc"] = auc(p, y)
+    units = sum(t.units for t in flips)
+    if units:
+        out["predictor/flip_predicted"] = sum(t.expected for t in flips) / units
+        out["predictor/flip_realised"] = sum(t.observed for t in flips) / units
     return out
 
 

@@ -54,7 +54,19 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     from tasks.runtime import environment
     from trace_rl.storage.store import TreeStore
 
-    train = {item.id for item in environment("synth_arith", 1, (("n_train", 12),)).load("train")}
+    train = {item.id for item in environment("synth_arith", (("difficulty", 1), ("n_train", 12))).load("train")}
     used = TreeStore(tmp_path / "wd" / "trace.duckdb", create=False).query(
         "SELECT DISTINCT item_id FROM nodes").column("item_id").to_pylist()
     assert used and set(used) <= train
+    # Seeds accumulate: a second invocation adds seed 1 of two methods and reuses every seed-0
+    # run (its record is not rewritten); the report covers both seeds.
+    runs = tmp_path / "wd" / "runs"
+    before = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json")}
+    assert set(before) == {f"{m}-s0.json" for m in METHODS}
+    more = main(["--quick", "--workdir", str(tmp_path / "wd"), "--plot", "", "--train-items", "12",
+                 "--seeds", "1-1", "--methods", "trace,grpo"])
+    assert {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json") if p.name in before} == before
+    assert sorted((r["method"], r["seed"]) for r in more["results"]) == \
+        [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
+    assert more["tests"]["at_tokens"]["grpo"]["n"] == 2
+    assert "Holm-adjusted" in capsys.readouterr().out

@@ -81,3 +81,46 @@ def test_tokens_at_evaluations_by_hand():
     assert tokens_at_evals(metrics, [1, 3]) == [0.0, 30.0, 100.0]
     with pytest.raises(ValueError, match="4 steps stored, evaluations at steps"):
         tokens_at_evals(metrics, [1, 4])
+
+
+def test_holm_by_hand():
+    from trace_core.stats import holm
+
+    # sorted 0.01, 0.02, 0.04 times 3, 2, 1 -> 0.03, 0.04, 0.04 (kept non-decreasing), in place
+    assert holm([0.04, 0.01, 0.02]).tolist() == pytest.approx([0.04, 0.03, 0.04])
+    assert holm([0.5, 0.6]).tolist() == pytest.approx([1.0, 1.0])  # capped at 1
+    with pytest.raises(ValueError, match="p-values"):
+        holm([0.1, 1.5])
+
+
+def test_seeds_accumulate_and_paired_tests_correct_over_baselines(tmp_path):
+    from bench.learning import load_run, paired_tests, parse_seeds, save_run
+
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds("2", start=4) == [4, 5]
+    assert parse_seeds("3-5") == [3, 4, 5]
+    for bad in ("x", "5-3", "0"):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+    r = _run("trace", 3, [0.5, 0.6, 0.7])
+    save_run(tmp_path, "sig-a", r)
+    assert load_run(tmp_path, "sig-a", "trace", 3) == r
+    assert load_run(tmp_path, "sig-b", "trace", 3) is None  # other settings: not the same run
+    assert load_run(tmp_path, "sig-a", "trace", 4) is None
+    results = [_run("trace", s, [0.5, 0.6, a]) for s, a in enumerate([0.80, 0.70, 0.90])]
+    results += [_run("grpo", s, [0.5, 0.6, a]) for s, a in enumerate([0.75, 0.72, 0.80])]
+    results += [_run("dapo", s, [0.5, 0.6, a]) for s, a in enumerate([0.50, 0.45, 0.60])]
+    tests = paired_tests(results, key="final")
+    # grpo: d = 0.05, -0.02, 0.10; mean 0.0433, s.e. 0.0348, t(2) 97.5% = 4.303
+    g, d = tests["grpo"], tests["dapo"]
+    assert g["mean"] == pytest.approx(0.13 / 3) and g["n"] == 3
+    assert g["high"] - g["mean"] == pytest.approx(4.302653 * 0.060277 / math.sqrt(3), rel=1e-4)
+    # dapo: d = 0.30, 0.25, 0.30; t = 0.2833 / (0.02887 / sqrt 3) = 17.0, p(2 dof) = 0.00344
+    assert d["p"] == pytest.approx(0.003442, rel=1e-3)
+    # Holm over the two baselines: the smaller p times 2, the larger times 1 (never below it)
+    assert d["p_holm"] == pytest.approx(2 * d["p"])
+    assert g["p_holm"] == pytest.approx(max(g["p"], 2 * d["p"])) and g["p"] > 0.2
+    # a variant of TRACE is no baseline: its own p, outside the correction
+    oracle = [_run("trace_oracle", s, [0.5, 0.6, a]) for s, a in enumerate([0.9, 0.8, 0.95])]
+    tests = paired_tests(results + oracle, key="final")
+    assert math.isnan(tests["trace_oracle"]["p_holm"]) and 0 < tests["trace_oracle"]["p"] < 1
+    assert tests["dapo"]["p_holm"] == pytest.approx(2 * d["p"])

@@ -133,3 +133,39 @@ def estimate(terms: Iterable[Term], *, min_terms: int = 16) -> Correlation:
     pooled = [t for d, ts in grouped.items() if d >= 1 for t in ts]
     prefixes = _ratio(pooled) if len(pooled) >= min_terms else 0.0
     return Correlation(by_depth, prefixes, {d: len(ts) for d, ts in grouped.items()})
+
+
+def outcome_pairs(parent: np.ndarray, leaf_reward: np.ndarray, level: np.ndarray,
+                  predicted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What a stored tree says of the predictions its allocation used, as (prediction, outcome)
+    pairs (arrays as in ``tree_terms``):
+
+    * roots: the root's Stage 1 prediction against each bare rollout's reward ([m] each);
+    * prefixes: each scored bare-rollout prefix at depth >= 1 (Stage 2's prediction) against the
+      reward of the bare rollout it lies on ([k] each).
+
+    Both are the pairs a ranking metric (AUC) or Brier score of the allocation's inputs reads;
+    the continuations are left out (they are what the predictions chose)."""
+    parent = np.asarray(parent, dtype=np.int64)
+    reward = np.asarray(leaf_reward, dtype=np.float64)
+    level = np.asarray(level, dtype=np.int64)
+    predicted = np.asarray(predicted, dtype=np.float64)
+    if not (len(reward) == len(level) == len(predicted) == len(parent)):
+        raise ValueError("outcome_pairs: parent, leaf_reward, level and predicted must have one "
+                         "entry per node")
+    validate(parent, reward)
+    leaf = is_leaf(parent)
+    paths = root_to_leaf_paths(parent)  # [L, D+1]
+    leaf_ids = np.flatnonzero(leaf)  # [L]
+    bare = level[leaf_ids] == 0  # [L]
+    root_y = reward[leaf_ids[bare]] if np.isfinite(predicted[0]) else np.zeros(0)
+    root_p = np.full(len(root_y), predicted[0])
+    scored = ~leaf & (level == 0) & np.isfinite(predicted)
+    scored[0] = False
+    pre_p, pre_y = [], []
+    for y in np.flatnonzero(scored):
+        own = leaf_ids[(paths == y).any(axis=1) & bare]
+        if len(own) == 1:
+            pre_p.append(predicted[y])
+            pre_y.append(reward[own[0]])
+    return root_p, root_y, np.asarray(pre_p, np.float64), np.asarray(pre_y, np.float64)

@@ -31,6 +31,9 @@ from trace_rl.envs.registry import families
 if TYPE_CHECKING:
     from trace_rl.policy.update import UpdateSettings
 
+_HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a", "chain_hazard_b",
+                         "chain_alias_share", "chain_train_items")
+"""Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 """``trace_core.loss.AGGREGATIONS``' names (a test checks they agree; not imported: that module
 pulls in torch, and a config must be checked before anything heavy is imported)."""
@@ -65,7 +68,7 @@ class TrainConfig(BaseModel):
     """Explicit run id (re-using one resumes that run); empty = derived from name + config hash."""
     family: Family = "synth_arith"
     """Task family (``trace_rl.envs.registry``): synth_arith, synth_lookup, synth_fncall,
-    hotpotqa, math, bfcl."""
+    synth_chain, hotpotqa, math, bfcl."""
     difficulty: int = Field(1, ge=1)
     """Difficulty knob of a synthetic family (ignored by real families). At 1 the bootstrapped
     tiny policy starts at ~51% sampled success on synth_arith (docs/results.md), so groups mix."""
@@ -225,6 +228,32 @@ class TrainConfig(BaseModel):
     state (for resuming)."""
     plot_every: int = Field(1, ge=0)
     """Render a rollout tree and a calibration plot every this many steps (0 = never)."""
+    root_posterior: float = Field(0.0, ge=0)
+    """Stage 1 (trace, prompt_only): strength k of a per-prompt posterior over the text
+    predictor's root estimate, V~(x) = (s + k p) / (n + k) with s successes in n earlier bare
+    rollouts of prompt x (``trace_core.posterior``, counts rebuilt from the stored trees, so a
+    resumed run has them too) and p the text predictor's estimate; 0 = off (the text predictor
+    alone). Worth it where prompts recur (synth_chain's train pool: every ~8 steps)."""
+    root_oracle: bool = False
+    """Stage 1 (trace, prompt_only) scores prompts by the family's oracle instead of a predictor
+    (``Environment.oracle_success``: synth_chain's hazards, 0.5 per homonym), scaled to the
+    policy's success so far (``tasks.roots.oracle_roots``): the benchmark's reference for what a
+    predictor that ranks prompts perfectly by their hidden structure would give. Stage 2 keeps the
+    shared predictor."""
+    chain_hops: str = Field("2:0.35,3:0.40,4:0.25",
+                            pattern=r"^\s*\d+\s*:\s*[0-9.]+\s*(,\s*\d+\s*:\s*[0-9.]+\s*)*$")
+    """synth_chain: hop distribution of the items, ``HOPS:WEIGHT`` entries (normalised)."""
+    chain_hazard_a: float = Field(0.5, gt=0)
+    """synth_chain: a of the Beta(a, b) that draws each item's hazard rate (aliases and
+    homonyms along its chain)."""
+    chain_hazard_b: float = Field(1.0, gt=0)
+    """synth_chain: b of that Beta(a, b)."""
+    chain_alias_share: float = Field(0.5, ge=0, le=1)
+    """synth_chain: share of the hazards that are aliases (recoverable: a retry costs a turn);
+    the rest are homonyms (unrecoverable: the wrong copy derails the chain)."""
+    chain_train_items: int = Field(256, ge=1)
+    """synth_chain: items of the train split, the pool prompts are drawn from (at pool_size 32
+    a prompt recurs every ~8 steps)."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Family-specific options passed to the environment factory."""
 
@@ -292,11 +321,31 @@ class TrainConfig(BaseModel):
 
     @property
     def config_hash(self) -> str:
-        """Stable hash of everything that changes results (not the run name or id)."""
+        """Stable hash of everything that changes results (not the run name or id). Options in
+        ``_HASHED_UNLESS_DEFAULT`` enter it only when set, so adding one keeps the ids of runs
+        made before it."""
         d = self.to_dict()
         d.pop("run_name")
         d.pop("run_id")
+        for name in _HASHED_UNLESS_DEFAULT:
+            if d[name] == type(self).model_fields[name].default:
+                del d[name]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+    def family_options(self) -> dict[str, Any]:
+        """The fields the family registered as its options (``trace_rl.envs.registry.options``),
+        by name: e.g. synth_chain's ``chain_*`` generator parameters."""
+        from trace_rl.envs.registry import options
+
+        return {name: getattr(self, name) for name in options(self.family)}
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the family's factory: ``difficulty`` for a synthetic family,
+        ``family_options()``, then ``extra``."""
+        kwargs: dict[str, Any] = {"difficulty": self.difficulty} if self.family.startswith("synth_") else {}
+        kwargs.update(self.family_options())
+        kwargs.update(self.extra)
+        return kwargs
 
     @property
     def resolved_run_id(self) -> str:
@@ -392,11 +441,8 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
             raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
                              f"(no {policy / 'config.json'}); give one, or 'tiny' for the "
                              f"bootstrapped CPU policy")
-    kwargs = dict(cfg.extra)
-    if cfg.family.startswith("synth_"):
-        kwargs.setdefault("difficulty", cfg.difficulty)
     try:
-        env = make_env(cfg.family, **kwargs)
+        env = make_env(cfg.family, **cfg.env_kwargs())
     except (TypeError, ValueError) as exc:
         raise ValueError(f"config: family={cfg.family!r} with extra={dict(cfg.extra)!r}: {exc}") from exc
     # Only the training split: the train flow reads nothing else, and a family's default
@@ -413,4 +459,9 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
     if len(items) < cfg.pool_size:
         raise ValueError(f"config: train_split={split!r} of family {cfg.family!r} holds "
                          f"{len(items)} items; pool_size={cfg.pool_size} needs as many")
+    caps = [c for c in (env.turn_cap(it) for it in items) if c is not None]
+    if caps and cfg.max_turns < max(caps):
+        raise ValueError(f"config: max_turns={cfg.max_turns} is below the turn cap of some "
+                         f"{cfg.family} items ({max(caps)}: hops + 3); set max_turns={max(caps)} "
+                         f"or more (each item keeps its own cap)")
     return cfg

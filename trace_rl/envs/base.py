@@ -119,6 +119,17 @@ class Environment(abc.ABC):
     def user_prompt(self, item: TaskItem) -> str:
         return item.question
 
+    def oracle_success(self, item: TaskItem) -> float | None:
+        """What the item's hidden structure allows a competent agent, in [0, 1] (a ranking of
+        prompts no text predictor is given), or None where the family knows none. Read by
+        ``TrainConfig.root_oracle`` (an upper reference for Stage 1's predictor)."""
+        return None
+
+    def turn_cap(self, item: TaskItem) -> int | None:
+        """This item's own turn cap, or None for the loop's cap alone. The ReAct loop ends an
+        episode at the smaller of the two (``synth_chain``: hops + 3)."""
+        return None
+
     @abc.abstractmethod
     def reset(self, item: TaskItem) -> Any:
         """A fresh state for ``item``."""

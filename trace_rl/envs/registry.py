@@ -13,13 +13,22 @@ from trace_rl.envs.base import Environment
 
 Factory = Callable[..., Environment]
 _FACTORIES: dict[str, Factory] = {}
+_OPTIONS: dict[str, tuple[str, ...]] = {}
 
 
-def register(name: str, factory: Factory) -> None:
-    """Add a family. Registering a name twice is an error (two families would shadow each other)."""
+def register(name: str, factory: Factory, options: tuple[str, ...] = ()) -> None:
+    """Add a family. Registering a name twice is an error (two families would shadow each other).
+    ``options``: ``TrainConfig`` fields the factory takes as keyword arguments of the same names
+    (``TrainConfig.env_kwargs`` passes them; e.g. the chain generator's parameters)."""
     if name in _FACTORIES:
         raise ValueError(f"task family {name!r} is already registered")
     _FACTORIES[name] = factory
+    _OPTIONS[name] = tuple(options)
+
+
+def options(name: str) -> tuple[str, ...]:
+    """The ``TrainConfig`` fields family ``name`` reads (empty for an unknown family)."""
+    return _OPTIONS.get(name, ())
 
 
 def families() -> list[str]:
@@ -48,6 +57,16 @@ def _synthetic(name: str) -> Factory:
 
 for _name in ("synth_lookup", "synth_arith", "synth_fncall"):
     register(_name, _synthetic(_name))
+
+
+def _chain(**kwargs: Any) -> Environment:
+    from trace_rl.envs.synthetic import ChainConfig, SynthChain
+
+    return SynthChain(ChainConfig(**kwargs))
+
+
+register("synth_chain", _chain, options=("chain_hops", "chain_hazard_a", "chain_hazard_b",
+                                         "chain_alias_share", "chain_train_items"))
 
 
 def _real(module: str, cls: str) -> Factory:

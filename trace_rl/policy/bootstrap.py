@@ -13,7 +13,7 @@ groups with no contrast. The recipe, per family:
    is deliberately imperfect, built by one of ``CORRUPTIONS`` (a wrong final answer, an answer
    given too early, a wrong intermediate tool call), so the imitated behaviour fails part of the
    time in the ways RL can fix. ``THOUGHTS`` gives a family's expert thoughts (arith restates
-   the step's sentence; the others think nothing);
+   the step's sentence, chain the fact it follows; the others think nothing);
 4. after every epoch the policy is measured by real rollouts (HF engine, ``run_episodes``,
    temperature 1) on held-out test items; SFT stops at the first epoch whose success lies in
    ``target_success``, else the epoch closest to that range is kept;
@@ -55,6 +55,7 @@ from transformers import DynamicCache
 from trace_rl.engines.hf import HFEngine
 from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.envs.registry import make_env
+from trace_rl.envs.synthetic.chain import expert_thoughts as chain_thoughts
 from trace_rl.policy.tiny import PRESETS, build_model, build_tokenizer, save_policy
 from trace_rl.progress import Progress, Silent
 from trace_rl.rollout.format import render_action
@@ -81,6 +82,9 @@ class BootstrapConfig:
     """Family difficulty (1..5) of the SFT traces and the held-out measurement."""
     mix: tuple[int, ...] = ()
     """Item difficulties taken in turn (``SynthConfig.mix``); empty = all at ``difficulty``."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """The family's generator options as (name, value) pairs (``TrainConfig.family_options``,
+    e.g. synth_chain's hop distribution and hazard rates); empty = the family's defaults."""
     preset: str = "tiny"
     """Model shape, a key of ``trace_rl.policy.tiny.PRESETS``."""
     seed: int = 0
@@ -136,6 +140,10 @@ class BootstrapConfig:
             d["mix"] = list(self.mix)
         else:
             del d["mix"]  # keeps the input hash of policies made before the option existed
+        if self.options:
+            d["options"] = {k: v for k, v in self.options}
+        else:
+            del d["options"]  # likewise
         return d
 
 
@@ -201,7 +209,7 @@ def no_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
     return [""] * len(actions)
 
 
-THOUGHTS: dict[str, Thoughts] = {"synth_arith": arith_thoughts}
+THOUGHTS: dict[str, Thoughts] = {"synth_arith": arith_thoughts, "synth_chain": chain_thoughts}
 """Family -> expert thoughts; families not listed think nothing (``<think></think>``)."""
 
 
@@ -367,8 +375,14 @@ def read_record(out_dir: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
+FAMILY_SETTINGS: dict[str, dict[str, int]] = {"synth_chain": {"sft_examples": 800, "sft_epochs": 12}}
+"""A family's own SFT schedule where the defaults do not suit it (``bootstrap_policy`` uses it
+unless told otherwise). synth_chain's traces are 3-4x longer than arith's: half the traces per
+epoch measures the policy twice as often, so SFT stops nearer the first epoch in the target."""
+
+
 def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int = 2, preset: str = "tiny",
-                     seed: int = 0, sft_examples: int = 1600, sft_epochs: int = 8,
+                     seed: int = 0, sft_examples: int | None = None, sft_epochs: int | None = None,
                      target_success: tuple[float, float] = (0.3, 0.7), threads: int | None = None,
                      cache_dir: str | Path | None = None, show_progress: bool = False,
                      **settings: Any) -> Path:
@@ -379,6 +393,9 @@ def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int = 2, p
     ``cache_dir``, a policy built once for the same inputs is copied from there (``run_bootstrap``).
     ``show_progress``: report each phase and SFT step (``trace_rl.progress``).
     """
+    own = FAMILY_SETTINGS.get(family, {})
+    sft_examples = sft_examples or own.get("sft_examples", BootstrapConfig.sft_examples)
+    sft_epochs = sft_epochs or own.get("sft_epochs", BootstrapConfig.sft_epochs)
     try:
         config = BootstrapConfig(family=family, difficulty=difficulty, preset=preset, seed=seed,
                                  sft_examples=sft_examples, sft_epochs=sft_epochs,
@@ -413,8 +430,9 @@ def run_bootstrap(config: BootstrapConfig, out_dir: str | Path, threads: int | N
     env = make_env(config.family, difficulty=config.difficulty, seed=config.seed,
                    n_train=config.sft_examples,
                    n_test=config.eval_items + config.report_items,
-                   **({"mix": tuple(config.mix)} if config.mix else {}))
-    train, test = env.load("train"), env.load("test")
+                   **({"mix": tuple(config.mix)} if config.mix else {}), **dict(config.options))
+    # A family may keep its SFT traces apart from the prompts RL trains on (``sft_split``).
+    train, test = env.load(getattr(env, "sft_split", "train")), env.load("test")
     digest = input_hash(config, env, train + test)
     if _holds(out, digest):
         return out
@@ -602,8 +620,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="item difficulties taken in turn, e.g. 1,2,3 (with --difficulty 3)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sft-examples", type=int, default=BootstrapConfig.sft_examples)
-    p.add_argument("--sft-epochs", type=int, default=BootstrapConfig.sft_epochs)
+    p.add_argument("--sft-examples", type=int, default=None,
+                   help=f"default {BootstrapConfig.sft_examples}, or the family's (FAMILY_SETTINGS)")
+    p.add_argument("--sft-epochs", type=int, default=None,
+                   help=f"default {BootstrapConfig.sft_epochs}, or the family's (FAMILY_SETTINGS)")
     p.add_argument("--target", type=float, nargs=2, default=(0.3, 0.7), metavar=("LOW", "HIGH"))
     p.add_argument("--noise", type=float, default=BootstrapConfig.noise)
     p.add_argument("--lr", type=float, default=BootstrapConfig.learning_rate)

@@ -73,6 +73,8 @@ class _Live:
     ids: list[int]
     start_index: int
     copy_index: int
+    cap: int
+    """Turn cap of this episode (the loop's, or the item's own where smaller)."""
 
 
 def _request_seed(seed: int | None, start_index: int, copy_index: int, depth: int) -> int | None:
@@ -173,7 +175,8 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
     """Roll out ``k`` episodes per start to termination; returns them start by start, K each.
 
     ``sampling.stop`` is extended with the turn format's stop strings. ``max_turns`` (default
-    ``env.max_turns``) caps the depth including prefix turns. ``seed`` derives a per-request seed
+    ``env.max_turns``) caps the depth including prefix turns, as does an item's own cap
+    (``env.turn_cap``) where it is smaller. ``seed`` derives a per-request seed
     from (start, copy, depth). ``max_context`` caps prompt + all turns in tokens (the policy's
     context window); a turn's ``max_tokens`` shrinks to fit it.
     """
@@ -187,8 +190,9 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
     for si, start in enumerate(starts):
         if start.k < 1:
             raise ValueError(f"start {si} (item {start.item.id}): k={start.k} must be >= 1")
-        _check_prefix(start.item, start.prefix, cap)
         item = start.item
+        item_cap = min(cap, env.turn_cap(item) or cap)
+        _check_prefix(item, start.prefix, item_cap)
         if item.id not in prompts:
             prompts[item.id] = fmt.prompt_ids(env.system_prompt(), env.user_prompt(item))
         state, prefix, calls = _materialise_prefix(env, item, start.prefix, fmt, tool_timeout_s)
@@ -201,7 +205,7 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
                          turns=copy.deepcopy(prefix), prefix_turns=len(prefix),
                          ledger=Ledger(tool_calls=calls, trajectories=1))
             episodes.append(ep)
-            group.append(_Live(ep, item, state, ep.token_ids(), si, j))
+            group.append(_Live(ep, item, state, ep.token_ids(), si, j, item_cap))
         groups.append(group)
 
     def finish(live: _Live, reward: float, metrics: Mapping[str, float]) -> None:
@@ -250,7 +254,7 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
                                          "action closed")
                     turn.error = True
                     finish(live, 0.0, {"truncated": 1.0})
-                elif len(live.episode.turns) >= cap:
+                elif len(live.episode.turns) >= live.cap:
                     finish(live, 0.0, {"turn_cap": 1.0})  # its tool is not run: nothing follows
                 else:
                     pending.append((live, turn))

@@ -15,7 +15,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from trace_rl.envs.base import Environment, TaskItem, ToolError
 from trace_rl.envs.io import item_from_row, item_to_row, load_jsonl, write_jsonl
@@ -96,16 +96,23 @@ class SyntheticEnv(Environment):
             pools = {d: type(self)(SynthConfig(difficulty=d, seed=c.seed))._generate(
                 split, sum(k for e, k in zip(mix, counts) if e == d)) for d in set(mix)}
             return [pools[d].pop(0) for d in (mix[k % len(mix)] for k in range(n))]
+        return self._draw_items(n, split, f"{self.family}:{c.seed}:{c.difficulty}:{split}",
+                                f"{self.family}-d{c.difficulty}-s{c.seed}-{split}", self.make_item,
+                                f"{split} items at difficulty {c.difficulty}")
+
+    def _draw_items(self, n: int, bucket: str, seed_key: str, id_prefix: str,
+                    make: Callable[[random.Random, str], TaskItem], what: str) -> list[TaskItem]:
+        """The first ``n`` items ``make(Random(f"{seed_key}:{k}"), f"{id_prefix}-{k}")``,
+        k = 0, 1, ..., whose problem key falls in split ``bucket`` (``split_of``)."""
         items: list[TaskItem] = []
         index = 0
         while len(items) < n:
             if index >= 50 * n + 1000:
-                raise ValueError(f"{self.family}: could not draw {n} {split} items at difficulty "
-                                 f"{c.difficulty} (only {len(items)}); the problem space is too small")
-            rng = random.Random(f"{self.family}:{c.seed}:{c.difficulty}:{split}:{index}")
-            item = self.make_item(rng, f"{self.family}-d{c.difficulty}-s{c.seed}-{split}-{index}")
+                raise ValueError(f"{self.family}: could not draw {n} {what} (only {len(items)}); "
+                                 "the problem space is too small")
+            item = make(random.Random(f"{seed_key}:{index}"), f"{id_prefix}-{index}")
             index += 1
-            if self.split_of(item) == split:
+            if self.split_of(item) == bucket:
                 items.append(item)
         return items
 

@@ -1,0 +1,331 @@
+"""``synth_chain``: the generator (hop distribution, hazards fixed per item, Beta-spread hazard
+rates, disjoint splits, a harder ``hard`` split), the search tool's aliases and homonyms, the
+exact-match reward, the per-item turn cap, and continuation from stored prefixes through the real
+ReAct loop (``ScriptedEngine`` writes the turns a reading agent would)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from scripted_engine import ScriptedEngine
+from trace_rl.config import TrainConfig, check_inputs
+from trace_rl.envs.base import TaskItem
+from trace_rl.envs.registry import make_env
+from trace_rl.envs.synthetic.chain import ALIAS, HOMONYM, expert_thoughts, parse_hops
+from trace_rl.rollout.format import TurnFormat, render_action
+from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,
+                                    expert_episode, run_episodes)
+from trace_rl.rollout.types import Action, SamplingSettings
+
+SAMPLING = SamplingSettings(max_tokens=160)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from trace_rl.policy.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def env():
+    return make_env("synth_chain")
+
+
+def observations(context: str, fmt: TurnFormat) -> list[str]:
+    return [part.split(fmt.glue.after_obs)[0] for part in context.split(fmt.glue.before_obs)[1:]]
+
+
+Pick = Callable[[TaskItem, int, int], int]
+"""(item, hop, records returned) -> which record of a search to follow."""
+
+
+def gold_pick(item: TaskItem, hop: int, n: int) -> int:
+    return item.meta["copy"][hop]
+
+
+def wrong_pick(item: TaskItem, hop: int, n: int) -> int:
+    return 1 - item.meta["copy"][hop] if n == 2 else 0
+
+
+def follower(pick: Pick) -> Callable[[TaskItem, list[str]], Action]:
+    """Reads the question and each observation as an agent would: retries the name a failed
+    search suggests, follows the hop's relation in the record ``pick`` chooses, answers at the
+    end of the path."""
+    def policy(item: TaskItem, obs: list[str]) -> Action:
+        m = re.search(r"Start from (\S+) and follow (.*)\. Who do you reach\?", item.question)
+        entity, path, hop = m.group(1), m.group(2).split(" > "), 0
+        for o in obs:
+            retry = re.search(r"Did you mean (\S+)\?", o)
+            if retry:
+                entity = retry.group(1)
+                continue
+            records = o.split(" | ")
+            fact = re.search(rf"\b{path[hop]} ([\w-]+)", records[pick(item, hop, len(records))])
+            entity = fact.group(1) if fact else entity  # a derailed chain may lack the relation
+            hop += 1
+        if hop < len(path):
+            return Action(kind="tool", tool="search", arguments={"query": entity})
+        return Action(kind="answer", answer=entity)
+    return policy
+
+
+def engine_for(tok, items: list[TaskItem], policy) -> ScriptedEngine:
+    fmt = TurnFormat(tok)
+    by_question = {it.question: it for it in items}
+    assert len(by_question) == len(items)
+
+    def respond(context: str, j: int) -> str:
+        item = next(it for q, it in by_question.items() if q in context)
+        return render_action(policy(item, observations(context, fmt)), thought="go")
+
+    return ScriptedEngine(tok, respond)
+
+
+def with_hazards(items: list[TaskItem], *kinds: str) -> list[TaskItem]:
+    """Items with each of ``kinds`` among their hazards and at most two aliases (a third retry
+    would pass the turn cap: ``follower`` retries every alias)."""
+    return [it for it in items if all(k in it.meta["hazards"] for k in kinds)
+            and it.meta["hazards"].count(ALIAS) <= 2]
+
+
+# ------------------------------------------------------------------------------------ generator
+def test_hop_distribution_follows_chain_hops(env):
+    items = env.load("test") + env.load("train")
+    share = Counter(it.meta["hops"] for it in items)
+    n = len(items)
+    for hops, p in {2: 0.35, 3: 0.40, 4: 0.25}.items():
+        # 4 standard errors of a binomial share over n = 656 items: ~0.075 at p = 0.4
+        assert abs(share[hops] / n - p) < 4 * np.sqrt(p * (1 - p) / n), (hops, share)
+    assert set(share) == {2, 3, 4}
+    assert {it.meta["hops"] for it in make_env("synth_chain", chain_hops="3:1").load("test")} == {3}
+    assert parse_hops("2:1,5:3") == {2: 0.25, 5: 0.75}
+    for bad in ("2", "2:x", "0:1", "2:-1", "2:1,2:1", "2:0"):
+        with pytest.raises(ValueError, match="chain_hops"):
+            make_env("synth_chain", chain_hops=bad)
+
+
+def test_hazards_are_fixed_per_item_and_their_rate_spreads(env):
+    train = env.load("train")
+    again = make_env("synth_chain").load("train")
+    assert [json.dumps(i.meta, sort_keys=True) for i in train] == \
+        [json.dumps(i.meta, sort_keys=True) for i in again]  # the same hazards every epoch
+    assert len(train) == 256 and len({i.id for i in train}) == 256
+    rates = np.array([i.meta["rate"] for i in train + env.load("test")])
+    # Beta(0.5, 1): mean 1/3; P(q < 0.05) = 0.05^0.5 = 0.22; P(q > 0.8) = 1 - 0.8^0.5 = 0.11
+    assert abs(rates.mean() - 1 / 3) < 0.05
+    assert (rates < 0.05).mean() > 0.12 and (rates > 0.8).mean() > 0.05
+    hazards = [h for i in train for h in i.meta["hazards"]]
+    counts = Counter(hazards)
+    assert counts[ALIAS] > 30 and counts[HOMONYM] > 30
+    assert abs(counts[ALIAS] / (counts[ALIAS] + counts[HOMONYM]) - 0.5) < 0.12
+    # the hazard count tracks the drawn rate: items in the top rate quartile carry more per hop
+    per_hop = np.array([sum(h != "" for h in i.meta["hazards"]) / i.meta["hops"] for i in train])
+    q = np.array([i.meta["rate"] for i in train])
+    assert per_hop[q > np.quantile(q, 0.75)].mean() > per_hop[q < np.quantile(q, 0.25)].mean() + 0.3
+    only_alias = make_env("synth_chain", chain_alias_share=1.0).load("train", limit=100)
+    assert HOMONYM not in {h for i in only_alias for h in i.meta["hazards"]}
+    safe = make_env("synth_chain", chain_hazard_a=0.01, chain_hazard_b=50.0).load("train", limit=50)
+    assert sum(h != "" for i in safe for h in i.meta["hazards"]) <= 2
+
+
+def test_splits_are_disjoint_sized_and_the_hard_split_is_harder(env):
+    splits = {s: env.load(s) for s in ("train", "test", "hard")}
+    splits["sft"] = env.load("sft", limit=400)
+    assert {s: len(v) for s, v in splits.items()} == {"train": 256, "test": 400, "hard": 400,
+                                                      "sft": 400}
+    keys = {s: {env.item_key(i) for i in v} for s, v in splits.items()}
+    for a in keys:
+        for b in keys:
+            if a < b:
+                assert not keys[a] & keys[b], (a, b)
+    hard, test = splits["hard"], splits["test"]
+    assert {i.meta["hops"] for i in hard} == {5}
+    rate = lambda items: np.mean([sum(h != "" for h in i.meta["hazards"]) / i.meta["hops"]  # noqa: E731
+                                  for i in items])
+    assert rate(hard) > 1.25 * rate(test)
+    homonym_free = lambda items: np.mean([HOMONYM not in i.meta["hazards"] for i in items])  # noqa: E731
+    assert homonym_free(hard) < homonym_free(test) - 0.1
+    assert make_env("synth_chain", chain_train_items=40).load("train") == splits["train"][:40]
+    with pytest.raises(ValueError, match="split must be one of"):
+        env.load("valid")
+
+
+def test_difficulty_cues_are_in_the_question(env):
+    for item in env.load("train", limit=60):
+        m = item.meta
+        assert " > ".join(m["path"]) in item.question  # the hops
+        people = item.question.split(". Start")[0].removeprefix("People: ").split(", ")
+        for hazard, surface, name in zip(m["hazards"], m["surface"], m["chain"]):
+            if hazard == ALIAS:
+                assert surface == f"{name[:2]}-{name[2:]}" and surface in people
+            if hazard == HOMONYM:
+                assert people.count(name) == 2  # listed twice
+        assert item.question.count(f"Start from {m['surface'][0]} ") == 1
+
+
+# ---------------------------------------------------------------------------------- tools, reward
+def test_alias_fails_verbatim_and_homonym_returns_both_copies(env):
+    items = env.load("train")
+    alias = with_hazards(items, ALIAS)[0]
+    hop = alias.meta["hazards"].index(ALIAS)
+    surface, name = alias.meta["surface"][hop], alias.meta["chain"][hop]
+    state = env.reset(alias)
+    assert env.call_tool(state, "search", {"query": surface}) == \
+        f"No entry for {surface}. Did you mean {name}?"
+    assert env.call_tool(state, "search", {"query": f" {name.lower()} "}).startswith(f"{name}: ")
+    assert env.call_tool(state, "search", {"query": "Nobody"}) == "No entry for Nobody."
+    homonym = with_hazards(items, HOMONYM)[0]
+    hop = homonym.meta["hazards"].index(HOMONYM)
+    name = homonym.meta["chain"][hop]
+    obs = env.call_tool(env.reset(homonym), "search", {"query": name})
+    copies = obs.split(" | ")
+    rel = homonym.meta["path"][hop]
+    targets = [re.search(rf"\b{rel} ([\w-]+)", c).group(1) for c in copies]
+    assert len(copies) == 2 and all(c.startswith(f"{name}: ") for c in copies)
+    nxt = homonym.meta["surface"][hop + 1] if hop + 1 < homonym.meta["hops"] else homonym.meta["chain"][hop + 1]
+    assert targets[homonym.meta["copy"][hop]] == nxt and targets[1 - homonym.meta["copy"][hop]] != nxt
+
+
+def test_reward_is_exact_match_on_the_final_person(env):
+    item = env.load("train", limit=1)[0]
+    gold = item.gold
+    assert env.verify(item, gold).reward == 1.0
+    assert env.verify(item, f"  {gold.upper()}. ").reward == 1.0
+    assert env.verify(item, f"{gold[:2]}-{gold[2:]}").reward == 0.0
+    assert env.verify(item, item.meta["chain"][-2]).reward == 0.0
+    assert env.verify(item, f"{gold} or {item.meta['chain'][0]}").reward == 0.0
+
+
+def test_expert_solves_every_item_within_its_cap(tok, env):
+    for split in ("train", "hard"):
+        for item in env.load(split, limit=60):
+            actions = env.expert_actions(item)
+            ep = expert_episode(env, item, tok, thoughts=expert_thoughts(item, actions))
+            assert ep.reward == 1.0, item.id
+            assert len(ep.turns) <= env.turn_cap(item) == item.meta["hops"] + 3
+
+
+def test_expert_thoughts_name_the_fact_each_search_follows(env):
+    item = with_hazards(env.load("train"), ALIAS)[0]
+    actions = env.expert_actions(item)
+    thoughts = expert_thoughts(item, actions)
+    assert thoughts[0] == ""
+    for action, thought, prev in zip(actions[1:], thoughts[1:], actions):
+        value = action.arguments["query"] if action.kind == "tool" else action.answer
+        if prev.kind == "tool" and prev.arguments["query"] == f"{value[:2]}-{value[2:]}":
+            assert thought == ""  # a retry
+        else:
+            assert thought.endswith(f" {value}") and thought.split()[0] in item.meta["path"]
+
+
+# ---------------------------------------------------------------------------------- the loop
+def test_the_wrong_homonym_copy_derails_silently(tok, env):
+    items = with_hazards(env.load("train"), HOMONYM)[:4]
+    gold = run_episodes(engine_for(tok, items, follower(gold_pick)), env,
+                        [Start(it) for it in items], sampling=SAMPLING, max_turns=8)
+    wrong = run_episodes(engine_for(tok, items, follower(wrong_pick)), env,
+                         [Start(it) for it in items], sampling=SAMPLING, max_turns=8)
+    assert [e.reward for e in gold] == [1.0] * 4
+    assert [e.reward for e in wrong] == [0.0] * 4
+    for ep in wrong:  # no error anywhere: the chain went on through plausible records
+        assert not any(t.error for t in ep.turns) and ep.turns[-1].action.kind == "answer"
+
+
+def test_each_item_keeps_its_own_turn_cap(tok, env):
+    items = env.load("train", limit=6)
+    stubborn = lambda item, obs: Action(kind="tool", tool="search",  # noqa: E731
+                                        arguments={"query": item.meta["chain"][0]})
+    eps = run_episodes(engine_for(tok, items, stubborn), env, [Start(it) for it in items],
+                       sampling=SAMPLING, max_turns=20)
+    assert [len(e.turns) for e in eps] == [it.meta["hops"] + 3 for it in items]
+    assert all(e.reward == 0.0 and e.metrics == {"turn_cap": 1.0} for e in eps)
+    short = run_episodes(engine_for(tok, items, stubborn), env, [Start(it) for it in items],
+                         sampling=SAMPLING, max_turns=3)
+    assert [len(e.turns) for e in short] == [3] * len(items)
+
+
+def test_continuation_from_any_stored_prefix_equals_the_replay(tok, env):
+    """Store whole episodes (through JSON), continue K=2 from every inner node: the engine is fed
+    exactly the stored prefix, the restored state equals the state stepped afresh, and the
+    continuation finishes as the original did."""
+    pool = env.load("train")
+    items = [with_hazards(pool, ALIAS)[0], with_hazards(pool, HOMONYM)[0],
+             with_hazards(pool, ALIAS, HOMONYM)[0]]
+    for pick, derails in ((gold_pick, False), (wrong_pick, True)):
+        policy = follower(pick)
+        stored = [episode_from_json(json.loads(json.dumps(episode_to_json(e))))
+                  for e in run_episodes(engine_for(tok, items, policy), env,
+                                        [Start(it) for it in items], sampling=SAMPLING, max_turns=8)]
+        for item, ep in zip(items, stored):
+            reward = 0.0 if derails and HOMONYM in item.meta["hazards"] else 1.0
+            assert ep.reward == reward
+            for depth in range(1, len(ep.turns)):
+                prefix = ep.turns[:depth]
+                stepped = env.reset(item)
+                for t in prefix:
+                    env.step(stepped, t.action)
+                assert env.restore(item, [t.action for t in prefix], [t.obs_text for t in prefix]) == stepped
+                engine = engine_for(tok, items, policy)
+                cont = continue_from(engine, env, item, prefix, 2, sampling=SAMPLING, max_turns=8)
+                assert engine.requests[0].n == 2 and list(engine.requests[0].prompt_ids) == ep.token_ids(depth)
+                for c in cont:
+                    assert c.turns[:depth] == prefix and c.token_ids() == ep.token_ids()
+                    assert c.reward == reward
+                    assert [t.obs_text for t in c.turns] == [t.obs_text for t in ep.turns]
+
+
+# ---------------------------------------------------------------------------------- config
+def test_chain_options_reach_the_family_and_are_checked():
+    cfg = TrainConfig(family="synth_chain", max_turns=7, chain_hops="2:1", chain_train_items=40)
+    assert cfg.family_options() == {"chain_hops": "2:1", "chain_hazard_a": 0.5,
+                                    "chain_hazard_b": 1.0, "chain_alias_share": 0.5,
+                                    "chain_train_items": 40}
+    check_inputs(cfg)
+    env = make_env(cfg.family, **cfg.env_kwargs())
+    assert len(env.load("train")) == 40 and {i.meta["hops"] for i in env.load("train")} == {2}
+    with pytest.raises(ValueError, match=r"max_turns=4 .* set max_turns=7"):
+        check_inputs(TrainConfig(family="synth_chain"))
+    with pytest.raises(ValueError, match="chain_alias_share"):
+        TrainConfig(family="synth_chain", chain_alias_share=1.5)
+    with pytest.raises(ValueError, match="chain_hops"):
+        check_inputs(TrainConfig(family="synth_chain", chain_hops="x", max_turns=7))
+    # the new options enter the run id only when set; another family ignores them at defaults
+    base = TrainConfig()
+    assert TrainConfig(chain_hops="2:1").config_hash != base.config_hash
+    assert TrainConfig(root_posterior=4.0).config_hash != base.config_hash
+    assert base.family_options() == {} and "chain_hops" not in base.env_kwargs()
+
+
+def test_oracle_success_is_what_an_agent_that_cannot_tell_homonyms_apart_achieves(tok, env):
+    """An agent that reads every record right but picks a homonym's copy at random (seeded by
+    its context) succeeds on each item with probability ``oracle_success``: over 150 items the
+    mean success matches the mean oracle within sampling error."""
+    import random
+
+    items = env.load("test", limit=150)
+    oracle = np.array([env.oracle_success(it) for it in items])
+    assert set(np.round(oracle, 4)) <= {0.0, 1.0, 0.5, 0.25, 0.125, 0.0625}
+    for it, o in zip(items, oracle):
+        hz = it.meta["hazards"]
+        assert o == (0.5 ** hz.count(HOMONYM) if hz.count(ALIAS) <= 2 else 0.0)
+    fmt = TurnFormat(tok)
+    by_question = {it.question: it for it in items}
+
+    def respond(context: str, j: int) -> str:
+        item = next(it for q, it in by_question.items() if q in context)
+        coin = random.Random(context).randrange
+        return render_action(follower(lambda it, hop, n: coin(n))(item, observations(context, fmt)))
+
+    eps = run_episodes(ScriptedEngine(tok, respond), env, [Start(it) for it in items],
+                       sampling=SAMPLING, max_turns=8)
+    won = np.array([e.reward for e in eps])
+    assert np.all(won[oracle == 1.0] == 1.0) and np.all(won[oracle == 0.0] == 0.0)
+    se = np.sqrt(np.sum(oracle * (1 - oracle))) / len(items)
+    assert abs(won.mean() - oracle.mean()) < 4 * se + 1e-9, (won.mean(), oracle.mean())

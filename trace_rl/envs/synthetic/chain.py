@@ -1,0 +1,320 @@
+"""``synth_chain``: multi-hop relation chains whose outcome stays open past the first turn.
+
+Each item holds a small knowledge base of people and asks for the end of an H-hop relation chain
+("Start from Kalo and follow owner > mentor > friend. Who do you reach?"). The tool
+``search(query)`` returns the records named ``query``; a record lists two facts ("owner Miru;
+rival Pesa"). The expert searches the start, reads the next person off the relation of that hop,
+searches them, ..., and answers the last one. H is drawn per item (``chain_hops``, default
+2/3/4 hops with probabilities .35/.40/.25); the turn cap of an item is H + 3 (``turn_cap``).
+
+Hazards, fixed in the item (so a prompt keeps its difficulty across epochs): each searched
+person of the chain (hops 0..H-1) carries one with probability q, the item's hazard rate, drawn
+from Beta(``chain_hazard_a``, ``chain_hazard_b``); a hazard is an alias with probability
+``chain_alias_share``, else a homonym.
+
+* **alias** (recoverable): the person is written hyphenated wherever the text names them
+  ("Ka-lo"), but listed unhyphenated; the verbatim query fails ("No entry for Ka-lo. Did you
+  mean Kalo?") and the retry costs a turn. Two retries fit in the cap; a third only if the agent
+  drops the hyphen itself.
+* **homonym** (unrecoverable): two people share the name; the search returns both records, in an
+  order fixed per item, each with the same relations and different people. Following the wrong
+  copy raises no error: the chain goes on through plausible facts to a wrong person.
+
+So q spreads prompts from always solved (q near 0) to never solved, and a homonym hop decides the
+outcome at that turn, not at the first. Difficulty cues visible in the text: the number of hops
+in the question, and its directory of people, where hyphenated names (aliases) and names listed
+twice (homonyms) appear; distractor people get the same hazards at the same rate, so the
+directory is a cue to q, not a map of the chain's hazards.
+
+Splits: ``train`` (``chain_train_items``, default 256: at a pool of 32 a prompt recurs every ~8
+steps), ``test`` (``n_test``), ``hard`` (``n_test`` items with H = 5 and 1.5x the hazard rate) and
+``sft`` (``n_train`` items for the tiny policy's supervised warm start, so it never sees the train
+pool's solutions; ``sft_split``). ``test`` and ``hard`` hold only problem keys of the test bucket,
+``train`` and ``sft`` only keys of the train bucket (``SyntheticEnv.split_of``). Reward: exact
+match of the answer with the final person (case-insensitive; whitespace and a final period
+ignored). The knowledge base is read-only, so the family is stateless and restores at any prefix
+from its stored observations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict
+from trace_rl.envs.synthetic.common import (SynthConfig, SyntheticEnv, check_arguments,
+                                            function_tool, need)
+
+SYLLABLES = ("ka", "lo", "mi", "ru", "te", "vo", "zi", "na", "pe", "sa", "do", "gu", "ba", "fi",
+             "ho", "je")
+RELATIONS = ("owner", "manager", "friend", "mentor", "rival", "parent")
+SEARCH = function_tool("search", "Records of the people with this name.",
+                       {"query": {"type": "string"}})
+HARD_HOPS = 5
+"""Hops of every ``hard`` item."""
+HARD_RATE = 1.5
+"""Factor on the hazard rate of ``hard`` items (capped at 1)."""
+DISTRACTORS = 3
+"""People besides the chain (and homonym twins) in each knowledge base."""
+SPARE_TURNS = 3
+"""Turn cap of an item: its hops + this (H searches + one answer + two retries)."""
+SPLITS = ("train", "test", "hard", "sft")
+ALIAS, HOMONYM = "alias", "homonym"
+
+
+def parse_hops(text: str) -> dict[int, float]:
+    """``"2:0.35,3:0.40,4:0.25"`` -> {2: .35, 3: .40, 4: .25}, normalised to sum 1. Raises
+    ``ValueError`` naming ``chain_hops`` and what is wrong."""
+    out: dict[int, float] = {}
+    for part in str(text).split(","):
+        hop, sep, weight = part.strip().partition(":")
+        try:
+            h, w = int(hop), float(weight)
+        except ValueError:
+            raise ValueError(f"chain_hops={text!r}: each entry must be HOPS:WEIGHT, e.g. "
+                             f"'2:0.35,3:0.40,4:0.25' (bad entry {part.strip()!r})") from None
+        if not sep or not 1 <= h <= 8 or not (math.isfinite(w) and w >= 0) or h in out:
+            raise ValueError(f"chain_hops={text!r}: entry {part.strip()!r} needs hops in 1..8 "
+                             "(each once) and a weight >= 0")
+        out[h] = w
+    total = sum(out.values())
+    if total <= 0:
+        raise ValueError(f"chain_hops={text!r}: the weights must not all be 0")
+    return {h: w / total for h, w in sorted(out.items())}
+
+
+@dataclass(frozen=True)
+class ChainConfig(SynthConfig):
+    """``SynthConfig`` (``difficulty`` and ``mix`` are not used) plus the chain generator's
+    parameters, named as the ``TrainConfig`` fields that set them."""
+
+    chain_hops: str = "2:0.35,3:0.40,4:0.25"
+    """Hop distribution, ``HOPS:WEIGHT`` entries (weights are normalised)."""
+    chain_hazard_a: float = 0.5
+    """Beta(a, b) of the per-item hazard rate: a."""
+    chain_hazard_b: float = 1.0
+    """Beta(a, b) of the per-item hazard rate: b."""
+    chain_alias_share: float = 0.5
+    """Share of hazards that are aliases (the rest are homonyms)."""
+    chain_train_items: int = 256
+    """Items of the ``train`` split (the RL pool)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_hops(self.chain_hops)
+        for name in ("chain_hazard_a", "chain_hazard_b"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}={v!r}: a Beta parameter must be a number > 0")
+        if not 0.0 <= self.chain_alias_share <= 1.0:
+            raise ValueError(f"chain_alias_share={self.chain_alias_share!r}: must be in [0, 1]")
+        if self.chain_train_items < 1:
+            raise ValueError(f"chain_train_items={self.chain_train_items!r}: must be >= 1")
+        if self.mix:
+            raise ValueError("synth_chain: mix is not an option of this family (use chain_hops)")
+
+
+def _normalise(text: Any) -> str:
+    return str(text).strip().rstrip(".").strip().lower()
+
+
+def _hyphenate(name: str) -> str:
+    return f"{name[:2]}-{name[2:]}"
+
+
+class SynthChain(SyntheticEnv):
+    family = "synth_chain"
+    instructions = ("Find the person at the end of the chain with the search tool. Follow the "
+                    "relations in order; answer with the last name.")
+    sft_split = "sft"
+    """The split the tiny policy's supervised warm start draws its traces from."""
+
+    def __init__(self, config: ChainConfig | None = None):
+        super().__init__(config or ChainConfig())
+        self.config: ChainConfig
+        self.hops = parse_hops(self.config.chain_hops)
+        self.max_turns = max(max(self.hops), HARD_HOPS) + SPARE_TURNS
+
+    # ---- generation -----------------------------------------------------------------------
+    def make_item(self, rng: random.Random, item_id: str, hard: bool = False) -> TaskItem:
+        c = self.config
+        if hard:
+            n_hops = HARD_HOPS
+        else:
+            n_hops = rng.choices(list(self.hops), weights=list(self.hops.values()))[0]
+        rate = rng.betavariate(c.chain_hazard_a, c.chain_hazard_b)
+        rate = min(1.0, rate * HARD_RATE) if hard else rate
+
+        def draw() -> str:
+            if rng.random() >= rate:
+                return ""
+            return ALIAS if rng.random() < c.chain_alias_share else HOMONYM
+
+        n_people = n_hops + 1 + DISTRACTORS
+        names = rng.sample([(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES], n_people)
+        chain, distractors = names[:n_hops + 1], names[n_hops + 1:]
+        path = [rng.choice(RELATIONS) for _ in range(n_hops)]
+        hazards = [draw() for _ in range(n_hops)] + [""]  # the answer carries none
+        decoys = [draw() for _ in distractors]
+        kind = dict(zip(chain, hazards)) | dict(zip(distractors, decoys))
+        surface = {n: _hyphenate(n) if kind[n] == ALIAS else n for n in names}
+
+        def record(name: str, fixed: dict[str, str | None]) -> dict[str, Any]:
+            """Two facts: the relations of ``fixed`` (to their target, or to anyone when None),
+            then other relations to anyone."""
+            others = [r for r in RELATIONS if r not in fixed]
+            rels = list(fixed)[:2] + rng.sample(others, max(0, 2 - len(fixed)))
+            facts = {r: surface[fixed.get(r) or rng.choice([p for p in names if p != name])]
+                     for r in rels}
+            return {"name": name, "facts": dict(rng.sample(sorted(facts.items()), len(facts)))}
+
+        # A homonym's twin sends the chain to a distractor that has the next hop's relation, so
+        # the wrong copy leads on through plausible records instead of stopping at once.
+        needs: dict[str, dict[str, str | None]] = {d: {} for d in distractors}
+        groups: list[list[dict[str, Any]]] = []
+        gold_copy: list[int] = []  # per hop: which record of the searched name is the chain's
+        for i, name in enumerate(names):
+            on_chain = i < n_hops
+            rec = record(name, {path[i]: chain[i + 1]} if on_chain else needs.get(name, {}))
+            group = [rec]
+            if kind[name] == HOMONYM:
+                twin = {}
+                for r in rec["facts"]:
+                    if on_chain and r == path[i]:
+                        wrong = rng.choice(distractors)
+                        if i + 1 < n_hops:
+                            needs[wrong].setdefault(path[i + 1], None)
+                    else:
+                        wrong = rng.choice([p for p in names if p != name])
+                    twin[r] = surface[wrong]
+                group.append({"name": name, "facts": twin})
+                rng.shuffle(group)
+            if on_chain:
+                gold_copy.append(group.index(rec))
+            groups.append(group)
+        rng.shuffle(groups)
+        records = [r for group in groups for r in group]
+        directory = sorted(surface[r["name"]] for r in records)
+        question = (f"People: {', '.join(directory)}. Start from {surface[chain[0]]} and follow "
+                    f"{' > '.join(path)}. Who do you reach?")
+        return TaskItem(id=item_id, family=self.family, question=question, gold=chain[-1],
+                        meta={"records": records, "chain": chain, "path": path,
+                              "hazards": hazards[:n_hops], "copy": gold_copy,
+                              "surface": [surface[n] for n in chain], "hops": n_hops,
+                              "rate": rate})
+
+    def item_key(self, item: TaskItem) -> str:
+        return item.question + json.dumps(item.meta["records"], sort_keys=True)
+
+    def _draw(self, split: str, n: int) -> list[TaskItem]:
+        c = self.config
+        return self._draw_items(
+            n, "test" if split in ("test", "hard") else "train",
+            f"{self.family}:{c.seed}:{c.chain_hops}:{c.chain_hazard_a}:{c.chain_hazard_b}:"
+            f"{c.chain_alias_share}:{split}", f"{self.family}-s{c.seed}-{split}",
+            lambda rng, item_id: self.make_item(rng, item_id, hard=split == "hard"), f"{split} items")
+
+    def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
+        """``train``, ``test``, ``hard``, ``sft`` (generated), or a JSONL file written by ``save``."""
+        if split not in SPLITS:
+            if not split.endswith(".jsonl"):
+                raise ValueError(f"{self.family}.load: split must be one of {SPLITS} or a .jsonl "
+                                 f"path, got {split!r}")
+            return self._load_file(split, limit)
+        c = self.config
+        n = {"train": c.chain_train_items, "sft": c.n_train}.get(split, c.n_test)
+        return self._draw(split, n if limit is None else min(limit, n))
+
+    def check_item(self, item: TaskItem) -> None:
+        m = item.meta
+        records, chain, path = m.get("records"), m.get("chain"), m.get("path")
+        need(isinstance(records, list) and all(isinstance(r, dict) and isinstance(r.get("name"), str)
+                                               and isinstance(r.get("facts"), dict)
+                                               for r in records),
+             "meta.records must be a list of {name, facts}")
+        need(isinstance(chain, list) and isinstance(path, list) and len(chain) == len(path) + 1,
+             "meta.chain must list one person more than meta.path has relations")
+        need(isinstance(m.get("hops"), int) and m["hops"] == len(path),
+             "meta.hops must equal the number of relations")
+        for key in ("hazards", "copy", "surface"):
+            need(isinstance(m.get(key), list), f"meta.{key} must be a list")
+        need(isinstance(item.gold, str) and item.gold == chain[-1],
+             "gold must be the last person of meta.chain")
+
+    # ---- the environment ------------------------------------------------------------------
+    def turn_cap(self, item: TaskItem) -> int:
+        return int(item.meta["hops"]) + SPARE_TURNS
+
+    def oracle_success(self, item: TaskItem) -> float:
+        """0.5 per homonym on the chain (the copies cannot be told apart), times 0 where its
+        aliases need more retries than the cap leaves (an agent that retries each alias; the
+        expert drops the hyphen there instead)."""
+        hazards = item.meta["hazards"]
+        fits = hazards.count(ALIAS) <= self.turn_cap(item) - item.meta["hops"] - 1
+        return 0.5 ** hazards.count(HOMONYM) * float(fits)
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [SEARCH]
+
+    def reset(self, item: TaskItem) -> list[Mapping[str, Any]]:
+        # The knowledge base is read-only, so the state is the item's records themselves.
+        return item.meta["records"]
+
+    def call_tool(self, state: list[Mapping[str, Any]], name: str,
+                  arguments: Mapping[str, Any]) -> str:
+        if name != "search":
+            raise ToolError(f"unknown tool {name!r}; available: search")
+        check_arguments(SEARCH, arguments)
+        query = arguments["query"].strip()
+        found = [r for r in state if r["name"].lower() == query.lower()]
+        if found:
+            return " | ".join(f"{r['name']}: " + "; ".join(f"{rel} {obj}" for rel, obj in
+                                                           r["facts"].items()) for r in found)
+        plain = query.replace("-", "")
+        listed = next((r["name"] for r in state if r["name"].lower() == plain.lower()), None)
+        if listed is not None and plain != query:
+            return f"No entry for {query}. Did you mean {listed}?"
+        return f"No entry for {query}."
+
+    def verify(self, item: TaskItem, answer: Any) -> Verdict:
+        em = float(_normalise(answer) == _normalise(item.gold))
+        return Verdict(reward=em, metrics={"em": em})
+
+    # ---- the expert -----------------------------------------------------------------------
+    def expert_actions(self, item: TaskItem) -> list[Action]:
+        """Search each person as the text names them; an alias costs a retry under the listed
+        name while the turn cap leaves room, else the agent drops the hyphen itself; at a
+        homonym, follow the chain's copy."""
+        m = item.meta
+        spare = self.turn_cap(item) - m["hops"] - 1
+        actions = []
+        for hazard, surface, name in zip(m["hazards"], m["surface"], m["chain"]):
+            if hazard == ALIAS and spare > 0:
+                actions.append(Action(kind="tool", tool="search", arguments={"query": surface}))
+                spare -= 1
+            actions.append(Action(kind="tool", tool="search", arguments={"query": name}))
+        return actions + [Action(kind="answer", answer=m["chain"][-1])]
+
+
+def expert_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
+    """Before each action of a script (the expert's or an imperfect one), the fact it
+    follows: "owner Miru" before searching Miru on the second hop, "rival Dova" before
+    answering Dova after a one-hop chain; nothing before the first search and before a
+    retry under the listed name (the observation just named it)."""
+    path = item.meta["path"]
+    thoughts, hop, last = [], 0, None
+    for action in actions:
+        value = str((action.arguments or {}).get("query", "")) if action.kind == "tool" \
+            else str(action.answer)
+        retry = action.kind == "tool" and last is not None and last != value \
+            and last.replace("-", "") == value
+        if retry or hop == 0:
+            thoughts.append("")
+        else:
+            thoughts.append(f"{path[min(hop, len(path)) - 1]} {value}")
+        hop += action.kind == "tool" and not retry
+        last = value if action.kind == "tool" else None
+    return thoughts
