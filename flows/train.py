@@ -34,6 +34,7 @@ from flows.common import bind, resolve_workdir
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import RootPool
 from trace_rl.config import TrainConfig, check_inputs, config_from_mapping
+from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
 from trace_rl.storage.locks import train_lock
 from trace_rl.storage.tracking import Tracker
@@ -245,7 +246,7 @@ def _train(config: dict[str, Any] | None, workdir: str | None) -> dict[str, Any]
             from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
         watch.note(None)  # the bootstrap reports its own progress
         initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"))
-                   if cfg.policy == "tiny" else cfg.policy)
+                   if cfg.policy == "tiny" else resolve_policy(cfg.policy))
         policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:
             logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)

@@ -268,6 +268,12 @@ def _families() -> list[str]:
     return families()
 
 
+def _family_defaults(family: Any) -> dict[str, Any]:
+    from trace_rl.envs.registry import family_defaults
+
+    return family_defaults(family) if isinstance(family, str) else {}
+
+
 def _positive(v: float) -> bool:
     return v > 0
 
@@ -391,6 +397,8 @@ def config_from_mapping(data: Mapping[str, Any], where: str = "config") -> Train
         if k not in known:
             raise ValueError(f"config: unknown field {k!r} in {where}; known: {sorted(known)}")
     values = {k: _normalise(k, v) for k, v in data.items()}
+    for k, v in _family_defaults(values.get("family", TrainConfig.family)).items():
+        values.setdefault(k, v)  # splits and token caps that suit the family, unless given
     try:
         return dataclasses.replace(TrainConfig(), **values).validate()
     except ValueError as exc:
@@ -429,16 +437,9 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
     ``tiny``) and the training split, which must load through its family (a data file: UTF-8
     text whose every row parses; errors name the file and line) and hold at least
     ``pool_size`` items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix."""
-    from trace_rl.envs.base import DatasetError
-    from trace_rl.envs.io import check_text_file
     from trace_rl.envs.registry import make_env
 
-    if cfg.policy != "tiny":
-        policy = Path(cfg.policy)
-        if not (policy / "config.json").is_file():
-            raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
-                             f"(no {policy / 'config.json'}); give one, or 'tiny' for the "
-                             f"bootstrapped CPU policy")
+    check_policy(cfg)
     kwargs = dict(cfg.extra)
     if cfg.family.startswith("synth_"):
         kwargs.setdefault("difficulty", cfg.difficulty)
@@ -449,15 +450,55 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
     # Only the training split: the train flow reads nothing else, and a family's default
     # eval_split ("test") need not exist (hotpotqa names its splits differently).
     split = cfg.train_split
-    if Path(split).suffix or Path(split).is_file():  # a data file rather than a split name
-        check_text_file(split)
-    try:
-        items = env.load(split)
-    except DatasetError:
-        raise  # names the file and line already
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise ValueError(f"config: train_split={split!r} of family {cfg.family!r}: {exc}") from exc
+    items = check_split(cfg, split, "train_split", env)
     if len(items) < cfg.pool_size:
         raise ValueError(f"config: train_split={split!r} of family {cfg.family!r} holds "
                          f"{len(items)} items; pool_size={cfg.pool_size} needs as many")
     return cfg
+
+
+def check_policy(cfg: TrainConfig) -> None:
+    """The policy must be ``tiny`` on a synthetic family, a named policy
+    (``trace_rl.policy.named``: ``smollm2``) or a Hugging Face model directory; ``ValueError``
+    says which to give otherwise."""
+    from trace_rl.policy.named import NAMED, check_named
+
+    names = ", ".join(f"{k} ({v[0]})" for k, v in NAMED.items())
+    if cfg.policy == "tiny":
+        if not cfg.family.startswith("synth_"):
+            raise ValueError(f"config: policy=tiny is bootstrapped on the synthetic families only, "
+                             f"not on family={cfg.family!r}; give policy=<Hugging Face model "
+                             f"directory>, a named policy ({names}), or warm-start one with "
+                             f"`trace warmstart family={cfg.family}`")
+        return
+    if cfg.policy in NAMED:
+        check_named(cfg.policy)
+        return
+    policy = Path(cfg.policy)
+    if not (policy / "config.json").is_file():
+        raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
+                         f"(no {policy / 'config.json'}); give one, a named policy ({names}), or "
+                         f"'tiny' for the bootstrapped CPU policy of a synthetic family")
+
+
+def check_split(cfg: TrainConfig, split: str, what: str, env: Any = None) -> list[Any]:
+    """The items of ``split`` (a split name or a data file) of ``cfg``'s family; raises
+    ``ValueError`` in one line naming ``what`` (``train_split``, ``eval_split``, ``--data``) and,
+    for a split the family lacks, its valid splits (``DatasetError`` for a bad row)."""
+    from trace_rl.envs.base import DatasetError
+    from trace_rl.envs.io import check_text_file
+    from trace_rl.envs.registry import make_env
+
+    if env is None:
+        kwargs = dict(cfg.extra)
+        if cfg.family.startswith("synth_"):
+            kwargs.setdefault("difficulty", cfg.difficulty)
+        env = make_env(cfg.family, **kwargs)
+    if Path(split).suffix or Path(split).is_file():  # a data file rather than a split name
+        check_text_file(split)
+    try:
+        return env.load(split)
+    except DatasetError:
+        raise  # names the file and line already
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise ValueError(f"config: {what}={split!r} of family {cfg.family!r}: {exc}") from exc
