@@ -205,6 +205,40 @@ def bootstrap(
                                  seed=seed))
 
 
+@app.command(context_settings={"allow_extra_args": True})
+def warmstart(
+    ctx: typer.Context,
+    engine: str = typer.Option("auto", help="Engine of the success measurement: hf | vllm | auto."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Warm-start a real model (default smollm2) for a real family by SFT on ReAct traces of its
+    training data, measured on its held-out split; cached. Settings as key=value
+    (trace_rl.policy.warmstart.WarmstartConfig), e.g. trace warmstart family=hotpotqa epochs=1."""
+    from trace_rl.policy.warmstart import config_from_args
+
+    try:
+        cfg = config_from_args(list(ctx.args))
+    except (ValueError, TypeError) as exc:
+        console.print(f"trace: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+    with prefect_ready():
+        from flows.warmstart import warmstart as warmstart_flow
+
+    result = warmstart_flow(config=cfg.to_json(), workdir=_workdir(workdir), engine=engine)
+    record = result["record"] or {}
+    for stage in ("before", "after"):
+        m = record.get(stage)
+        if m:
+            types = ", ".join(f"{k[8:]} {v:.3f} ({m['items_' + k[8:]]} items)"
+                              for k, v in m.items() if k.startswith("success_"))
+            console.print(f"{stage} SFT: sampled success {m['success']:.3f} on {m['items']} "
+                          f"{record['eval_split']} items x {record['eval_samples']}; {types}")
+    console.print(f"policy: {result['policy_dir']}")
+    extra = json.dumps(dict(cfg.env_args), separators=(",", ":"))
+    console.print(f"train it: trace train family={cfg.family} policy={result['policy_dir']} "
+                  f"extra='{extra}'")
+
+
 @app.command()
 def sql(
     query: str = typer.Argument(..., help="SQL to run read-only on the work dir's DuckDB file."),
