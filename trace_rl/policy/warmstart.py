@@ -66,14 +66,16 @@ class WarmstartConfig:
     """Hugging Face causal-LM directory, or a named policy (``trace_rl.policy.named``)."""
     train_split: str = "train"
     """Split (or file) the traces are built from; never the evaluation split."""
+    train_items: int = 0
+    """Training items the traces come from (the first ones; 0 = the whole split)."""
     eval_split: str = "dev"
     """Held-out split the policy is measured on."""
-    env_args: tuple[tuple[str, Any], ...] = (("top_k", 2), ("max_chars", 300))
+    env_args: tuple[tuple[str, Any], ...] = (("top_k", 2), ("max_chars", 200))
     """Family settings for the traces and the measurement (short observations keep the SFT
     sequences short); give the same ``extra`` to ``trace train``/``trace eval``."""
-    recovery: float = 1.0
+    recovery: float = 0.25
     """Share of training items that also get a recovery trace (a bad search first)."""
-    epochs: int = 2
+    epochs: int = 1
     """Passes over the traces."""
     batch_size: int = 4
     """Traces per optimiser step."""
@@ -81,8 +83,10 @@ class WarmstartConfig:
     """Peak AdamW learning rate."""
     warmup_steps: int = 5
     """Steps of linear warm-up before the cosine decay."""
-    trainable_layers: int = 0
-    """Train only the top this many decoder layers and the final norm (0 = every parameter)."""
+    trainable_layers: int = 6
+    """Train only the top this many decoder layers and the final norm (0 = every parameter).
+    6 of SmolLM2's 30 by CPU time: an SFT step of 4 traces took 112 s with the top 8 layers
+    and 290-430 s with every parameter on the shared 2-core machine (docs/results.md)."""
     max_tokens: int = 1024
     """Traces longer than this (prompt included) are left out of the SFT (and counted)."""
     eval_items: int = 100
@@ -103,7 +107,7 @@ class WarmstartConfig:
                      "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmstart: {name}={getattr(self, name)} must be >= 1")
-        for name in ("eval_items", "trainable_layers", "warmup_steps", "seed"):
+        for name in ("train_items", "eval_items", "trainable_layers", "warmup_steps", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"warmstart: {name}={getattr(self, name)} must be >= 0")
         if not 0.0 <= self.recovery <= 1.0:
@@ -251,7 +255,7 @@ def warmstart_policy(config: WarmstartConfig, out_dir: str | Path, *,
         raise ValueError(f"warmstart: base={config.base!r} is not a Hugging Face model directory "
                          "or a named policy")
     env = make_env(config.family, **dict(config.env_args))
-    train = env.load(config.train_split)
+    train = env.load(config.train_split, limit=config.train_items or None)
     digest = input_hash(config, base_dir, env, train)
     if _holds(out, digest):
         return out
