@@ -56,8 +56,8 @@ def evaluate(policy_dir: str, config: dict[str, Any] | None = None, split: str |
     out = predictions or str(Path(workdir) / "predictions" / f"{cfg.family}-{Path(split).stem}.jsonl")
     result["predictions"] = write_predictions(out, result["predictions"])
     print(f"accuracy {result['accuracy']:.3f} on {result['items']} items x {samples} samples; "
-          f"mixed share {result['mixed_share']:.2f}; "
-          + ", ".join(f"{k} {v:.3f}" for k, v in result["metrics"].items())
+          f"mixed share {result['mixed_share']:.2f}"
+          + "".join(f"; {k} {v:.3f}" for k, v in result["metrics"].items())
           + (f"; skipped {result['skipped_overlong']} items too long for the policy's context"
              if result["skipped_overlong"] else "") + f"; predictions in {out}")
     return result

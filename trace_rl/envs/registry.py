@@ -23,14 +23,16 @@ def register(name: str, factory: Factory) -> None:
 
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "hotpotqa": {"train_split": "train", "eval_split": "dev", "max_new_tokens": 128},
+    "hotpotqa": {"train_split": "train", "eval_split": "dev", "max_new_tokens": 128,
+                 "max_turns": 5},
     "bfcl": {"train_split": "live_simple", "eval_split": "simple_python", "max_new_tokens": 256},
     "math": {"max_new_tokens": 256},
 }
 """Per-family values of ``TrainConfig`` fields that the user did not set: splits that exist for
 the family (HotpotQA has ``train``/``dev``; BFCL has categories, and trains on ``live_simple``
 while it evaluates on ``simple_python``) and a turn's token cap long enough for the family's
-answers (``tests/test_real_defaults.py`` measures the gold turns against it)."""
+answers (``tests/test_real_data.py`` measures the gold turns against it); HotpotQA's turn cap
+holds a bad search, two hops and the answer (the warm start's recovery traces)."""
 
 
 def family_defaults(name: str) -> dict[str, Any]:
