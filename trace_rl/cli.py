@@ -226,7 +226,7 @@ def warmstart(
 
     result = warmstart_flow(config=cfg.to_json(), workdir=_workdir(workdir), engine=engine)
     record = result["record"] or {}
-    for stage in ("before", "after"):
+    for stage in ("before", "after", "after_greedy"):
         m = record.get(stage)
         if m:
             types = ", ".join(f"{k[8:]} {v:.3f} ({m['items_' + k[8:]]} items)"
