@@ -70,7 +70,8 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
     assert record["traces"]["gold"] == 6 and record["traces_too_long"] == 0
     assert record["trace_success"] == {k: 1.0 for k in record["traces"]}
     assert record["after"]["items"] == 3 and 0.0 <= record["after"]["success"] <= 1.0
-    assert record["before"]["items"] == 3 and len(record["history"]) == 1
+    assert record["before"]["items"] == 3 and len(record["history"]) == cfg.epochs
+    assert record["after_greedy"]["temperature"] == 0.0
     assert (out / "config.json").is_file()
     stamp = (out / "warmstart.json").stat().st_mtime_ns
     again = warmstart_policy(cfg, tmp_path / "other", cache_dir=tmp_path / "cache",
