@@ -318,3 +318,25 @@ def test_trace_eval_data_end_to_end(tmp_path, tiny_model_dir):
     lines = res.stdout.strip().splitlines()
     assert {ln.split("\t")[0]: float(ln.split("\t")[1]) for ln in lines[:-1]} == \
         {r["id"]: r["reward"] for r in rows}
+
+
+def test_training_skips_the_same_overlong_items(tiny_model_dir, tmp_path):
+    """The train flow's phases read the split through ``items_for`` too: over-long prompts are
+    never drawn as roots (fails on f399c1a: every item is kept)."""
+    from tasks import runtime
+
+    long_row = {**MUSIQUE_ROWS[0], "id": "long", "question": "Which river? " + "lorem " * 4000}
+    path = write_jsonl(tmp_path / "train.jsonl", [MUSIQUE_ROWS[1], long_row, MUSIQUE_ROWS[2]])
+    cfg = config_from_mapping({"family": "hotpotqa", "policy": str(tiny_model_dir),
+                               "train_split": str(path), "pool_size": 2})
+    assert sorted(runtime.items_for(cfg, cfg.train_split)) == ["2hop__2", "2hop__3"]
+
+
+def test_train_data_option_names_file_line_and_field(tmp_path, tiny_model_dir):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [MUSIQUE_ROWS[0], {
+        **MUSIQUE_ROWS[1], "paragraphs": [{"idx": 0, "paragraph_text": "no title"}]}])
+    res = run_cli("train", "family=hotpotqa", f"policy={tiny_model_dir}", "--data", str(bad),
+                  "--workdir", str(tmp_path / "wd"))
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out[-2000:]
+    assert "bad.jsonl:2: paragraphs[0]: missing field 'title'" in out
