@@ -76,6 +76,15 @@ def test_tiny_policy_on_a_real_family_is_refused_up_front():
         load_config(None, ["family=hotpotqa"])
 
 
+@needs_smollm2
+def test_smollm2_is_reachable_by_name():
+    """(fails on f399c1a: "policy='smollm2' is not a Hugging Face model directory")"""
+    from trace_rl.policy.named import resolve_policy
+
+    cfg = load_config(None, ["family=hotpotqa", "policy=smollm2"])
+    assert (Path(resolve_policy(cfg.policy)) / "config.json").is_file()
+
+
 # ---- defect 2: default splits that exist, and a message listing the valid ones (fails on
 # f399c1a: eval_split "test" for every family, and "dataset file not found: test") ----
 
