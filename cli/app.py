@@ -75,12 +75,14 @@ def train(
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
     wait: bool = typer.Option(False, "--wait", help="If another run is training in the work dir, "
                               "wait for it to finish instead of exiting."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Your own data file to train on "
+                                        "(sets train_split; formats in docs/families.md)."),
 ) -> None:
     """Run the train flow (the embedded default when no config is given).
 
     One run trains a work dir at a time: if another is running there, this exits at once
     (status 3) naming it, unless --wait."""
-    cfg = _load_config(config, overrides)  # before Prefect, the flow or the bootstrap start
+    cfg = _load_config(config, _with_data(overrides, data, "train_split"))  # before Prefect, the flow or the bootstrap start
     wd = _workdir(workdir)
     console.print(f"[bold]trace train[/] run [cyan]{cfg.resolved_run_id}[/]: {cfg.family}, "
                   f"allocator {cfg.allocator}, {cfg.steps} steps, {cfg.leaf_budget} leaves/step; "
@@ -140,16 +142,52 @@ def evaluate(
     samples: int = typer.Option(4, help="Rollouts per item."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+    data: Optional[Path] = typer.Option(None, "--data", help="Your own data file to evaluate on "
+                                        "(instead of --split; formats in docs/families.md)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Per-item predictions (JSONL, read by "
+                                       "trace score); default <workdir>/predictions/"
+                                       "<family>-<split>.jsonl."),
 ) -> None:
-    """Evaluate a policy checkpoint: accuracy and contrast metrics."""
-    cfg = _load_config(config, overrides)
+    """Evaluate a policy (a checkpoint directory, or a named policy: smollm2): accuracy, the
+    verifier's metrics, contrast metrics, and a JSONL of per-item predictions."""
+    cfg = _load_config(config, _with_policy(overrides, policy))
+    split = _eval_split(cfg, str(data) if data else split)
     with prefect_ready():
         from flows.evaluate import evaluate as evaluate_flow
 
     result = evaluate_flow(policy_dir=policy, config=cfg, split=split,
                            limit=limit or None, samples=samples, temperature=temperature,
-                           workdir=_workdir(workdir))
+                           workdir=_workdir(workdir), predictions=str(out) if out else None)
     console.print_json(json.dumps(result))
+
+
+def _with_data(overrides: Optional[List[str]], data: Optional[Path], field: str) -> List[str]:
+    """``--data FILE`` as the override ``field=FILE`` (the file must exist)."""
+    if data is None:
+        return list(overrides or [])
+    if not data.is_file():
+        console.print(f"trace: --data {data}: no such file", style="red", markup=False)
+        raise typer.Exit(2)
+    return [*(overrides or []), f"{field}={data.resolve()}"]
+
+
+def _with_policy(overrides: Optional[List[str]], policy: str) -> List[str]:
+    """The evaluated policy as the config's ``policy``, so it is checked like train's."""
+    return [*(overrides or []), f"policy={policy}"]
+
+
+def _eval_split(cfg, split: Optional[str]) -> str:
+    """The split (or data file) ``trace eval`` reads, checked before anything slow starts: a
+    split the family lacks or a bad file gives one line and exit status 2."""
+    from trace_rl.config import check_split
+
+    split = split or cfg.eval_split
+    try:
+        check_split(cfg, split, "--data" if Path(split).suffix else "eval split")
+    except (ValueError, FileNotFoundError) as exc:  # DatasetError included: file and line
+        console.print(f"trace: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+    return split
 
 
 @app.command()
@@ -168,6 +206,40 @@ def bootstrap(
     chosen = {k: v for k, v in (("family", family), ("difficulty", difficulty), ("seed", seed))
               if v is not None}  # the rest: the flow's defaults, those of TrainConfig
     console.print(bootstrap_flow(workdir=_workdir(workdir), **chosen))
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def warmstart(
+    ctx: typer.Context,
+    engine: str = typer.Option("auto", help="Engine of the success measurement: hf | vllm | auto."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+) -> None:
+    """Warm-start a real model (default smollm2) for a real family by SFT on ReAct traces of its
+    training data, measured on its held-out split; cached. Settings as key=value
+    (trace_rl.policy.warmstart.WarmstartConfig), e.g. trace warmstart family=hotpotqa epochs=1."""
+    from trace_rl.policy.warmstart import config_from_args
+
+    try:
+        cfg = config_from_args(list(ctx.args))
+    except (ValueError, TypeError) as exc:
+        console.print(f"trace: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+    with prefect_ready():
+        from flows.warmstart import warmstart as warmstart_flow
+
+    result = warmstart_flow(config=cfg.to_json(), workdir=_workdir(workdir), engine=engine)
+    record = result["record"] or {}
+    for stage in ("before", "after", "after_greedy"):
+        m = record.get(stage)
+        if m:
+            types = ", ".join(f"{k[8:]} {v:.3f} ({m['items_' + k[8:]]} items)"
+                              for k, v in m.items() if k.startswith("success_"))
+            console.print(f"{stage} SFT: sampled success {m['success']:.3f} on {m['items']} "
+                          f"{record['eval_split']} items x {record['eval_samples']}; {types}")
+    console.print(f"policy: {result['policy_dir']}")
+    extra = json.dumps(dict(cfg.env_args), separators=(",", ":"))
+    console.print(f"train it: trace train family={cfg.family} policy={result['policy_dir']} "
+                  f"extra='{extra}'")
 
 
 @app.command()

@@ -37,6 +37,7 @@ from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import Allocator, RootPool
 from trace_core.waves import outcome_counts, refill_wave
 from trace_rl.config import TrainConfig, check_inputs
+from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
 from trace_rl.storage.locks import train_lock
 from trace_rl.storage.tracking import Tracker
@@ -277,7 +278,7 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
         watch.note(None)  # the bootstrap reports its own progress
         initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
                              options=cfg.family_options() or None)
-                   if cfg.policy == "tiny" else cfg.policy)
+                   if cfg.policy == "tiny" else resolve_policy(cfg.policy))
         policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:
             logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)

@@ -31,17 +31,21 @@ def rollout_eval(cfg: TrainConfig, policy_dir: str, split: str, limit: int | Non
     share of items whose samples are mixed (effective ratio at uniform sampling), the share with
     any success, and the generated tokens and tool calls spent."""
     env = runtime.env_for(cfg)
-    items = list(runtime.items_for(cfg, split).values())[skip:][: limit or None]
+    fitting, skipped = runtime.items_and_skipped(cfg, split, policy_dir)
+    items = list(fitting.values())[skip:][: limit or None]
     if not items:
         raise ValueError(f"evaluate: split {split!r} of {cfg.family} has no items after the "
-                         f"first {skip}")
+                         f"first {skip}" + (f" ({skipped} skipped: prompt too long for the "
+                                            "policy's context)" if skipped else ""))
     engine = runtime.engine_for(cfg, policy_dir)
     episodes = run_episodes(engine, env, [Start(it, (), samples) for it in items],
                             sampling=SamplingSettings(max_tokens=cfg.max_new_tokens,
                                                       temperature=temperature, seed=cfg.seed),
                             max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s,
-                            seed=cfg.seed)
+                            seed=cfg.seed, max_context=runtime.context_for(cfg, policy_dir))
     rewards = np.array([float(ep.reward or 0.0) for ep in episodes]).reshape(len(items), samples)
+    keys = sorted({k for ep in episodes for k in ep.metrics
+                   if k not in ("truncated", "turn_cap", "verify_error")})
     per_item = rewards.mean(axis=1)  # [items]
     return {
         "accuracy": float(rewards.mean()),
@@ -52,7 +56,28 @@ def rollout_eval(cfg: TrainConfig, policy_dir: str, split: str, limit: int | Non
         "any_success": float(np.mean(per_item > 0)),
         "generated_tokens": int(sum(ep.ledger.generated_tokens for ep in episodes)),
         "tool_calls": int(sum(ep.ledger.tool_calls for ep in episodes)),
+        "skipped_overlong": skipped,
+        # The verifier's metrics beside the reward (hotpotqa: em, f1, strict; bfcl: ast_match,
+        # exact), averaged over every episode; an episode without an answer counts 0.
+        "metrics": {k: float(np.mean([float(ep.metrics.get(k, 0.0)) for ep in episodes]))
+                    for k in keys},
+        "predictions": [prediction_row(it, episodes[i * samples:(i + 1) * samples])
+                        for i, it in enumerate(items)],
     }
+
+
+def prediction_row(item: Any, episodes: list[Any]) -> dict[str, Any]:
+    """One item's line of ``trace eval``'s predictions file: ``id`` and ``answer`` (the first
+    sample's final answer; null when it gave none, which ``trace score`` scores 0), its
+    ``reward``, and every sample's answer, reward and metrics."""
+    def answer(ep: Any) -> str | None:
+        last = ep.turns[-1].action if ep.turns else None
+        return last.answer if last is not None and last.kind == "answer" else None
+
+    samples = [{"answer": answer(ep), "reward": float(ep.reward or 0.0),
+                "metrics": dict(ep.metrics)} for ep in episodes]
+    return {"id": item.id, "answer": samples[0]["answer"], "reward": samples[0]["reward"],
+            "samples": samples}
 
 
 def bootstrap_items(policy_dir: str) -> int:

@@ -25,7 +25,8 @@ def _rollout(cfg: TrainConfig, policy_dir: str, starts: list[Start], seed: int) 
     engine = runtime.engine_for(cfg, policy_dir)
     t0 = time.perf_counter()
     episodes = run_episodes(engine, runtime.env_for(cfg), starts, sampling=_sampling(cfg),
-                            max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s, seed=seed)
+                            max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s, seed=seed,
+                            max_context=runtime.context_for(cfg, policy_dir))
     total = Ledger()
     for ep in episodes:
         total += ep.ledger

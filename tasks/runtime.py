@@ -119,14 +119,57 @@ def env_for(cfg: TrainConfig) -> Environment:
 
 
 @lru_cache(maxsize=16)
-def _items(family: str, kwargs: tuple[tuple[str, Any], ...], split: str) -> dict[str, TaskItem]:
-    items = environment(family, kwargs).load(split)
-    return {it.id: it for it in items}
+def _items(family: str, kwargs: tuple[tuple[str, Any], ...], split: str,
+           policy_dir: str | None = None, max_new_tokens: int = 0) -> tuple[dict[str, TaskItem], int]:
+    """(items by id, items skipped): with ``policy_dir``, an item whose prompt leaves fewer than
+    ``max_new_tokens`` tokens of the policy's context (``context_limit``) is skipped."""
+    env = environment(family, kwargs)
+    items = env.load(split)
+    if policy_dir is None:
+        return {it.id: it for it in items}, 0
+    from transformers import AutoTokenizer
+
+    from trace_rl.engines import context_limit
+    from trace_rl.rollout.format import TurnFormat
+
+    fmt = TurnFormat(AutoTokenizer.from_pretrained(policy_dir))
+    limit = context_limit(policy_dir) - max_new_tokens
+    system = env.system_prompt()
+    kept = [it for it in items if len(fmt.prompt_ids(system, env.user_prompt(it))) <= limit]
+    if len(kept) < len(items):
+        print(f"{family}/{split}: skipped {len(items) - len(kept)} of {len(items)} items whose "
+              f"prompt leaves fewer than max_new_tokens={max_new_tokens} of the policy's "
+              f"{context_limit(policy_dir)} tokens of context")
+    return {it.id: it for it in kept}, len(items) - len(kept)
 
 
-def items_for(cfg: TrainConfig, split: str) -> dict[str, TaskItem]:
-    """Items of a split by id (loaded once per process)."""
-    return _items(cfg.family, _kwargs_key(cfg), split)
+def _fit_dir(cfg: TrainConfig, policy_dir: str | None) -> str | None:
+    if policy_dir is None and cfg.policy != "tiny":
+        from trace_rl.policy.named import resolve_policy
+
+        policy_dir = resolve_policy(cfg.policy)
+    return None if policy_dir is None else str(Path(policy_dir).resolve())
+
+
+def items_for(cfg: TrainConfig, split: str, policy_dir: str | None = None) -> dict[str, TaskItem]:
+    """Items of a split by id (loaded once per process), without those whose prompt does not fit
+    the policy's context with room for one turn (``policy_dir``, default ``cfg.policy`` unless
+    ``tiny``: the synthetic families' prompts are short)."""
+    return items_and_skipped(cfg, split, policy_dir)[0]
+
+
+def items_and_skipped(cfg: TrainConfig, split: str,
+                      policy_dir: str | None = None) -> tuple[dict[str, TaskItem], int]:
+    """``items_for`` and the number of items it skipped as too long for the policy's context."""
+    return _items(cfg.family, _kwargs_key(cfg), split, _fit_dir(cfg, policy_dir),
+                  cfg.max_new_tokens)
+
+
+def context_for(cfg: TrainConfig, policy_dir: str) -> int:
+    """The token cap of an episode of ``policy_dir`` (``trace_rl.engines.context_limit``)."""
+    from trace_rl.engines import context_limit
+
+    return context_limit(policy_dir)
 
 
 def drop_optimizer_state(workdir: str, run_id: str, step: int) -> None:

@@ -380,10 +380,20 @@ def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "con
     ``where`` it came from."""
     if isinstance(data, TrainConfig):
         return data
+    values = dict(data)
+    family = values.get("family", TrainConfig.model_fields["family"].default)
+    for k, v in _family_defaults(family).items():
+        values.setdefault(k, v)  # splits and token caps that suit the family, unless given
     try:
-        return TrainConfig.model_validate(dict(data))
+        return TrainConfig.model_validate(values)
     except ValidationError as exc:
         raise _explain(exc, where) from None
+
+
+def _family_defaults(family: Any) -> dict[str, Any]:
+    from trace_rl.envs.registry import family_defaults
+
+    return family_defaults(family) if isinstance(family, str) else {}
 
 
 def _coerce(name: str, raw: str) -> Any:
@@ -431,16 +441,9 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
     ``tiny``) and the training split, which must load through its family (a data file: UTF-8
     text whose every row parses; errors name the file and line) and hold at least
     ``pool_size`` items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix."""
-    from trace_rl.envs.base import DatasetError
-    from trace_rl.envs.io import check_text_file
     from trace_rl.envs.registry import make_env
 
-    if cfg.policy != "tiny":
-        policy = Path(cfg.policy)
-        if not (policy / "config.json").is_file():
-            raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
-                             f"(no {policy / 'config.json'}); give one, or 'tiny' for the "
-                             f"bootstrapped CPU policy")
+    check_policy(cfg)
     try:
         env = make_env(cfg.family, **cfg.env_kwargs())
     except (TypeError, ValueError) as exc:
@@ -448,14 +451,7 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
     # Only the training split: the train flow reads nothing else, and a family's default
     # eval_split ("test") need not exist (hotpotqa names its splits differently).
     split = cfg.train_split
-    if Path(split).suffix or Path(split).is_file():  # a data file rather than a split name
-        check_text_file(split)
-    try:
-        items = env.load(split)
-    except DatasetError:
-        raise  # names the file and line already
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise ValueError(f"config: train_split={split!r} of family {cfg.family!r}: {exc}") from exc
+    items = check_split(cfg, split, "train_split", env)
     if len(items) < cfg.pool_size:
         raise ValueError(f"config: train_split={split!r} of family {cfg.family!r} holds "
                          f"{len(items)} items; pool_size={cfg.pool_size} needs as many")
@@ -465,3 +461,47 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
                          f"{cfg.family} items ({max(caps)}: hops + 3); set max_turns={max(caps)} "
                          f"or more (each item keeps its own cap)")
     return cfg
+
+
+def check_policy(cfg: TrainConfig) -> None:
+    """The policy must be ``tiny`` on a synthetic family, a named policy
+    (``trace_rl.policy.named``: ``smollm2``) or a Hugging Face model directory; ``ValueError``
+    says which to give otherwise."""
+    from trace_rl.policy.named import NAMED, check_named
+
+    names = ", ".join(f"{k} ({v[0]})" for k, v in NAMED.items())
+    if cfg.policy == "tiny":
+        if not cfg.family.startswith("synth_"):
+            raise ValueError(f"config: policy=tiny is bootstrapped on the synthetic families only, "
+                             f"not on family={cfg.family!r}; give policy=<Hugging Face model "
+                             f"directory>, a named policy ({names}), or warm-start one with "
+                             f"`trace warmstart family={cfg.family}`")
+        return
+    if cfg.policy in NAMED:
+        check_named(cfg.policy)
+        return
+    policy = Path(cfg.policy)
+    if not (policy / "config.json").is_file():
+        raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
+                         f"(no {policy / 'config.json'}); give one, a named policy ({names}), or "
+                         f"'tiny' for the bootstrapped CPU policy of a synthetic family")
+
+
+def check_split(cfg: TrainConfig, split: str, what: str, env: Any = None) -> list[Any]:
+    """The items of ``split`` (a split name or a data file) of ``cfg``'s family; raises
+    ``ValueError`` in one line naming ``what`` (``train_split``, ``eval_split``, ``--data``) and,
+    for a split the family lacks, its valid splits (``DatasetError`` for a bad row)."""
+    from trace_rl.envs.base import DatasetError
+    from trace_rl.envs.io import check_text_file
+    from trace_rl.envs.registry import make_env
+
+    if env is None:
+        env = make_env(cfg.family, **cfg.env_kwargs())
+    if Path(split).suffix or Path(split).is_file():  # a data file rather than a split name
+        check_text_file(split)
+    try:
+        return env.load(split)
+    except DatasetError:
+        raise  # names the file and line already
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise ValueError(f"config: {what}={split!r} of family {cfg.family!r}: {exc}") from exc

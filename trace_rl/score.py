@@ -38,6 +38,8 @@ from trace_rl.rollout.types import Action, Verdict
 
 
 def _by_answer(env: Environment, item: TaskItem, pred: Mapping[str, Any]) -> Verdict:
+    if "calls" not in pred and pred["answer"] is None:  # the episode gave no answer (trace eval)
+        return Verdict(0.0, {"no_answer": 1.0})
     return env.verify(item, pred["calls"] if "calls" in pred else pred["answer"])
 
 

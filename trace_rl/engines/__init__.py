@@ -58,6 +58,19 @@ STARTUP_HINT: dict[str, str] = {"vllm": "20-65 s on this project's 2-core CPU ma
 _CACHE: dict[tuple, Engine] = {}
 
 
+def context_limit(model_dir: str | Path) -> int:
+    """Tokens of prompt + generation that every engine serves for ``model_dir``: the engines'
+    ``MAX_MODEL_LEN`` (vLLM's ``max_model_len``), or the model's own ``max_position_embeddings``
+    when smaller. A longer prompt would abort a whole vLLM batch, so callers skip such items
+    (``tasks.runtime.items_for``) and cap each episode at this (``run_episodes(max_context=)``)."""
+    import json
+
+    from trace_rl.engines.vllm_engine import MAX_MODEL_LEN
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return min(MAX_MODEL_LEN, int(config.get("max_position_embeddings") or MAX_MODEL_LEN))
+
+
 def make_engine(kind: str, model_dir: str | Path, **opts: Any) -> Engine:
     """A new engine of ``kind`` ("hf" | "vllm") serving the HF directory ``model_dir``."""
     if kind not in ENGINES:

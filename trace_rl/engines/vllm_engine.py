@@ -67,13 +67,17 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+MAX_MODEL_LEN = 2048
+"""Default longest prompt + generation of an engine (``trace_rl.engines.context_limit``)."""
+
+
 class VLLMEngine:
     """A long-lived ``vllm.LLM`` with automatic prefix caching; see the module docstring."""
 
     name = "vllm"
 
     def __init__(self, model_dir: str | Path, *, device: str | None = None,
-                 dtype: str | None = None, seed: int = 0, max_model_len: int = 2048,
+                 dtype: str | None = None, seed: int = 0, max_model_len: int = MAX_MODEL_LEN,
                  block_size: int | None = None, kv_cache_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.5, enforce_eager: bool | None = None,
                  **llm_kwargs: Any) -> None:

@@ -61,7 +61,7 @@ import jsonschema
 
 from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict, parse_expression
 from trace_rl.envs.datadir import default_data_dir
-from trace_rl.envs.io import load_jsonl, row_field
+from trace_rl.envs.io import load_jsonl, row_field, split_path
 from trace_rl.envs.prompt import system_prompt
 
 FAMILY = "bfcl"
@@ -79,22 +79,27 @@ BFCL_EVAL_HINT = "pip install --no-deps bfcl-eval==2026.3.23"
 _TYPE_TO_JSON = {"dict": "object", "float": "number", "tuple": "array", "any": None}
 
 
-def to_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A BFCL parameter schema in JSON Schema terms (``dict`` -> ``object``, ``float`` ->
-    ``number``, ``tuple`` -> ``array``, ``any`` -> no type), recursively."""
+def _retype(schema: Mapping[str, Any], types: Mapping[str, str | None]) -> dict[str, Any]:
+    """``schema`` with each ``type`` renamed by ``types`` (None: no type), recursively."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "type":
-            mapped = _TYPE_TO_JSON.get(value, value)
+            mapped = types.get(value, value)
             if mapped is not None:
                 out["type"] = mapped
         elif key == "properties" and isinstance(value, Mapping):
-            out["properties"] = {k: to_json_schema(v) for k, v in value.items()}
+            out["properties"] = {k: _retype(v, types) for k, v in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, Mapping):
-            out[key] = to_json_schema(value)
+            out[key] = _retype(value, types)
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def to_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A BFCL parameter schema in JSON Schema terms (``dict`` -> ``object``, ``float`` ->
+    ``number``, ``tuple`` -> ``array``, ``any`` -> no type), recursively."""
+    return _retype(schema, _TYPE_TO_JSON)
 
 
 def openai_tool(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,9 +179,13 @@ def parse_calls(answer: Any) -> list[dict[str, Any]]:
     if not text:
         return []
     try:
-        return parse_calls(json.loads(text))
+        parsed = json.loads(text)
     except json.JSONDecodeError:
         pass
+    else:  # a JSON number, string or null is no call list (and re-parsing it would never end)
+        if not isinstance(parsed, (Mapping, list)):
+            raise CallParseError(f"a JSON {type(parsed).__name__} is not a call list: {text!r:.80}")
+        return parse_calls(parsed)
     try:
         node = parse_expression(text).body
     except SyntaxError as exc:
@@ -205,6 +214,17 @@ def standardize(text: str) -> str:
 
 def _std(value: Any) -> Any:
     return standardize(value) if isinstance(value, str) else value
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+Standardise = Callable[[Any], Any]
+MATCH_MODES: dict[str, Standardise] = {"bfcl": _std, "exact": _same}
+"""How values are compared: ``bfcl`` standardises strings as BFCL does (spaces and ``,./-_*^``
+dropped, lower case), so an upper-cased password or ``(5+6)^3`` for ``(5+6)*3`` pass; ``exact``
+compares every value as given (the ``exact`` metric, or the reward with ``match="exact"``)."""
 
 
 def _answer_type(options: Sequence[Any]) -> type | None:
@@ -242,11 +262,11 @@ def _as_list(options: Any) -> list[Any]:
     return options if isinstance(options, list) else [options]
 
 
-def _dict_ok(value: Mapping[str, Any], options: Sequence[Any]) -> bool:
+def _dict_ok(value: Mapping[str, Any], options: Sequence[Any], std: Standardise = _std) -> bool:
     for opt in options:
         if not isinstance(opt, Mapping):
             continue
-        if any(k not in opt or _std(v) not in [_std(o) for o in _as_list(opt[k])]
+        if any(k not in opt or std(v) not in [std(o) for o in _as_list(opt[k])]
                for k, v in value.items()):
             continue
         if all(k in value or "" in _as_list(acceptable) for k, acceptable in opt.items()):
@@ -254,21 +274,23 @@ def _dict_ok(value: Mapping[str, Any], options: Sequence[Any]) -> bool:
     return False
 
 
-def _value_ok(value: Any, spec: Mapping[str, Any], options: Sequence[Any], variable: bool) -> bool:
+def _value_ok(value: Any, spec: Mapping[str, Any], options: Sequence[Any], variable: bool,
+              std: Standardise = _std) -> bool:
     kind = spec.get("type", "any")
     if not variable:
         if kind == "dict":
-            return _dict_ok(value, options)
+            return _dict_ok(value, options, std)
         item_kind = (spec.get("items") or {}).get("type")
         if kind in ("array", "tuple") and item_kind == "dict":
             return any(isinstance(opt, list) and len(opt) == len(value)
-                       and all(isinstance(v, Mapping) and _dict_ok(v, [o]) for v, o in zip(value, opt))
+                       and all(isinstance(v, Mapping) and _dict_ok(v, [o], std)
+                               for v, o in zip(value, opt))
                        for opt in options)
         if kind in ("string", "any"):
-            return standardize(value) in [standardize(o) for o in options if isinstance(o, str)]
+            return std(value) in [std(o) for o in options if isinstance(o, str)]
         if kind in ("array", "tuple"):
-            return [_std(v) for v in value] in [[_std(o) for o in opt] for opt in options
-                                                 if isinstance(opt, list)]
+            return [std(v) for v in value] in [[std(o) for o in opt] for opt in options
+                                                if isinstance(opt, list)]
     return value in options
 
 
@@ -281,7 +303,7 @@ def _options(spec: Mapping[str, Any], options: Sequence[Any]) -> Sequence[Any]:
 
 
 def match_call(doc: Mapping[str, Any], arguments: Mapping[str, Any],
-               expected: Mapping[str, Sequence[Any]]) -> str | None:
+               expected: Mapping[str, Sequence[Any]], std: Standardise = _std) -> str | None:
     """None when ``arguments`` match one acceptable call of ``doc``, else why not."""
     params = doc.get("parameters") or {}
     props: Mapping[str, Any] = params.get("properties") or {}
@@ -298,7 +320,7 @@ def match_call(doc: Mapping[str, Any], arguments: Mapping[str, Any],
         ok, variable = _type_ok(value, spec, options)
         if not ok:
             return f"parameter {p!r}: wrong type {type(value).__name__} for {spec.get('type')}"
-        if not _value_ok(value, spec, options, variable):
+        if not _value_ok(value, spec, options, variable, std):
             return f"parameter {p!r}: {value!r:.60} is not among {options!r:.120}"
     for p, options in expected.items():
         if p not in arguments and "" not in _options(props.get(p, {}), options):
@@ -314,14 +336,15 @@ def _resolve(name: str, docs: Mapping[str, Mapping[str, Any]]) -> str | None:
 
 
 def match_calls(docs: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-                ground_truth: Sequence[Mapping[str, Mapping[str, Sequence[Any]]]]) -> str | None:
+                ground_truth: Sequence[Mapping[str, Mapping[str, Sequence[Any]]]],
+                std: Standardise = _std) -> str | None:
     """None when ``calls`` match ``ground_truth`` one to one in some order, else why not."""
     if len(calls) != len(ground_truth):
         return f"wrong number of calls: {len(calls)}, expected {len(ground_truth)}"
     by_name = {d["name"]: d for d in docs}
     names = [_resolve(c["name"], by_name) for c in calls]
     ok = [[names[i] == next(iter(gt)) and match_call(by_name[names[i]], calls[i]["arguments"],
-                                                      next(iter(gt.values()))) is None
+                                                      next(iter(gt.values())), std) is None
            for gt in ground_truth] for i in range(len(calls))]
     owner: dict[int, int] = {}  # expected index -> call index
 
@@ -339,7 +362,7 @@ def match_calls(docs: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, 
             c = calls[i]
             if names[i] is None:
                 return f"call {i}: unknown function {c['name']!r}"
-            reasons = [match_call(by_name[names[i]], c["arguments"], next(iter(gt.values())))
+            reasons = [match_call(by_name[names[i]], c["arguments"], next(iter(gt.values())), std)
                        for gt in ground_truth if next(iter(gt)) == names[i]]
             return f"call {i} ({c['name']}): " + ("; ".join(r for r in reasons if r)
                                                   or "no expected call of that function left")
@@ -387,36 +410,46 @@ def gold_calls(docs: Sequence[Mapping[str, Any]],
 
 # ---- graders per category kind (one registry, no if-chains) ----
 
-def _grade_match(item: TaskItem, calls: list[dict[str, Any]] | None) -> tuple[float, str]:
+def _grade_match(item: TaskItem, calls: list[dict[str, Any]] | None,
+                 std: Standardise = _std) -> tuple[float, str]:
     if calls is None:
         return 0.0, "answer does not parse as calls"
-    why = match_calls(item.meta["functions"], calls, item.gold)
+    why = match_calls(item.meta["functions"], calls, item.gold, std)
     return (1.0, "") if why is None else (0.0, why)
 
 
-def _grade_no_call(item: TaskItem, calls: list[dict[str, Any]] | None) -> tuple[float, str]:
+def _grade_no_call(item: TaskItem, calls: list[dict[str, Any]] | None,
+                   std: Standardise = _std) -> tuple[float, str]:
     return (1.0, "") if not calls else (0.0, "a call was made where none is relevant")
 
 
-def _grade_some_call(item: TaskItem, calls: list[dict[str, Any]] | None) -> tuple[float, str]:
+def _grade_some_call(item: TaskItem, calls: list[dict[str, Any]] | None,
+                     std: Standardise = _std) -> tuple[float, str]:
     return (1.0, "") if calls else (0.0, "no call was made where one is relevant")
 
 
-GRADERS: dict[str, Callable[[TaskItem, list[dict[str, Any]] | None], tuple[float, str]]] = {
-    **{c: _grade_match for c in SINGLE_TURN},
+FILE_CATEGORY = "calls_file"
+"""Category of an item from a function-calling file of one's own (``load_fncall_file``)."""
+GRADERS: dict[str, Callable[..., tuple[float, str]]] = {
+    **{c: _grade_match for c in SINGLE_TURN}, FILE_CATEGORY: _grade_match,
     "irrelevance": _grade_no_call, "live_irrelevance": _grade_no_call,
     "live_relevance": _grade_some_call,
 }
 
 
-def grade_single_turn(item: TaskItem, answer: Any) -> Verdict:
+def grade_single_turn(item: TaskItem, answer: Any, match: str = "bfcl") -> Verdict:
+    """Reward by the ``match`` mode (``MATCH_MODES``); both modes are reported as metrics
+    (``ast_match`` with BFCL's standardisation, ``exact`` without)."""
     try:
         calls: list[dict[str, Any]] | None = parse_calls(answer)
     except CallParseError:
         calls = None
-    reward, _why = GRADERS[item.meta["category"]](item, calls)
-    return Verdict(reward=reward, metrics={"ast_match": reward,
-                                           "parsed": float(calls is not None)})
+    grader = GRADERS[item.meta["category"]]
+    ast_ok, _why = grader(item, calls, _std)
+    exact, _why = grader(item, calls, _same)
+    return Verdict(reward=exact if match == "exact" else ast_ok,
+                   metrics={"ast_match": ast_ok, "exact": exact,
+                            "parsed": float(calls is not None)})
 
 
 # ---- multi-turn: bfcl-eval's executable backends ----
@@ -595,6 +628,63 @@ def load_bfcl_file(path: str | Path, limit: int | None = None) -> list[TaskItem]
     return load_jsonl(path, parse_row, limit)
 
 
+_JSON_TO_BFCL = {"object": "dict", "number": "float"}
+
+
+def from_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON Schema in BFCL's terms (``object`` -> ``dict``, ``number`` -> ``float``),
+    recursively: the inverse of ``to_json_schema`` for the types both know."""
+    return _retype(schema, _JSON_TO_BFCL)
+
+
+def _file_tool(tool: Any, where: str) -> dict[str, Any]:
+    """A tool of a function-calling file (OpenAI ``{"type": "function", "function": {...}}`` or a
+    bare ``{name, description, parameters}``) as a BFCL function doc."""
+    if not isinstance(tool, Mapping):
+        raise ValueError(f"{where} must be an object, got {type(tool).__name__}")
+    fn = tool.get("function", tool)
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ValueError(f"{where} needs a string 'name' (or 'function': {{'name': ...}})")
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{where}.parameters must be an object (a JSON Schema)")
+    return {"name": fn["name"], "description": str(fn.get("description", "")),
+            "parameters": from_json_schema(params)}
+
+
+def _fncall_row(row: dict[str, Any]) -> TaskItem:
+    """One row of a function-calling file: ``id``, ``tools``, ``request`` (or ``question``) and
+    ``expected`` (one call or a list of calls ``{"name", "arguments"}``; ``[]`` = no call)."""
+    item_id = str(row_field(row, "id", (str, int)))
+    tools = row_field(row, "tools", list)
+    if not tools:
+        raise ValueError("field 'tools' is empty")
+    docs = [_file_tool(t, f"tools[{k}]") for k, t in enumerate(tools)]
+    request = row_field(row, "request" if "request" in row else "question", str)
+    expected = row_field(row, "expected", (list, dict))
+    try:
+        calls = parse_calls(expected)
+    except CallParseError as exc:
+        raise ValueError(f"field 'expected': {exc}") from None
+    names = {d["name"] for d in docs}
+    for k, c in enumerate(calls):
+        if c["name"] not in names:
+            raise ValueError(f"expected[{k}]: function {c['name']!r} is not among the tools "
+                             f"({', '.join(sorted(names))})")
+    gold = [{c["name"]: {p: [v] for p, v in c["arguments"].items()}} for c in calls]
+    return TaskItem(id=item_id, family=FAMILY, question=request, gold=gold,
+                    meta={"category": FILE_CATEGORY, "turns": [[{"role": "user",
+                                                                 "content": request}]],
+                          "functions": docs})
+
+
+def load_fncall_file(path: str | Path, limit: int | None = None) -> list[TaskItem]:
+    """Items of a function-calling file of one's own (JSONL, ``_fncall_row``), graded by the
+    same AST match as BFCL's single-turn categories (each expected value is the one acceptable
+    value; an argument the expected call does not give must be left out)."""
+    return load_jsonl(path, _fncall_row, limit)
+
+
 # ---- the environments ----
 
 INSTRUCTIONS_SINGLE = (
@@ -618,10 +708,17 @@ class BFCLConfig:
 
     data_dir: Path | None = None
     """Data root holding ``function_calling/bfcl``; None: ``$TRACE_DATA_DIR`` or ../shared/data."""
+    match: str = "bfcl"
+    """Single-turn reward: ``bfcl`` (BFCL's string standardisation) or ``exact`` (values as
+    given: no lower-casing, no dropped characters); both are reported as metrics."""
     max_turns: int = 24
     """Turn cap; a single-turn item ends at its first answer; a multi-turn item's gold solution
     takes one turn per call, one ``next_request`` per later user turn and the answer (at most
     16 in multi_turn_base)."""
+
+    def __post_init__(self) -> None:
+        if self.match not in MATCH_MODES:
+            raise ValueError(f"BFCLConfig.match={self.match!r}: use one of {sorted(MATCH_MODES)}")
 
 
 class BFCLEnv(Environment):
@@ -643,7 +740,10 @@ class BFCLEnv(Environment):
             return [it for c in SINGLE_TURN for it in self.load(c)][:limit]
         if split in CATEGORIES:
             return load_bfcl_file(folder / f"BFCL_v4_{split}.json", limit)
-        return load_bfcl_file(split, limit)
+        path = split_path(FAMILY, split, ("single_turn",) + CATEGORIES)
+        if category_of(path) in CATEGORIES:  # a BFCL question file beside possible_answer/
+            return load_bfcl_file(path, limit)
+        return load_fncall_file(path, limit)
 
     def tools(self) -> list[dict[str, Any]]:
         return []  # every item brings its own functions; see user_prompt / item_tools
@@ -694,12 +794,12 @@ class BFCLEnv(Environment):
             except (CallParseError, json.JSONDecodeError, TypeError):
                 return Verdict(0.0, {"turns_ok": 0.0, "state_match": 0.0})
             return grade_multi_turn(item, turns)
-        return grade_single_turn(item, answer)
+        return grade_single_turn(item, answer, self.config.match)
 
     def verify_final(self, item: TaskItem, state: Any, answer: Any) -> Verdict:
         if item.meta["category"] in MULTI_TURN:
             return grade_multi_turn(item, state.calls)
-        return grade_single_turn(item, answer)
+        return grade_single_turn(item, answer, self.config.match)
 
     def expert_actions(self, item: TaskItem) -> list[Action]:
         if item.meta["category"] in MULTI_TURN:

@@ -38,7 +38,7 @@ import bm25s
 
 from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict
 from trace_rl.envs.datadir import default_data_dir
-from trace_rl.envs.io import load_jsonl, row_field
+from trace_rl.envs.io import load_jsonl, row_field, split_path
 from trace_rl.envs.prompt import system_prompt
 
 FAMILY = "hotpotqa"
@@ -73,16 +73,70 @@ INSTRUCTIONS = ("Answer the question. Use the search tool to find evidence; ques
                 "<answer></answer>.")
 
 
-# ---- answer normalisation and metrics (official HotpotQA evaluation semantics) ----
+# ---- answer normalisation and metrics (official HotpotQA evaluation semantics + a departure) ----
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
+_UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+          "eighteen", "nineteen"]
+_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+NUMBER_WORDS: dict[str, int] = {**{w: i for i, w in enumerate(_UNITS)},
+                                **{w: 20 + 10 * i for i, w in enumerate(_TENS)}}
+"""Cardinal number words read as digits (with ``hundred``, ``thousand``, ``million``)."""
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 1_000_000}
+_NUMBER_RUN = re.compile(r"\b(?:(?:%s)(?:[\s-]+(?:and[\s-]+)?)?)+\b" % "|".join(
+    sorted([*NUMBER_WORDS, *_SCALES], key=len, reverse=True)))
+ABBREVIATIONS: dict[str, str] = {
+    "uk": "united kingdom", "us": "united states", "usa": "united states",
+    "ussr": "soviet union", "un": "united nations", "eu": "european union",
+    "nyc": "new york city", "dc": "district of columbia", "st": "saint", "mt": "mount",
+    "ft": "fort", "jr": "junior", "sr": "senior", "dr": "doctor", "co": "company",
+    "corp": "corporation", "inc": "incorporated", "ltd": "limited", "univ": "university",
+}
+"""Common abbreviations, expanded token by token after punctuation is removed (so ``U.S.`` is
+``us``): the departure that lets "UK" match "United Kingdom"."""
+
+
+def _number_value(words: list[str]) -> int | None:
+    total, current = 0, 0
+    for w in words:
+        if w == "and":
+            continue
+        if w in NUMBER_WORDS:
+            current += NUMBER_WORDS[w]
+        elif w == "hundred":
+            current = max(current, 1) * 100
+        elif w in _SCALES:
+            total += max(current, 1) * _SCALES[w]
+            current = 0
+        else:
+            return None
+    return total + current
+
+
+def _numbers_to_digits(text: str) -> str:
+    """"thirty-five" -> "35", "one hundred and five" -> "105" (lower-case text)."""
+    def repl(m: re.Match) -> str:
+        run = m.group(0)
+        words = [w for w in re.split(r"[\s-]+", run.strip()) if w]
+        while words and words[-1] == "and":
+            words.pop()
+        value = _number_value(words)
+        tail = run[len(run.rstrip()):]
+        return (run if value is None else str(value) + (" and" if run.strip().endswith("and")
+                                                          else "")) + tail
+    return _NUMBER_RUN.sub(repl, text)
 
 
 def normalize_answer(text: str) -> str:
-    """Lower case, drop punctuation, drop articles, collapse whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
+    """Lower case, number words as digits, drop punctuation, drop articles, expand common
+    abbreviations, collapse whitespace. The official HotpotQA normalisation plus the documented
+    departure (number words and ``ABBREVIATIONS``, docs/families.md)."""
+    text = _numbers_to_digits(text.lower())
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    tokens = _ARTICLES.sub(" ", text).split()
+    return " ".join(ABBREVIATIONS.get(t, t) for t in tokens)
 
 
 def _blank_gold_match(prediction: str, gold: str) -> float:
@@ -92,20 +146,27 @@ def _blank_gold_match(prediction: str, gold: str) -> float:
     return float(" ".join(prediction.lower().split()) == " ".join(gold.lower().split()))
 
 
-def f1_score(prediction: str, gold: str) -> float:
-    """Token F1 after normalisation; yes/no/noanswer must match exactly (else 0)."""
+def _overlap(prediction: str, gold: str) -> tuple[float, float, float] | None:
+    """(precision, recall, F1) of the normalised tokens; None for a gold that normalises to
+    nothing; yes/no/noanswer must match exactly (else all 0)."""
     pred, ref = normalize_answer(prediction), normalize_answer(gold)
     if not ref:
-        return _blank_gold_match(prediction, gold)
+        return None
     special = ("yes", "no", "noanswer")
     if (pred in special or ref in special) and pred != ref:
-        return 0.0
+        return 0.0, 0.0, 0.0
     common = Counter(pred.split()) & Counter(ref.split())
     same = sum(common.values())
     if same == 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     precision, recall = same / len(pred.split()), same / len(ref.split())
-    return 2 * precision * recall / (precision + recall)
+    return precision, recall, 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, gold: str) -> float:
+    """Token F1 after normalisation; yes/no/noanswer must match exactly (else 0)."""
+    o = _overlap(prediction, gold)
+    return _blank_gold_match(prediction, gold) if o is None else o[2]
 
 
 def exact_match(prediction: str, gold: str) -> float:
@@ -114,42 +175,81 @@ def exact_match(prediction: str, gold: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
-def grade(gold: str, answer: Any) -> Verdict:
-    """Reward = [F1 >= 0.3]; EM and F1 as metrics."""
+STRICT_PRECISION = 0.5
+"""``strict_match``: share of the prediction's tokens that must belong to the gold."""
+
+
+def strict_match(prediction: str, gold: str) -> float:
+    """1 when the prediction holds every normalised gold token and at least half of its own
+    tokens are gold tokens: "Paris, France" passes for "Paris", but neither "North Pacific" for
+    "South Pacific" nor "June 1968" for "June 1967", which F1 >= 0.3 passes."""
+    o = _overlap(prediction, gold)
+    if o is None:
+        return _blank_gold_match(prediction, gold)
+    precision, recall, _ = o
+    return float(recall == 1.0 and precision >= STRICT_PRECISION)
+
+
+def grade(gold: str, answer: Any, aliases: Sequence[str] = ()) -> Verdict:
+    """Reward = [F1 >= 0.3] (the paper's criterion); EM, F1 and ``strict`` as metrics. Each is
+    the best over the gold answer and its ``aliases``."""
     pred = "" if answer is None else str(answer)
-    f1 = f1_score(pred, gold)
-    return Verdict(reward=float(f1 >= F1_THRESHOLD), metrics={"em": exact_match(pred, gold), "f1": f1})
+    golds = [gold, *[a for a in aliases if a]]
+    f1 = max(f1_score(pred, g) for g in golds)
+    return Verdict(reward=float(f1 >= F1_THRESHOLD),
+                   metrics={"em": max(exact_match(pred, g) for g in golds), "f1": f1,
+                            "strict": max(strict_match(pred, g) for g in golds)})
 
 
 # ---- loading ----
 
+def _paragraph(para: Any, where: str) -> dict[str, str]:
+    """One titled paragraph: ``{title, text}`` (HotpotQA distractor), ``{title,
+    paragraph_text}`` (MuSiQue) or ``[title, [sentences]]`` (raw HotpotQA, 2Wiki)."""
+    if isinstance(para, dict):
+        try:
+            text = para["paragraph_text"] if "paragraph_text" in para else row_field(para, "text", str)
+            if not isinstance(text, str):
+                raise ValueError(f"field 'paragraph_text' must be a string, got {type(text).__name__}")
+            return {"title": row_field(para, "title", str), "text": text}
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc} (a paragraph is {{title, text}}, {{title, "
+                             f"paragraph_text}} or [title, [sentences]])") from None
+    if isinstance(para, list) and len(para) == 2 and isinstance(para[1], list):
+        return {"title": str(para[0]), "text": "".join(map(str, para[1]))}
+    raise ValueError(f"{where} is neither {{title, text}}, {{title, paragraph_text}} nor "
+                     "[title, sentences]")
+
+
 def _qa_row(row: dict[str, Any]) -> TaskItem:
-    """Any of the QA formats: distractor (context as {title,text}), raw HotpotQA (context as
-    [title, sentences]), or question/answer only."""
+    """Any of the multi-hop formats: HotpotQA distractor (``context`` as {title, text}), raw
+    HotpotQA or 2Wiki (``context`` as [title, sentences]), MuSiQue (``paragraphs`` as {title,
+    paragraph_text, is_supporting}, ``answer_aliases``), or question/answer only."""
     for key in ("id", "_id", "idx"):
         if key in row:
             item_id = str(row_field(row, key, (str, int)))
             break
     else:
         raise ValueError("missing field 'id' (or '_id' / 'idx')")
-    paragraphs: list[dict[str, str]] = []
-    for k, para in enumerate(row.get("context") or []):
-        if isinstance(para, dict):
-            paragraphs.append({"title": row_field(para, "title", str),
-                               "text": row_field(para, "text", str)})
-        elif isinstance(para, list) and len(para) == 2 and isinstance(para[1], list):
-            paragraphs.append({"title": str(para[0]), "text": "".join(map(str, para[1]))})
-        else:
-            raise ValueError(f"context[{k}] is neither {{title, text}} nor [title, sentences]")
+    key = "paragraphs" if "paragraphs" in row else "context"
+    raw = row_field(row, key, list, default=[])
+    paragraphs = [_paragraph(p, f"{key}[{k}]") for k, p in enumerate(raw)]
     if "supporting_titles" in row:
         support = list(row_field(row, "supporting_titles", list))
-    else:
+    elif "supporting_facts" in row:
         support = list(dict.fromkeys(str(f[0]) for f in row.get("supporting_facts") or []))
+    else:  # MuSiQue marks its supporting paragraphs
+        support = [p["title"] for p, r in zip(paragraphs, raw)
+                   if isinstance(r, dict) and r.get("is_supporting")]
     answer = row_field(row, "answer", (str, int))
+    aliases = row_field(row, "answer_aliases", list, default=[])
+    for k, alias in enumerate(aliases):
+        if not isinstance(alias, (str, int)) or isinstance(alias, bool):
+            raise ValueError(f"answer_aliases[{k}] must be a string, got {alias!r:.60}")
     return TaskItem(id=item_id, family=FAMILY, question=row_field(row, "question", str),
                     gold=str(answer),
                     meta={"paragraphs": paragraphs, "supporting_titles": support,
-                          "type": row.get("type", "")})
+                          "aliases": [str(a) for a in aliases], "type": row.get("type", "")})
 
 
 def load_qa_file(path: str | Path, limit: int | None = None) -> list[TaskItem]:
@@ -230,6 +330,7 @@ class HotpotQAEnv(Environment):
         self.data_dir = Path(self.config.data_dir or default_data_dir())
         self._per_question: OrderedDict[tuple[str, str], BM25Index] = OrderedDict()
         self._pooled: dict[str, BM25Index] = {}
+        self._corpora: dict[str, list[dict[str, str]]] = {}  # pooled corpora of loaded files
         self._lock = threading.Lock()  # the ReAct loop runs tools from worker threads
 
     def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
@@ -239,8 +340,14 @@ class HotpotQAEnv(Environment):
             path = self.data_dir / "multihop_qa" / qfile
             corpus = str(self.data_dir / "multihop_qa" / cfile) if cfile else None
         else:
-            path, corpus = Path(split), None
+            path, corpus = split_path(FAMILY, split, SPLITS), None
         items = load_qa_file(path, limit)
+        if corpus is None and any(it.meta["paragraphs"] for it in items):
+            # A file of its own: its pooled corpus is every item's paragraphs, once each.
+            corpus = f"items:{Path(path).resolve()}:{limit}"
+            pooled = {(p["title"], p["text"]): p for it in items for p in it.meta["paragraphs"]}
+            with self._lock:
+                self._corpora[corpus] = list(pooled.values())
         if corpus is None:
             return items
         return [TaskItem(it.id, it.family, it.question, it.gold, {**it.meta, "corpus": corpus})
@@ -262,7 +369,9 @@ class HotpotQAEnv(Environment):
             if not corpus:
                 raise ToolError(f"item {item.id} has no pooled corpus (load a split that has one)")
             if corpus not in self._pooled:
-                self._pooled[corpus] = BM25Index(load_corpus(corpus))
+                paragraphs = self._corpora.get(corpus)
+                self._pooled[corpus] = BM25Index(paragraphs if paragraphs is not None
+                                                 else load_corpus(corpus))
             return self._pooled[corpus]
         key = (item.id, item.question)  # ids alone may repeat across files
         cached = self._per_question.get(key)
@@ -300,7 +409,7 @@ class HotpotQAEnv(Environment):
         return "\n".join(lines)
 
     def verify(self, item: TaskItem, answer: Any) -> Verdict:
-        return grade(str(item.gold), answer)
+        return grade(str(item.gold), answer, item.meta.get("aliases") or ())
 
     def expert_actions(self, item: TaskItem) -> list[Action]:
         """Search each supporting title, then answer with the gold answer."""

@@ -39,6 +39,16 @@ def row_field(row: Mapping[str, Any], key: str, typ: type | tuple[type, ...] = o
     return value
 
 
+def split_path(family: str, split: str, names: Iterable[str]) -> Path:
+    """``split`` read as a data file's path, when it is not one of the family's split ``names``;
+    ``ValueError`` listing the valid splits when no such file exists either."""
+    path = Path(split)
+    if not path.is_file():
+        raise ValueError(f"{family} has no split {split!r} and no file of that name; its splits: "
+                         f"{', '.join(names)} (or give a data file's path)")
+    return path
+
+
 def text_lines(path: str | Path) -> Iterable[tuple[int, str]]:
     """(1-based line number, line) of a UTF-8 text file. Raises ``FileNotFoundError`` for a
     missing file and ``DatasetError(path, line, why)`` for bytes that are not UTF-8 (a binary

@@ -30,7 +30,7 @@ from math_verify import parse, verify
 
 from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict
 from trace_rl.envs.datadir import default_data_dir
-from trace_rl.envs.io import load_jsonl, row_field
+from trace_rl.envs.io import load_jsonl, row_field, split_path
 from trace_rl.envs.prompt import system_prompt
 from trace_rl.envs.sandbox import SandboxLimits, require_sandbox, run_python
 
@@ -157,7 +157,8 @@ class MathEnv(Environment):
 
     def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
         """A split name (``train``/``test`` are GSM8K; ``math500``, ``aime2024``) or a file path."""
-        path = self.data_dir / "math" / SPLITS[split] if split in SPLITS else Path(split)
+        path = (self.data_dir / "math" / SPLITS[split] if split in SPLITS
+                else split_path(FAMILY, split, SPLITS))
         return load_math_file(path, limit)
 
     def tools(self) -> list[dict[str, Any]]:

@@ -31,6 +31,24 @@ def options(name: str) -> tuple[str, ...]:
     return _OPTIONS.get(name, ())
 
 
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "hotpotqa": {"train_split": "train", "eval_split": "dev", "max_new_tokens": 128,
+                 "max_turns": 5},
+    "bfcl": {"train_split": "live_simple", "eval_split": "simple_python", "max_new_tokens": 256},
+    "math": {"max_new_tokens": 256},
+}
+"""Per-family values of ``TrainConfig`` fields that the user did not set: splits that exist for
+the family (HotpotQA has ``train``/``dev``; BFCL has categories, and trains on ``live_simple``
+while it evaluates on ``simple_python``) and a turn's token cap long enough for the family's
+answers (``tests/test_real_data.py`` measures the gold turns against it); HotpotQA's turn cap
+holds a bad search, two hops and the answer (the warm start's recovery traces)."""
+
+
+def family_defaults(name: str) -> dict[str, Any]:
+    """The ``TrainConfig`` values family ``name`` needs where the user set none ({} if none)."""
+    return dict(FAMILY_DEFAULTS.get(name, {}))
+
+
 def families() -> list[str]:
     """Registered family names, sorted."""
     return sorted(_FACTORIES)

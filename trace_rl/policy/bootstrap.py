@@ -442,17 +442,27 @@ def run_bootstrap(config: BootstrapConfig, out_dir: str | Path, threads: int | N
     if cache_dir is None:
         _build(config, env, train, test, digest, out, threads, show_progress)
         return out
+    cached = Path(cache_dir) / "policies" / f"{config.family}-{digest[:16]}"
+    return build_once(cached, out, lambda d: _holds(d, digest),
+                      lambda d: _build(config, env, train, test, digest, d, threads, show_progress),
+                      "bootstrap" if show_progress else None)
+
+
+def build_once(cached: Path, out: Path, holds: Callable[[Path], bool],
+               build: Callable[[Path], None], announce: str | None = None) -> Path:
+    """Build a policy into the machine-wide cache directory ``cached`` unless it ``holds`` it
+    already (under a file lock, so a second process waits for the first), then copy it onto
+    ``out`` atomically (``_replace_dir``); ``announce``: a label to print a cache hit with."""
     from filelock import FileLock
 
-    cached = Path(cache_dir) / "policies" / f"{config.family}-{digest[:16]}"
     cached.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cached) + ".lock"):
-        if _holds(cached, digest):
-            if show_progress:
-                print(f"bootstrap: reusing the policy cached at {cached}", file=sys.stderr,
+        if holds(cached):
+            if announce:
+                print(f"{announce}: reusing the policy cached at {cached}", file=sys.stderr,
                       flush=True)
         else:
-            _build(config, env, train, test, digest, cached, threads, show_progress)
+            build(cached)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
         staged = Path(work) / "policy"
