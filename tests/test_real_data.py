@@ -63,7 +63,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "trace_rl.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=timeout)
 
 
