@@ -73,7 +73,10 @@ def trained(tiny_model_dir, prefect_harness, tmp_path_factory) -> tuple[Path, st
     from prefect.settings import PREFECT_API_URL
 
     wd = tmp_path_factory.mktemp("view") / "wd"
-    out = subprocess.run(_train_cmd(wd, tiny_model_dir), cwd=REPO, capture_output=True, text=True,
+    # a run name of its own: another test trains the same config on the same Prefect server, and
+    # the step artifacts' keys follow the run id
+    out = subprocess.run(_train_cmd(wd, tiny_model_dir, run_name="view-fixture"), cwd=REPO,
+                         capture_output=True, text=True,
                          env=_env(PREFECT_API_URL=PREFECT_API_URL.value()), timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     [run] = _sql(wd, "SELECT run_id FROM runs")
