@@ -92,7 +92,10 @@ def _install_chromium() -> str | None:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for cmd in (["apt-get", "install", "-y", "chromium"],
                 ["sh", "-c", "apt-get update && apt-get install -y chromium"]):
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        try:  # bounded: a package mirror that does not answer must not stall the suite
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        except subprocess.TimeoutExpired:
+            return f"apt-get did not finish installing chromium in 300 s ({' '.join(cmd)})"
         if done.returncode == 0 and shutil.which("chromium"):
             return None
     return f"apt-get could not install chromium: {(done.stdout + done.stderr).strip()[-300:]}"
