@@ -47,12 +47,11 @@ def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | 
     ``<workdir>/predictions/<family>-<split>.jsonl``)."""
     workdir = resolve_workdir(workdir)
     runtime.configure_threads()
-    cfg = config
     policy_dir = resolve_policy(policy_dir)  # a named policy (smollm2) or a directory
-    result = evaluate_rollouts(cfg, policy_dir, split or cfg.eval_split, limit, samples,
+    result = evaluate_rollouts(config, policy_dir, split or config.eval_split, limit, samples,
                                temperature, skip)
-    split = split or cfg.eval_split
-    out = predictions or str(Path(workdir) / "predictions" / f"{cfg.family}-{Path(split).stem}.jsonl")
+    split = split or config.eval_split
+    out = predictions or str(Path(workdir) / "predictions" / f"{config.family}-{Path(split).stem}.jsonl")
     result["predictions"] = write_predictions(out, result["predictions"])
     print(f"accuracy {result['accuracy']:.3f} on {result['items']} items x {samples} samples; "
           f"mixed share {result['mixed_share']:.2f}"

@@ -18,6 +18,7 @@ from trace_rl.config import config_from_mapping, load_config
 from trace_rl.envs.base import DatasetError
 from trace_rl.envs.bfcl import CallParseError, parse_calls
 from trace_rl.envs.datadir import default_data_dir
+from trace_rl.envs.io import write_jsonl
 from trace_rl.envs.hotpotqa import HotpotQAEnv, grade
 from trace_rl.envs.registry import make_env
 
@@ -54,11 +55,6 @@ MUSIQUE_ROWS = [
          {"idx": 1, "title": "Naperville", "paragraph_text": "Naperville lies in DuPage County.",
           "is_supporting": True}]},
 ]
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -277,7 +273,6 @@ def test_eval_predictions_score_identically(tmp_path, tiny_model_dir):
 
     from scripted_engine import ScriptedEngine
     from tasks.evaluate import prediction_row
-    from trace_rl.envs.io import write_jsonl as write_rows
     from trace_rl.rollout.react import Start, run_episodes
     from trace_rl.score import score
 
@@ -300,12 +295,12 @@ def test_eval_predictions_score_identically(tmp_path, tiny_model_dir):
     rows = [prediction_row(it, episodes[2 * i:2 * i + 2]) for i, it in enumerate(items)]
     assert [r["answer"] for r in rows] == ["Britain", "thirty-five", "Cook County"]
     assert [r["samples"][1]["answer"] for r in rows] == [None] * 3
-    preds = write_rows(tmp_path / "preds.jsonl", rows)
+    preds = write_jsonl(tmp_path / "preds.jsonl", rows)
     scored = dict((pid, v.reward) for pid, v in score("hotpotqa", path, preds))
     assert scored == {r["id"]: r["reward"] for r in rows} == {"2hop__1": 1.0, "2hop__2": 1.0,
                                                               "2hop__3": 1.0}
     # one sample per line: the second samples (no answer) score 0 through trace score as well
-    second = write_rows(tmp_path / "second.jsonl",
+    second = write_jsonl(tmp_path / "second.jsonl",
                         [{"id": r["id"], **r["samples"][1]} for r in rows])
     assert {pid: v.reward for pid, v in score("hotpotqa", path, second)} == dict.fromkeys(
         scored, 0.0)
