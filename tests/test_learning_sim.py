@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.learning_sim import (ALIAS, INIT_PROBS, NEAR_DUP, NO_HAZARD, TOKENS_PER_TURN,
-                                ChainParams, Items, SimSettings, at_tokens, dynamics, exact,
-                                make_items, methods, parse_hops, parse_seeds, run_seed, sample)
+from bench.learning_sim import at_tokens, parse_seeds, run_seed
+from bench.sim.model import (ALIAS, INIT_PROBS, NEAR_DUP, NO_HAZARD, TOKENS_PER_TURN, ChainParams,
+                             Items, dynamics, exact, make_items, parse_hops, sample)
+from bench.sim.run import SimSettings, methods
 
 
 def _items(hops, hazard, first_wrong=None) -> Items:

@@ -1,0 +1,379 @@
+"""The methods compared and one run of a method over the steps (the project's allocators,
+backup and estimators on the simulated trees)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from bench.sim.model import INIT_PROBS, TOKENS_PER_TURN, Dynamics, Exact, Items, softmax
+from bench.sim.trees import LogisticPredictor, SimTree, features, roll_into
+from trace_core.advantages import ESTIMATORS, centred, per_node
+from trace_core.allocation import allocate_prefixes
+from trace_core.allocators import (
+    ALLOCATORS,
+    Allocator,
+    Budget,
+    LeafLedger,
+    PrefixSet,
+    RootPool,
+    Trace,
+    _uniform_groups,
+)
+from trace_core.calibration import Term, estimate, tree_terms
+from trace_core.posterior import PromptPosterior
+from trace_core.tree import backup, root_to_leaf_paths
+from trace_rl.config import TrainConfig
+
+# ----------------------------------------------------------------------------- methods
+
+
+class PrefixOnly(Trace):
+    """Ablation: uniform roots (random_prefix's tree_group per prompt), TRACE's Stage 2."""
+
+    name = "prefix_only"
+
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        return _uniform_groups(pool.size, self.config.tree_group, leaves, rng)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the table: an allocator and how the simulator feeds and uses it."""
+
+    name: str
+    allocator: str  # a name in ALLOCATORS, or "prefix_only"
+    predictor: str = "learned"  # learned, oracle, constant, posterior
+    multiplier: int | None = None  # None = the config's N (the leaf budget stays M (1 + N))
+    root_only: bool = False  # Stage 2 leaves all go to fresh rollouts from the root
+    count_turns_once: bool | None = None
+    joint_split: bool | None = None
+    flip_gate: float = 0.0  # Stage 2 drops depth >= 1 prefixes whose predicted flip chance is below
+    token_budget: bool = False  # Stage 2 spends the tokens of m_i N full rollouts, not m_i N leaves
+    role: str = "ablation"  # baseline, trace, plus, ablation
+
+
+def methods(plus_names: Sequence[str]) -> list[Method]:
+    rows = [
+        Method("grpo", "grpo", role="baseline"),
+        Method("dapo", "dapo", role="baseline"),
+        Method("prompt_only", "prompt_only", role="baseline"),
+        Method("random_prefix", "random_prefix", role="baseline"),
+        Method("trace", "trace", role="trace"),
+        Method("root_only", "trace", root_only=True),
+        Method("prefix_only", "prefix_only"),
+        Method("constant_pred", "trace", predictor="constant"),
+        Method("oracle_pred", "oracle", predictor="oracle"),
+        Method("N=1", "trace", multiplier=1),
+        Method("count_turns_once", "trace", count_turns_once=True),
+        Method("joint_split", "trace", joint_split=True),
+        Method("prompt_only+post", "prompt_only", predictor="posterior"),
+    ]
+    plus = {m.name: m for m in PLUS}
+    unknown = [p for p in plus_names if p not in plus]
+    if unknown:
+        raise ValueError(f"--plus: unknown {unknown}; choose from {sorted(plus)}")
+    return rows + [plus[p] for p in plus_names]
+
+
+PLUS = (
+    Method("trace+post", "trace", predictor="posterior", role="plus"),
+    Method("trace+gate", "trace", flip_gate=0.25, role="plus"),
+    Method("trace+tokens", "trace", token_budget=True, role="plus"),
+    Method("trace+post+gate", "trace", predictor="posterior", flip_gate=0.25, role="plus"),
+    Method("trace+post+tokens", "trace", predictor="posterior", token_budget=True, role="plus"),
+    Method("trace+post+root", "trace", predictor="posterior", root_only=True, role="plus"),
+)
+"""Deliverable 5's candidates (all TRACE's allocator with one or two options)."""
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    steps: int = 60
+    pool_size: int = 32
+    train_items: int = 256
+    eval_items: int = 400
+    learning_rate: float = 0.01
+    strength: float = 4.0
+    train: TrainConfig = TrainConfig()
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.pool_size < 2 or self.eval_items < 2:
+            raise ValueError("need --steps >= 1, --pool-size >= 2, --eval-items >= 2")
+        if self.train_items < self.pool_size:
+            raise ValueError(f"--train-items {self.train_items} must be >= --pool-size {self.pool_size}")
+
+
+class Run:
+    """One method on one seed."""
+
+    def __init__(self, method: Method, settings: SimSettings, train: Items, dyn: Dynamics):
+        cfg = settings.train
+        self.method, self.settings, self.train, self.dyn = method, settings, train, dyn
+        joint = cfg.joint_split if method.joint_split is None else method.joint_split
+        acfg = replace(cfg.allocator_config, joint_split=joint)
+        factory = PrefixOnly if method.allocator == "prefix_only" else ALLOCATORS[method.allocator]
+        self.allocator: Allocator = factory(acfg)
+        n = cfg.multiplier if method.multiplier is None else method.multiplier
+        total = cfg.root_budget * (1 + cfg.multiplier)  # equal leaves whatever N
+        if total % (1 + n):
+            raise ValueError(f"{method.name}: N = {n} does not divide the leaf budget {total}")
+        self.budget = Budget(total // (1 + n), n)
+        self.turns_once = cfg.count_turns_once if method.count_turns_once is None else method.count_turns_once
+        self.estimator = ESTIMATORS[cfg.advantage]
+        self.centre = cfg.centre_advantages
+        self.theta = np.log(INIT_PROBS)
+        self.adam_m = np.zeros_like(self.theta)
+        self.adam_v = np.zeros_like(self.theta)
+        self.learned = LogisticPredictor()
+        self.posterior = PromptPosterior(settings.strength)
+        self.constant = 0.5
+        self.terms: list[list[Term]] = []
+        self.last_sampled = np.full(train.size, -1)
+        self.first_offered = np.full(train.size, -1)
+        self.log: dict[str, list[float]] = {k: [] for k in ("tokens", "leaves", "mixed", "active",
+                                                             "cosine", "accuracy")}
+
+    # -- predictions ---------------------------------------------------------------------------
+
+    def _node_features(self, tree: SimTree, nodes: list[int]) -> np.ndarray:
+        state = np.array([tree.state[n] for n in nodes], np.int64).reshape(-1, 4)
+        return features(self.train, np.full(len(nodes), tree.item), state,
+                        np.array([tree.firsts[n] for n in nodes]))
+
+    def predict_roots(self, idx: np.ndarray, truth: Exact) -> np.ndarray:
+        kind = self.method.predictor
+        if kind == "oracle":
+            return truth.start[idx]
+        if kind == "constant":
+            return np.full(len(idx), self.constant)
+        x = features(self.train, idx, np.zeros((len(idx), 4), np.int64), np.zeros(len(idx)))
+        v = self.learned.predict(x)
+        if kind == "posterior":
+            v = self.posterior.predict([self.train.ids[i] for i in idx], v)
+        return v
+
+    def predict_nodes(self, tree: SimTree, nodes: list[int], truth: Exact) -> np.ndarray:
+        kind = self.method.predictor
+        if kind == "oracle":
+            return np.array([truth.value[t, tree.item, j, s, d] for j, s, d, t in
+                             (tree.state[n] for n in nodes)])
+        if kind == "constant":
+            return np.full(len(nodes), self.constant)
+        v = self.learned.predict(self._node_features(tree, nodes))
+        if kind == "posterior" and 0 in nodes:
+            at = nodes.index(0)
+            v[at] = self.predict_roots(np.array([tree.item]), truth)[0]
+        return v
+
+    def correlation(self):
+        if self.method.predictor == "oracle" or self.settings.train.correlation_window == 0:
+            return None
+        terms = [t for step in self.terms for t in step]
+        return estimate(terms, min_terms=self.settings.train.correlation_min_terms)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def step(self, step: int, pool_idx: np.ndarray, rng: np.random.Generator,
+             truth: Exact) -> tuple[list[SimTree], dict[int, dict[int, float]]]:
+        alloc, budget = self.allocator, self.budget
+        ledger = LeafLedger(budget.total)
+        offered = self.first_offered[pool_idx]
+        self.first_offered[pool_idx] = np.where(offered >= 0, offered, step)
+        last = self.last_sampled[pool_idx]
+        rho = self.correlation()
+        predicted_roots = self.predict_roots(pool_idx, truth)
+        pool = RootPool(predicted=predicted_roots,
+                        staleness=np.where(last >= 0, step - last,
+                                           step - self.first_offered[pool_idx]).astype(np.float64),
+                        true_value=truth.start[pool_idx],
+                        correlation=0.0 if rho is None else rho.at(0))
+        trees: dict[int, SimTree] = {}
+        root_leaves = alloc.root_leaves(budget)
+        counts = alloc.allocate_roots(pool, root_leaves, rng)
+        wave = counts
+        while wave is not None:
+            ledger.spend(int(wave.sum()), f"{self.method.name} root stage")
+            where = []
+            for j in np.flatnonzero(wave):
+                trees.setdefault(int(j), SimTree(int(pool_idx[j])))
+            order = list(trees)
+            for j in np.flatnonzero(wave):
+                where += [(order.index(int(j)), 0, True)] * int(wave[j])
+            roll_into([trees[j] for j in order], where, self.dyn, self.theta, rng)
+            mixed = np.zeros(pool.size, bool)
+            for j, tr in trees.items():
+                out = [tr.reward[leaf] for leaf in tr.bare_leaves]
+                mixed[j] = 0 < sum(out) < len(out)
+            wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), rng)
+            if wave is not None:
+                counts = counts + wave
+        order = list(trees)
+        tree_list = [trees[j] for j in order]
+        predicted: dict[int, dict[int, float]] = {k: {0: float(predicted_roots[j])}
+                                                  for k, j in enumerate(order)}
+        if alloc.splits_jointly:
+            self._joint(tree_list, order, pool, pool_idx, ledger, rho, truth, predicted, rng)
+        else:
+            where = []
+            for k, tr in enumerate(tree_list):
+                leaves = alloc.tree_leaves(int(counts[order[k]]), budget)
+                if leaves == 0:
+                    continue
+                if self.method.root_only:
+                    ledger.spend(leaves, "root-only continuations")
+                    where += [(k, 0, False)] * leaves
+                    continue
+                nodes, observed = tr.prefixes(alloc.branches_from_root)
+                pred = self.predict_nodes(tr, nodes, truth) if nodes else np.zeros(0)
+                if self.method.flip_gate > 0 and nodes:
+                    flip = np.where(observed == 1, 1 - pred, pred)
+                    keep = [i for i, n in enumerate(nodes) if n == 0 or flip[i] >= self.method.flip_gate]
+                    nodes, observed, pred = [nodes[i] for i in keep], observed[keep], pred[keep]
+                if self.method.token_budget and nodes:
+                    leaves = self._token_leaves(tr, nodes, observed, pred, rho, leaves, rng)
+                    ledger.budget += leaves - alloc.tree_leaves(int(counts[order[k]]), budget)
+                ledger.spend(leaves, f"{self.method.name} prefix stage")
+                if not nodes:
+                    where += [(k, 0, False)] * leaves
+                    continue
+                depth = [tr.state[n][3] for n in nodes]
+                prefixes = PrefixSet(
+                    predicted=pred, observed=observed,
+                    true_value=np.array([truth.value[t, tr.item, j, s, d] for j, s, d, t in
+                                         (tr.state[n] for n in nodes)]),
+                    correlation=None if rho is None else np.array([rho.at(x) for x in depth]),
+                    seen=np.array([len(tr.bare_leaves) if n == 0 else 1 for n in nodes], np.int64))
+                kk = alloc.allocate_prefixes(prefixes, leaves, rng)
+                for n, times, v in zip(nodes, kk, pred):
+                    predicted[k][n] = float(v)
+                    where += [(k, n, False)] * int(times)
+            roll_into(tree_list, where, self.dyn, self.theta, rng)
+        return tree_list, predicted
+
+    def _token_leaves(self, tr: SimTree, nodes: list[int], observed: np.ndarray, pred: np.ndarray,
+                      rho, leaves: int, rng: np.random.Generator) -> int:
+        """Continuation leaves whose expected tokens match those of ``leaves`` full rollouts of
+        this prompt (a budget in tokens, not leaves): a continuation from a prefix at turn t is
+        taken to cost max(L - t, 1) turns, L the mean length of the prompt's bare rollouts; the
+        Stage 2 allocation at ``leaves`` prices the mix, and the leaves are scaled to match."""
+        full = tr.turns / len(tr.bare_leaves)
+        cost = np.maximum(full - np.array([tr.state[n][3] for n in nodes]), 1.0)
+        depth = [tr.state[n][3] for n in nodes]
+        k = allocate_prefixes(pred, observed, leaves,
+                              correlation=0.0 if rho is None else np.array([rho.at(x) for x in depth]))
+        per_leaf = float((k * cost).sum()) / max(int(k.sum()), 1)
+        return max(leaves, int(leaves * full / per_leaf))
+
+    def _joint(self, tree_list, order, pool, pool_idx, ledger, rho, truth, predicted, rng) -> None:
+        nodes_all, obs_all, pred_all, true_all, depth_all, seen_all, owner = [], [], [], [], [], [], []
+        for k, tr in enumerate(tree_list):
+            nodes, observed = tr.prefixes(self.allocator.branches_from_root)
+            if not nodes:
+                continue
+            nodes_all += nodes
+            obs_all.append(observed)
+            pred_all.append(self.predict_nodes(tr, nodes, truth))
+            true_all += [truth.value[t, tr.item, j, s, d] for j, s, d, t in (tr.state[n] for n in nodes)]
+            depth_all += [tr.state[n][3] for n in nodes]
+            seen_all += [len(tr.bare_leaves) if n == 0 else 1 for n in nodes]
+            owner += [k] * len(nodes)
+        fresh = np.array([j for j in range(pool.size) if j not in set(order)], np.int64)
+        leaves = self.budget.total - ledger.spent
+        prefixes = PrefixSet(
+            predicted=np.concatenate(pred_all) if pred_all else np.zeros(0),
+            observed=np.concatenate(obs_all) if obs_all else np.zeros(0),
+            true_value=np.asarray(true_all, np.float64),
+            correlation=None if rho is None else np.array([rho.at(x) for x in depth_all]),
+            seen=np.asarray(seen_all, np.int64))
+        fresh_pool = RootPool(predicted=pool.predicted[fresh], staleness=pool.staleness[fresh],
+                              true_value=pool.true_value[fresh], correlation=pool.correlation)
+        m, kk = self.allocator.allocate_joint(prefixes, fresh_pool, leaves, rng)
+        ledger.spend(int(m.sum() + kk.sum()), f"{self.method.name} joint split")
+        where = []
+        for n, k, times, v in zip(nodes_all, owner, kk, prefixes.predicted):
+            predicted[k][n] = float(v)
+            where += [(k, n, False)] * int(times)
+        for j, times in zip(fresh, m):
+            if times:
+                tree_list.append(SimTree(int(pool_idx[j])))
+                order.append(int(j))
+                k = len(tree_list) - 1
+                predicted[k] = {0: float(pool.predicted[j])}
+                where += [(k, 0, True)] * int(times)
+        roll_into(tree_list, where, self.dyn, self.theta, rng)
+
+    # -- learning ------------------------------------------------------------------------------
+
+    def gradient(self, trees: list[SimTree]) -> tuple[np.ndarray, int]:
+        """The estimated gradient (token-mean over the batch's path turns) and the number of
+        mixed trees."""
+        probs = softmax(self.theta)
+        g = np.zeros_like(self.theta)
+        entries = 0
+        mixed = 0
+        for tr in trees:
+            parent, reward = tr.arrays()
+            leaves = reward[~np.isnan(reward)]
+            mixed += int(0 < leaves.sum() < len(leaves))
+            a = self.estimator(parent, reward)  # [L, D]
+            if self.centre:
+                a = centred(a)
+            if self.turns_once:
+                a = per_node(parent, reward, a)
+            node = root_to_leaf_paths(parent)[:, 1:]  # [L, D]
+            ok = node >= 0
+            nodes, adv = node[ok], a[ok]
+            typ = np.asarray(tr.typ)[nodes]
+            act = np.asarray(tr.action)[nodes]
+            entries += len(nodes)
+            np.add.at(g, (typ, act), adv)
+            np.subtract.at(g, typ, adv[:, None] * probs[typ])
+        return g / max(entries, 1), mixed
+
+    def learn(self, trees: list[SimTree], predicted: dict[int, dict[int, float]], step: int,
+              pool_grad: np.ndarray) -> None:
+        g, mixed = self.gradient(trees)
+        denom = np.linalg.norm(g) * np.linalg.norm(pool_grad)
+        self.log["cosine"].append(float((g * pool_grad).sum() / denom) if denom > 0 else 0.0)
+        self.log["mixed"].append(mixed)
+        self.log["active"].append(len(trees))
+        self.log["leaves"].append(sum(int(np.sum(~np.isnan(t.arrays()[1]))) for t in trees))
+        self.log["tokens"].append(TOKENS_PER_TURN * sum(t.turns for t in trees))
+        # Adam (the pipeline's optimiser, no weight decay), ascending the return.
+        b1, b2 = 0.9, 0.999
+        self.adam_m = b1 * self.adam_m + (1 - b1) * g
+        self.adam_v = b2 * self.adam_v + (1 - b2) * g * g
+        k = len(self.log["cosine"])
+        m_hat, v_hat = self.adam_m / (1 - b1 ** k), self.adam_v / (1 - b2 ** k)
+        self.theta = self.theta + self.settings.learning_rate * m_hat / (np.sqrt(v_hat) + 1e-8)
+        # The predictors and the rho window learn from this step's trees.
+        xs, ys, ws, terms, rewards = [], [], [], [], []
+        reads = self.allocator.uses_predictor and self.method.predictor != "oracle"
+        for k, tr in enumerate(trees):
+            parent, reward = tr.arrays()
+            rewards.append(reward[~np.isnan(reward)])
+            self.last_sampled[tr.item] = step
+            if not reads:
+                continue
+            value, n_leaves = backup(parent, reward)
+            internal = np.flatnonzero(np.isnan(reward))
+            xs.append(self._node_features(tr, list(internal)))
+            ys.append(value[internal])
+            ws.append(n_leaves[internal].astype(np.float64))
+            pred = np.full(len(parent), np.nan)
+            for n, v in predicted.get(k, {}).items():
+                pred[n] = v
+            terms += tree_terms(parent, reward, np.asarray(tr.level), pred)
+        if reads and self.method.predictor in ("learned", "posterior"):
+            self.learned.fit(np.concatenate(xs), np.concatenate(ys), np.concatenate(ws))
+        self.constant = float(np.concatenate(rewards).mean())
+        if self.method.predictor == "posterior":
+            self.posterior.update([self.train.ids[t.item] for t in trees],
+                                  np.array([t.root_successes for t in trees]),
+                                  np.array([t.root_rollouts for t in trees], np.float64))
+        window = self.settings.train.correlation_window
+        if window:
+            self.terms = (self.terms + [terms])[-window:]
