@@ -54,6 +54,10 @@ Departures from the paper, both documented in docs/algorithm.md:
 * ``explore`` pulls predictions toward 1/2 for prompts not rolled out recently, so that prompts the
   predictor calls certain (v near 0 or 1, hence g near 0) are not starved forever. It is applied to
   the solver's input, never inside it.
+
+The module is longer than the project's 400-line guide on purpose: the optimality argument above
+covers the solvers below together and they share the objectives' helpers, so the proof and the
+code it proves stay in one file.
 """
 
 from __future__ import annotations
@@ -429,10 +433,21 @@ def _reduced_cost_search(
 ) -> np.ndarray:
     """Exact optimum by a DP over prompts, restricted by reduced costs to values that can beat
     the incumbent (see the module docstring)."""
-    gap = upper - units.objective(incumbent)
-    threshold = gap + _PRUNE_TOL
+    threshold = upper - units.objective(incumbent) + _PRUNE_TOL
+    options = _allowed_deviations(units, relaxed, lam, threshold, caps)
+    return _min_loss_allocation(options, relaxed)
+
+
+Options = list[tuple[int, list[int], list[float]]]
+"""Per prompt that may move off the relaxation: (prompt, allowed deviations, their losses)."""
+
+
+def _allowed_deviations(units: _RootUnits, relaxed: np.ndarray, lam: float, threshold: float,
+                        caps: np.ndarray) -> Options:
+    """The counts each prompt may take in a solution that beats the incumbent: those whose
+    reduced-cost loss is within the gap, as deviations from the relaxed count."""
     lo = units.lo
-    options: list[tuple[int, list[int], list[float]]] = []  # (prompt, deviations, losses)
+    options: Options = []
     for i in range(len(relaxed)):
         base = units.hull(i, int(relaxed[i])) - lam * relaxed[i]
 
@@ -455,10 +470,13 @@ def _reduced_cost_search(
             # Deviation 0 first, then small ones: equal-cost choices stay close to the relaxation.
             devs = sorted((m - int(relaxed[i]) for m in allowed), key=lambda d: (abs(d), d))
             options.append((i, devs, [loss(int(relaxed[i]) + d) for d in devs]))
+    return options
 
-    # DP over prompts. State = sum of deviations so far; array index = state - low. After each
-    # prompt only states from which the remaining prompts can still bring the sum back to 0 are
-    # kept, which bounds the array by the smaller of the spans before and after.
+
+def _min_loss_allocation(options: Options, relaxed: np.ndarray) -> np.ndarray:
+    """DP over prompts. State = sum of deviations so far; array index = state - low. After each
+    prompt only states from which the remaining prompts can still bring the sum back to 0 are
+    kept, which bounds the array by the smaller of the spans before and after."""
     rest_min = np.cumsum([0] + [min(d) for _, d, _ in reversed(options)])[::-1]  # [len + 1]
     rest_max = np.cumsum([0] + [max(d) for _, d, _ in reversed(options)])[::-1]
     low = 0
@@ -507,6 +525,21 @@ def _last_within(loss: Callable[[int], float], start: int, end: int, threshold: 
 # ----------------------------------------------------------------------------- joint split
 
 
+def _prefix_values(p: np.ndarray, observed: np.ndarray, budget: int,
+                   max_per_prefix: int | np.ndarray | None, correlation: float | np.ndarray,
+                   seen: np.ndarray | None) -> np.ndarray:
+    """Stage 2's optimal value for every prefix share 0..B (B <= budget: the caps may stop it
+    earlier): one greedy run at the full budget, its units sorted best first, prices them all."""
+    if not len(p):
+        return np.zeros(1)
+    k_all = allocate_prefixes(p, observed, budget, max_per_prefix=max_per_prefix,
+                              correlation=correlation, seen=seen)
+    w, c = _repeat_posterior(p, np.asarray(observed, np.float64), correlation, seen)
+    units = sorted((_prefix_unit(float(w[i]), float(c[i]), j)
+                    for i in range(len(p)) for j in range(int(k_all[i]))), reverse=True)
+    return np.concatenate([[0.0], np.cumsum(units)])
+
+
 def allocate_joint(
     v_new: np.ndarray,
     p: np.ndarray,
@@ -544,16 +577,7 @@ def allocate_joint(
     lo = _nonnegative_int(min_per_root, "min_per_root")
     if lo < 1:
         raise ValueError(f"min_per_root must be >= 1, got {lo}")
-    if len(p):
-        # One greedy run at the full budget: its units, best first, price every prefix share.
-        k_all = allocate_prefixes(p, observed, budget, max_per_prefix=max_per_prefix,
-                                  correlation=prefix_correlation, seen=seen)
-        w, c = _repeat_posterior(p, np.asarray(observed, np.float64), prefix_correlation, seen)
-        units = sorted((_prefix_unit(float(w[i]), float(c[i]), j)
-                        for i in range(len(p)) for j in range(int(k_all[i]))), reverse=True)
-        prefix_value = np.concatenate([[0.0], np.cumsum(units)])
-    else:
-        prefix_value = np.zeros(1)
+    prefix_value = _prefix_values(p, observed, budget, max_per_prefix, prefix_correlation, seen)
     caps = _caps(max_per_root, len(v_new), lo, "max_per_root") if len(v_new) else None
     chosen: tuple[int, float, int, int] | None = None  # (spent, value, root share, prefix share)
     for b in range(budget + 1):
