@@ -292,6 +292,39 @@ _ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UT
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+def _new_cgroup(base: Path, token: str, pids_max: int) -> Path:
+    """A child cgroup of ``base`` for one call, with its process cap."""
+    cgroup = base / f"trace-sbx-{token}"
+    cgroup.mkdir()
+    (cgroup / "pids.max").write_text(str(pids_max))
+    return cgroup
+
+
+def _drop_cgroup(cgroup: Path | None) -> None:
+    """Remove a call's cgroup once empty (a busy one is left for the kernel to report)."""
+    if cgroup is not None and cgroup.exists():
+        try:
+            cgroup.rmdir()
+        except OSError:
+            pass
+
+
+def _wait_launcher(proc: subprocess.Popen, wall_seconds: float) -> bool:
+    """Wait for the launcher; past the wall limit ask it to stop (it kills the namespace's pid 1
+    and waits for it), and kill its process group if it does not within 5 s. True if timed out."""
+    try:
+        proc.wait(timeout=wall_seconds)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return True
+
+
 def _run_boxed(code: str, limits: SandboxLimits, python: str, cgroup_base: Path | None,
                seccomp: bool) -> SandboxResult:
     """One call in its own namespaces (``sandbox_init.py``); raises ``SandboxError`` when the
@@ -304,10 +337,8 @@ def _run_boxed(code: str, limits: SandboxLimits, python: str, cgroup_base: Path 
         (host / "main.py").write_text(code, encoding="utf-8")
         (host / "root").mkdir()
         if cgroup_base is not None:
-            cgroup = cgroup_base / f"trace-sbx-{secrets.token_hex(16)}"
-            cgroup.mkdir()
             # +2: the launcher and its helper are not the model's
-            (cgroup / "pids.max").write_text(str(limits.max_processes + 2))
+            cgroup = _new_cgroup(cgroup_base, secrets.token_hex(16), limits.max_processes + 2)
         spec = {"code": str(host / "main.py"), "root": str(host / "root"), "binds": binds,
                 "symlinks": links, "python": python, "env": _ENV, "report_fd": report_w,
                 "as_root": os.geteuid() == 0, "inside_uid": 65534, "seccomp": seccomp,
@@ -322,17 +353,7 @@ def _run_boxed(code: str, limits: SandboxLimits, python: str, cgroup_base: Path 
                 preexec_fn=functools.partial(_child_setup, limits, cgroup, None))
             os.close(report_w)
             report_w = -1
-            timed_out = False
-            try:
-                proc.wait(timeout=limits.wall_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                proc.terminate()  # the launcher kills the namespace's pid 1 and waits for it
-                try:
-                    proc.wait(timeout=5.0)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            timed_out = _wait_launcher(proc, limits.wall_seconds)
             _sweep(cgroup, None)
         wall = time.monotonic() - t0
         fcntl.fcntl(report_r, fcntl.F_SETFL, os.O_NONBLOCK)
@@ -351,11 +372,7 @@ def _run_boxed(code: str, limits: SandboxLimits, python: str, cgroup_base: Path 
         if report_w >= 0:
             os.close(report_w)
         shutil.rmtree(host, ignore_errors=True)
-        if cgroup is not None and cgroup.exists():
-            try:
-                cgroup.rmdir()
-            except OSError:
-                pass
+        _drop_cgroup(cgroup)
 
 
 def _run_unconfined(code: str, limits: SandboxLimits, python: str,
@@ -369,9 +386,7 @@ def _run_unconfined(code: str, limits: SandboxLimits, python: str,
     try:
         (work / "main.py").write_text(code, encoding="utf-8")
         if cgroup_base is not None:
-            cgroup = cgroup_base / f"trace-sbx-{token}"
-            cgroup.mkdir()
-            (cgroup / "pids.max").write_text(str(limits.max_processes))
+            cgroup = _new_cgroup(cgroup_base, token, limits.max_processes)
             nproc = None
         else:
             uid = os.getuid()
@@ -404,11 +419,7 @@ def _run_unconfined(code: str, limits: SandboxLimits, python: str,
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-        if cgroup is not None and cgroup.exists():
-            try:
-                cgroup.rmdir()
-            except OSError:
-                pass
+        _drop_cgroup(cgroup)
 
 
 def _owner(path: str) -> int | None:
