@@ -159,15 +159,7 @@ def step_detail(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> dict[
                         "ORDER BY level, method", q)
     status = con.execute("SELECT status FROM steps WHERE run_id = ? AND step = ?", q).fetchone()
 
-    roots_alloc: dict[str, dict[str, Any]] = {}
-    prefix_alloc: dict[str, dict[str, Any]] = {}
-    for a in allocs:
-        table = roots_alloc if a["level"] == 0 else prefix_alloc
-        seen = table.setdefault(a["node_id"], {"k": 0, "p": a["predicted_v"], "gain": None,
-                                               "true_v": a["true_v"], "item_id": a["item_id"]})
-        seen["k"] += int(a["k"] or 0)
-        if a["gain"] is not None:
-            seen["gain"] = a["gain"]
+    roots_alloc, prefix_alloc = _allocations(allocs)
     trees: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for n in nodes:
         trees[n["tree_id"]].append(n)
@@ -182,20 +174,7 @@ def step_detail(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> dict[
     for tree_id, rows in trees.items():
         out_trees.append(_tree(tree_id, rows, prefix_alloc, roots_alloc, mixed, paired, below))
 
-    prompts = []
-    tree_of_root = {t["root_id"]: t for t in out_trees}
-    for node_id, a in roots_alloc.items():
-        t = tree_of_root.get(node_id)
-        prompts.append({"node_id": node_id, "item_id": a["item_id"], "v": _num(a["p"]),
-                        "m": a["k"], "tree_id": None if t is None else t["tree_id"],
-                        "success": None if t is None else t["success"],
-                        "leaves": 0 if t is None else t["leaves"],
-                        "mixed": bool(t and t["mixed"])})
-    for t in out_trees:  # trees without a stored root allocation (older runs)
-        if t["root_id"] not in roots_alloc:
-            prompts.append({"node_id": t["root_id"], "item_id": t["item_id"], "v": t["v"],
-                            "m": t["m"], "tree_id": t["tree_id"], "success": t["success"],
-                            "leaves": t["leaves"], "mixed": t["mixed"]})
+    prompts = _prompts(roots_alloc, out_trees)
     per_level: dict[int, int] = defaultdict(int)
     for n in nodes:
         if n["is_leaf"]:
@@ -213,6 +192,40 @@ def step_detail(con: duckdb.DuckDBPyConnection, run_id: str, step: int) -> dict[
                    "branch_points": sum(1 for a in prefix_alloc.values() if a["k"] > 0),
                    "root_budget": sum(a["k"] for a in roots_alloc.values())},
     }
+
+
+def _allocations(allocs: list[dict[str, Any]]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The step's allocation rows summed per node (a prompt refilled in a later wave has several):
+    (roots, prefixes), each node id -> k, p, gain, true_v, item_id."""
+    roots_alloc: dict[str, dict[str, Any]] = {}
+    prefix_alloc: dict[str, dict[str, Any]] = {}
+    for a in allocs:
+        table = roots_alloc if a["level"] == 0 else prefix_alloc
+        seen = table.setdefault(a["node_id"], {"k": 0, "p": a["predicted_v"], "gain": None,
+                                               "true_v": a["true_v"], "item_id": a["item_id"]})
+        seen["k"] += int(a["k"] or 0)
+        if a["gain"] is not None:
+            seen["gain"] = a["gain"]
+    return roots_alloc, prefix_alloc
+
+
+def _prompts(roots_alloc: dict[str, dict], out_trees: list[dict[str, Any]]) -> list[dict]:
+    """One row per candidate prompt of Stage 1 (m = 0 included) with its tree's outcome."""
+    prompts = []
+    tree_of_root = {t["root_id"]: t for t in out_trees}
+    for node_id, a in roots_alloc.items():
+        t = tree_of_root.get(node_id)
+        prompts.append({"node_id": node_id, "item_id": a["item_id"], "v": _num(a["p"]),
+                        "m": a["k"], "tree_id": None if t is None else t["tree_id"],
+                        "success": None if t is None else t["success"],
+                        "leaves": 0 if t is None else t["leaves"],
+                        "mixed": bool(t and t["mixed"])})
+    for t in out_trees:  # trees without a stored root allocation (older runs)
+        if t["root_id"] not in roots_alloc:
+            prompts.append({"node_id": t["root_id"], "item_id": t["item_id"], "v": t["v"],
+                            "m": t["m"], "tree_id": t["tree_id"], "success": t["success"],
+                            "leaves": t["leaves"], "mixed": t["mixed"]})
+    return prompts
 
 
 def _tree(tree_id: int, rows: list[dict[str, Any]], prefix_alloc: dict, roots_alloc: dict,
@@ -241,34 +254,9 @@ def _tree(tree_id: int, rows: list[dict[str, Any]], prefix_alloc: dict, roots_al
 
     out_nodes = []
     for r in rows:
-        nid = r["node_id"]
-        a = prefix_alloc.get(nid)
-        k = p = obs = q = score = None
-        if a is not None:
-            k, p, obs = a["k"], _num(a["p"]), observed(r["local_index"])
-            if p is not None and obs is not None:
-                q = obs * p + (1 - obs) * (1 - p)
-                score = 1 - q ** k if k else 0.0
-        b = below.get(nid, {})
-        value = _num(r["value"]) if r["value"] is not None else _num(b.get("mean"))
-        action = None
-        if r["action_json"]:
-            try:
-                action = json.loads(r["action_json"])
-            except json.JSONDecodeError:
-                action = r["action_json"]
-        out_nodes.append({
-            "id": nid, "slot": r["local_index"], "parent": r["parent_index"], "depth": r["depth"],
-            "level": r["level"], "leaf": bool(r["is_leaf"]), "reward": _num(r["reward"]),
-            "value": value, "n": r["n_leaves"] if r["n_leaves"] is not None else b.get("leaves"),
-            "v": _num(r["predicted_v"]), "adv": _num(r["advantage"]),
-            "text": _clip(r["text"]), "action": action, "obs": _clip(r["observation"]),
-            "tool": bool(r["tool_called"]), "error": bool(r["error"]),
-            "gen_tokens": r["gen_tokens"], "obs_tokens": r["obs_tokens"],
-            "k": k, "p": p, "observed": _num(obs), "q": q, "score": score,
-            "gain": _num(a["gain"]) if a else None, "true_v": _num(a["true_v"]) if a else None,
-            "mixed": nid in mixed, "contrast": sorted(paired.get(nid, ())),
-        })
+        a = prefix_alloc.get(r["node_id"])
+        obs = observed(r["local_index"]) if a is not None else None
+        out_nodes.append(_node(r, a, obs, below.get(r["node_id"], {}), mixed, paired))
     leaves = [r for r in rows if r["is_leaf"]]
     rewards = [r["reward"] for r in leaves if r["reward"] is not None]
     ra = roots_alloc.get(root["node_id"], {})
@@ -280,6 +268,38 @@ def _tree(tree_id: int, rows: list[dict[str, Any]], prefix_alloc: dict, roots_al
             "mixed": root["node_id"] in mixed, "nodes": out_nodes,
             "branch_points": sum(1 for n in out_nodes if n["k"]),
             "mixed_branch_points": sum(1 for n in out_nodes if n["k"] and n["mixed"])}
+
+
+def _node(r: dict[str, Any], a: dict | None, obs: float | None, b: dict, mixed: set[str],
+          paired: dict[str, set[str]]) -> dict[str, Any]:
+    """What the page draws at one node: its row, Stage 2's K, p, observed outcome, q and
+    1 - q^K where it was a branch point, and its marks."""
+    nid = r["node_id"]
+    k = p = q = score = None
+    if a is not None:
+        k, p = a["k"], _num(a["p"])
+        if p is not None and obs is not None:
+            q = obs * p + (1 - obs) * (1 - p)
+            score = 1 - q ** k if k else 0.0
+    value = _num(r["value"]) if r["value"] is not None else _num(b.get("mean"))
+    action = None
+    if r["action_json"]:
+        try:
+            action = json.loads(r["action_json"])
+        except json.JSONDecodeError:
+            action = r["action_json"]
+    return {
+        "id": nid, "slot": r["local_index"], "parent": r["parent_index"], "depth": r["depth"],
+        "level": r["level"], "leaf": bool(r["is_leaf"]), "reward": _num(r["reward"]),
+        "value": value, "n": r["n_leaves"] if r["n_leaves"] is not None else b.get("leaves"),
+        "v": _num(r["predicted_v"]), "adv": _num(r["advantage"]),
+        "text": _clip(r["text"]), "action": action, "obs": _clip(r["observation"]),
+        "tool": bool(r["tool_called"]), "error": bool(r["error"]),
+        "gen_tokens": r["gen_tokens"], "obs_tokens": r["obs_tokens"],
+        "k": k, "p": p, "observed": _num(obs), "q": q, "score": score,
+        "gain": _num(a["gain"]) if a else None, "true_v": _num(a["true_v"]) if a else None,
+        "mixed": nid in mixed, "contrast": sorted(paired.get(nid, ())),
+    }
 
 
 def _leaf_stats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
