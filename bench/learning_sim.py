@@ -158,6 +158,36 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
+    params = ChainParams(args.hops, args.hazard_a, args.hazard_b, args.alias_share, args.cue_rate,
+                         args.structure)
+    if args.root_budget < 2:
+        raise ValueError(f"--root-budget {args.root_budget}: must be >= 2")
+    settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items,
+                           args.learning_rate, args.strength,
+                           TrainConfig(root_budget=args.root_budget))
+    seeds = parse_seeds(args.seeds)
+    rows = methods([p for p in args.plus.split(",") if p])
+    if args.methods:
+        keep = set(args.methods.split(",")) | {"grpo", "prompt_only", "trace"}
+        unknown = keep - {m.name for m in rows}
+        if unknown:
+            raise ValueError(f"--methods: unknown {sorted(unknown)}; choose from {[m.name for m in rows]}")
+        rows = [m for m in rows if m.name in keep]
+    start = time.time()
+    results = [run_seed(s, rows, params, settings) for s in seeds]
+    table, per_seed = summarise(results, rows)
+    best, base, iv = _report(results, table, per_seed, rows, params, settings, seeds,
+                             time.time() - start)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"seeds": seeds, "params": params.__dict__, "table": table,
+                       "per_seed": {k: {kk: vv.tolist() for kk, vv in v.items()}
+                                    for k, v in per_seed.items()}}, fh, indent=1)
+    return {"table": table, "per_seed": per_seed, "best": best, "base": base, "gain": iv}
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--structure", default="chain", help="chain, or arith (negative control)")
     ap.add_argument("--hops", default=ChainParams.hops, help="hop-count distribution H:weight,...")
@@ -178,26 +208,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--methods", default="", help="run only these rows (comma list; grpo, "
                     "prompt_only and trace are always run, the closing line needs them)")
     ap.add_argument("--json", default="", help="write the per-seed figures here")
-    args = ap.parse_args(argv)
-    params = ChainParams(args.hops, args.hazard_a, args.hazard_b, args.alias_share, args.cue_rate,
-                         args.structure)
-    if args.root_budget < 2:
-        raise ValueError(f"--root-budget {args.root_budget}: must be >= 2")
-    settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items,
-                           args.learning_rate, args.strength,
-                           TrainConfig(root_budget=args.root_budget))
-    seeds = parse_seeds(args.seeds)
-    rows = methods([p for p in args.plus.split(",") if p])
-    if args.methods:
-        keep = set(args.methods.split(",")) | {"grpo", "prompt_only", "trace"}
-        unknown = keep - {m.name for m in rows}
-        if unknown:
-            raise ValueError(f"--methods: unknown {sorted(unknown)}; choose from {[m.name for m in rows]}")
-        rows = [m for m in rows if m.name in keep]
-    start = time.time()
-    results = [run_seed(s, rows, params, settings) for s in seeds]
-    wall = time.time() - start
-    table, per_seed = summarise(results, rows)
+    return ap
+
+
+def _report(results: list[dict], table: list[dict], per_seed: dict, rows: list[Method],
+            params: ChainParams, settings: SimSettings, seeds: list[int], wall: float) -> tuple:
+    """Print the settings, the table and the closing lines; (best TRACE row, best baseline,
+    its paired gain at equal tokens or None with one seed)."""
     cfg = settings.train
     print(f"structure {params.structure}; hops {params.hops}, hazard Beta({params.hazard_a}, "
           f"{params.hazard_b}), alias share {params.alias_share}, cue rate {params.cue_rate}; "
@@ -228,12 +245,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if iv is not None:
         print(f"TRACE vs best baseline at equal tokens: {iv.mean:+.1f} points (95% CI "
               f"{iv.low:+.1f}, {iv.high:+.1f}) over {len(seeds)} seeds")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"seeds": seeds, "params": params.__dict__, "table": table,
-                       "per_seed": {k: {kk: vv.tolist() for kk, vv in v.items()}
-                                    for k, v in per_seed.items()}}, fh, indent=1)
-    return {"table": table, "per_seed": per_seed, "best": best, "base": base, "gain": iv}
+    return best, base, iv
 
 
 if __name__ == "__main__":

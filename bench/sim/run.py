@@ -190,8 +190,24 @@ class Run:
                                            step - self.first_offered[pool_idx]).astype(np.float64),
                         true_value=truth.start[pool_idx],
                         correlation=0.0 if rho is None else rho.at(0))
+        trees, counts = self._root_stage(pool, pool_idx, ledger, rng)
+        order = list(trees)
+        tree_list = [trees[j] for j in order]
+        predicted: dict[int, dict[int, float]] = {k: {0: float(predicted_roots[j])}
+                                                  for k, j in enumerate(order)}
+        if alloc.splits_jointly:
+            self._joint(tree_list, order, pool, pool_idx, ledger, rho, truth, predicted, rng)
+        else:
+            self._per_tree(tree_list, order, counts, ledger, rho, truth, predicted, rng)
+        return tree_list, predicted
+
+    def _root_stage(self, pool: RootPool, pool_idx: np.ndarray, ledger: LeafLedger,
+                    rng: np.random.Generator) -> tuple[dict[int, SimTree], np.ndarray]:
+        """Stage 1 and its refill waves: bare rollouts of the pool's prompts; (trees by pool
+        position, rollouts per position)."""
+        alloc = self.allocator
         trees: dict[int, SimTree] = {}
-        root_leaves = alloc.root_leaves(budget)
+        root_leaves = alloc.root_leaves(self.budget)
         counts = alloc.allocate_roots(pool, root_leaves, rng)
         wave = counts
         while wave is not None:
@@ -210,48 +226,47 @@ class Run:
             wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), rng)
             if wave is not None:
                 counts = counts + wave
-        order = list(trees)
-        tree_list = [trees[j] for j in order]
-        predicted: dict[int, dict[int, float]] = {k: {0: float(predicted_roots[j])}
-                                                  for k, j in enumerate(order)}
-        if alloc.splits_jointly:
-            self._joint(tree_list, order, pool, pool_idx, ledger, rho, truth, predicted, rng)
-        else:
-            where = []
-            for k, tr in enumerate(tree_list):
-                leaves = alloc.tree_leaves(int(counts[order[k]]), budget)
-                if leaves == 0:
-                    continue
-                if self.method.root_only:
-                    ledger.spend(leaves, "root-only continuations")
-                    where += [(k, 0, False)] * leaves
-                    continue
-                nodes, observed = tr.prefixes(alloc.branches_from_root)
-                pred = self.predict_nodes(tr, nodes, truth) if nodes else np.zeros(0)
-                if self.method.flip_gate > 0 and nodes:
-                    flip = np.where(observed == 1, 1 - pred, pred)
-                    keep = [i for i, n in enumerate(nodes) if n == 0 or flip[i] >= self.method.flip_gate]
-                    nodes, observed, pred = [nodes[i] for i in keep], observed[keep], pred[keep]
-                if self.method.token_budget and nodes:
-                    leaves = self._token_leaves(tr, nodes, observed, pred, rho, leaves, rng)
-                    ledger.budget += leaves - alloc.tree_leaves(int(counts[order[k]]), budget)
-                ledger.spend(leaves, f"{self.method.name} prefix stage")
-                if not nodes:
-                    where += [(k, 0, False)] * leaves
-                    continue
-                depth = [tr.state[n][3] for n in nodes]
-                prefixes = PrefixSet(
-                    predicted=pred, observed=observed,
-                    true_value=np.array([truth.value[t, tr.item, j, s, d] for j, s, d, t in
-                                         (tr.state[n] for n in nodes)]),
-                    correlation=None if rho is None else np.array([rho.at(x) for x in depth]),
-                    seen=np.array([len(tr.bare_leaves) if n == 0 else 1 for n in nodes], np.int64))
-                kk = alloc.allocate_prefixes(prefixes, leaves, rng)
-                for n, times, v in zip(nodes, kk, pred):
-                    predicted[k][n] = float(v)
-                    where += [(k, n, False)] * int(times)
-            roll_into(tree_list, where, self.dyn, self.theta, rng)
-        return tree_list, predicted
+        return trees, counts
+
+    def _per_tree(self, tree_list: list[SimTree], order: list[int], counts: np.ndarray,
+                  ledger: LeafLedger, rho, truth: Exact, predicted: dict[int, dict[int, float]],
+                  rng: np.random.Generator) -> None:
+        """Stage 2 tree by tree (each tree's own continuation budget), then the rollouts."""
+        alloc, budget = self.allocator, self.budget
+        where = []
+        for k, tr in enumerate(tree_list):
+            leaves = alloc.tree_leaves(int(counts[order[k]]), budget)
+            if leaves == 0:
+                continue
+            if self.method.root_only:
+                ledger.spend(leaves, "root-only continuations")
+                where += [(k, 0, False)] * leaves
+                continue
+            nodes, observed = tr.prefixes(alloc.branches_from_root)
+            pred = self.predict_nodes(tr, nodes, truth) if nodes else np.zeros(0)
+            if self.method.flip_gate > 0 and nodes:
+                flip = np.where(observed == 1, 1 - pred, pred)
+                keep = [i for i, n in enumerate(nodes) if n == 0 or flip[i] >= self.method.flip_gate]
+                nodes, observed, pred = [nodes[i] for i in keep], observed[keep], pred[keep]
+            if self.method.token_budget and nodes:
+                leaves = self._token_leaves(tr, nodes, observed, pred, rho, leaves, rng)
+                ledger.budget += leaves - alloc.tree_leaves(int(counts[order[k]]), budget)
+            ledger.spend(leaves, f"{self.method.name} prefix stage")
+            if not nodes:
+                where += [(k, 0, False)] * leaves
+                continue
+            depth = [tr.state[n][3] for n in nodes]
+            prefixes = PrefixSet(
+                predicted=pred, observed=observed,
+                true_value=np.array([truth.value[t, tr.item, j, s, d] for j, s, d, t in
+                                     (tr.state[n] for n in nodes)]),
+                correlation=None if rho is None else np.array([rho.at(x) for x in depth]),
+                seen=np.array([len(tr.bare_leaves) if n == 0 else 1 for n in nodes], np.int64))
+            kk = alloc.allocate_prefixes(prefixes, leaves, rng)
+            for n, times, v in zip(nodes, kk, pred):
+                predicted[k][n] = float(v)
+                where += [(k, n, False)] * int(times)
+        roll_into(tree_list, where, self.dyn, self.theta, rng)
 
     def _token_leaves(self, tr: SimTree, nodes: list[int], observed: np.ndarray, pred: np.ndarray,
                       rho, leaves: int, rng: np.random.Generator) -> int:
