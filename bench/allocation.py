@@ -236,35 +236,38 @@ class MethodRun:
             wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), self.rng)
             if wave is not None:
                 counts = counts + wave
-        # Prefix stage, per tree.
-        for j, b in builders.items():
-            leaves = alloc.tree_leaves(int(counts[j]), budget)
-            if leaves == 0:
-                continue
-            ledger.spend(leaves, f"{self.name} prefix stage")
-            nodes, observed = b.prefixes(alloc.branches_from_root)
-            if not nodes:  # every bare rollout ended on its first turn: nothing to branch from
-                for _ in range(leaves):
-                    self._roll(b, 0, bare=False)
-                continue
-            histories = [render(b.prompt, b.prefix[n]) for n in nodes]
-            prefixes = PrefixSet(
-                predicted=self.predict(histories),
-                observed=observed,
-                true_value=np.array([self.sim.true_value(b.prompt, b.prefix[n]) for n in nodes]),
-            )
-            k = alloc.allocate_prefixes(prefixes, leaves, self.rng)
-            if int(k.sum()) != leaves:
-                raise AssertionError(f"{self.name}: prefix stage spent {int(k.sum())} of {leaves} leaves")
-            for node, times in zip(nodes, k):
-                for _ in range(int(times)):
-                    self._roll(b, node, bare=False)
+        for j, b in builders.items():  # prefix stage, per tree
+            self._prefix_stage(b, alloc.tree_leaves(int(counts[j]), budget), ledger)
         trees = list(builders.values())
         self.totals.add(trees)
         self.last_sampled[pool_idx[list(builders)]] = step
         if self.predictor is not None:
             self.fit_stats = self._fit(trees)
         self.totals.seconds += time.perf_counter() - start
+
+    def _prefix_stage(self, b: TreeBuilder, leaves: int, ledger: LeafLedger) -> None:
+        """Stage 2 on one tree: spend its ``leaves`` continuations over its prefixes."""
+        alloc = self.allocator
+        if leaves == 0:
+            return
+        ledger.spend(leaves, f"{self.name} prefix stage")
+        nodes, observed = b.prefixes(alloc.branches_from_root)
+        if not nodes:  # every bare rollout ended on its first turn: nothing to branch from
+            for _ in range(leaves):
+                self._roll(b, 0, bare=False)
+            return
+        histories = [render(b.prompt, b.prefix[n]) for n in nodes]
+        prefixes = PrefixSet(
+            predicted=self.predict(histories),
+            observed=observed,
+            true_value=np.array([self.sim.true_value(b.prompt, b.prefix[n]) for n in nodes]),
+        )
+        k = alloc.allocate_prefixes(prefixes, leaves, self.rng)
+        if int(k.sum()) != leaves:
+            raise AssertionError(f"{self.name}: prefix stage spent {int(k.sum())} of {leaves} leaves")
+        for node, times in zip(nodes, k):
+            for _ in range(int(times)):
+                self._roll(b, node, bare=False)
 
     def _roll(self, b: TreeBuilder, node: int, bare: bool) -> None:
         r = self.sim.rollout(b.prompt, b.prefix[node], self.rng)
