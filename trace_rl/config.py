@@ -71,8 +71,8 @@ class TrainConfig(BaseModel):
     synth_chain, hotpotqa, math, bfcl."""
     difficulty: int = Field(1, ge=1)
     """Difficulty knob of a synthetic family (ignored by real families). At 1 the bootstrapped
-    tiny policy starts at ~51% sampled success on synth_arith, so groups mix; at 2 it starts at
-    19% (docs/results.md, "Tiny policy bootstrap")."""
+    tiny policy starts at 28-45% sampled success on synth_arith (five seeds), so groups mix; at 2
+    it started at 19% (docs/results.md, "Tiny policy bootstrap")."""
     train_split: str = Field("train", min_length=1)
     """Split (or data file, for real families) that roots are drawn from."""
     eval_split: str = Field("test", min_length=1)
