@@ -62,8 +62,9 @@ class BenchConfig:
         branch_from_root=True, joint_split=False)
     """Shared allocator knobs of the simulation, which differ from a training run's
     (``TrainConfig``) on purpose: a pool of 512 prompts and M = 128 afford groups of 8 and trees
-    of 4, and in this stationary process exploration only costs (docs/results.md), hence 0.003
-    rather than the 0.1 that a drifting policy needs."""
+    of 4, and in this stationary process exploration only costs (at 100 steps TRACE's effective
+    ratio is 0.886 with exploration 0, 0.870 with 0.003, 0.823 with 0.01), hence 0.003 rather than
+    the 0.1 that a drifting policy needs."""
     head: HeadConfig = HeadConfig()
     """Predictor head and online training."""
     sim: SimConfig = SimConfig()

@@ -185,7 +185,7 @@ def drop_optimizer_state(workdir: str, run_id: str, step: int) -> None:
 def configure_threads() -> int:
     """Torch threads for this worker: ``$TRACE_TORCH_THREADS``, default 1. The tiny CPU policy gains
     nothing from a second thread, and OpenMP spin-waiting against the rollout engine and other
-    processes made a step 7x slower here (25 s vs 3.3 s per step, docs/results.md)."""
+    processes made a step 7x slower here (25 s vs 3.3 s per step)."""
     n = int(os.environ.get("TRACE_TORCH_THREADS", "1"))
     torch.set_num_threads(n)
     return n

@@ -185,8 +185,9 @@ def test_trace_train_refuses_bad_values_before_anything_slow(tmp_path):
     """The CLI validates before importing flows: no Prefect server, no work dir, exit status 2,
     one line naming the field and what it may be. The wall-time bound is loose on purpose (a
     timed test flakes on a loaded machine: 3.5 s once at load 20); the figure on an idle
-    machine, about 1 s against the 3 s target, is in docs/results.md, and
-    test_a_bad_config_is_refused_before_prefect_or_torch_is_imported checks the reason."""
+    machine, about 1 s against the 3 s target, is in docs/results.md ("A bad config fails
+    fast"), and test_a_bad_config_is_refused_before_prefect_or_torch_is_imported checks the
+    reason."""
     env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
     (tmp_path / "a.yaml").write_text("root_budget: 4.5\n")
     (tmp_path / "b.yaml").write_text('steps: "three"\n')

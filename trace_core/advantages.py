@@ -162,7 +162,8 @@ def centred(a: np.ndarray) -> np.ndarray:
     get no net push from that tree. ``grpo`` and ``tree_grpo`` are zero-sum already; ``treepo``'s
     average over a varying number of sub-groups per leaf is not (a leaf under a branched prefix
     averages two centred terms, a leaf elsewhere one), and a tree-wide net push on the format
-    tokens is what broke the policy in the learning benchmark (docs/results.md).
+    tokens is what broke the policy in a learning-benchmark run, which is why ``branch``, zero-sum
+    at every branch point, is the default estimator.
     """
     a = np.asarray(a, dtype=np.float64)
     if a.size == 0:

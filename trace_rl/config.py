@@ -57,7 +57,7 @@ class ConfigError(ValueError):
 class TrainConfig(BaseModel):
     """A TRACE training run. ``trace train`` with no config runs these defaults: 20 steps of
     the tiny CPU policy on a synthetic family, evaluated on held-out items before and after, small
-    enough for a 2-core machine (docs/results.md, "The default run")."""
+    enough for a 2-core machine (figures: docs/results.md, "The default run")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
                               use_attribute_docstrings=True)
@@ -71,7 +71,8 @@ class TrainConfig(BaseModel):
     synth_chain, hotpotqa, math, bfcl."""
     difficulty: int = Field(1, ge=1)
     """Difficulty knob of a synthetic family (ignored by real families). At 1 the bootstrapped
-    tiny policy starts at ~51% sampled success on synth_arith (docs/results.md), so groups mix."""
+    tiny policy starts at 28-45% sampled success on synth_arith (five seeds), so groups mix; at 2
+    it started at 19% (docs/results.md, "Tiny policy bootstrap")."""
     train_split: str = Field("train", min_length=1)
     """Split (or data file, for real families) that roots are drawn from."""
     eval_split: str = Field("test", min_length=1)
@@ -80,7 +81,8 @@ class TrainConfig(BaseModel):
     """Held-out items the train flow evaluates the policy on before the first step and after the
     last (paired: same items, same sampling seeds; 0 = no evaluation). A bootstrapped policy's
     own selection and report items are skipped. The interval of the gain over 200 items x 4
-    samples is about +-4 points (docs/results.md, "The default run")."""
+    samples is about +-4 points, narrower than the gains RL makes (docs/results.md, "The default
+    run")."""
     eval_samples: int = Field(4, ge=1)
     """Rollouts per held-out item, at the training temperature; an item's score is their mean."""
     policy: str = Field("tiny", min_length=1)
@@ -93,7 +95,7 @@ class TrainConfig(BaseModel):
     advantage: AdvantageName = "branch"
     """Tree advantage estimator (trace_core.advantages): branch, treepo, tree_grpo, segment, grpo.
     ``branch`` (each turn against the value of the last branch point above it; on a flat group
-    r - mean, so the flat baselines are unaffected) by measurement (docs/results.md, "Session 6"):
+    r - mean, so the flat baselines are unaffected) because it is zero-sum at every branch point:
     TRACE on the pool of uneven prompts 33.2 +- 2.2 with no broken run, against 26.1 +- 8.2 with
     ``treepo``, whose per-leaf average is not zero-sum at a branch point and gave one run's shared
     format tokens a net push until it broke; at d = 1 78.7 +- 1.2 against 79.6 +- 1.9."""
@@ -103,11 +105,12 @@ class TrainConfig(BaseModel):
     count_turns_once: bool = False
     """Divide each turn's advantage by the number of paths that share the turn
     (``trace_core.advantages.per_node``), so a prefix continued K times weighs once in the loss,
-    not K + 1 times; a no-op for flat groups. Off by measurement (docs/results.md, "Session 7"):
-    TRACE +0.6 points (inside the seeds' spread), one random_prefix run of three broke."""
+    not K + 1 times; a no-op for flat groups. Off because it bought nothing measurable: TRACE +0.6
+    points with the joint split (inside the seeds' spread; one random_prefix run of three broke),
+    -1.9 +- 2.6 with the paper's split, -0.1 in bench.learning_sim."""
     steps: int = Field(20, ge=1)
-    """Training steps (each: roots -> level 0 -> level 1 -> update). 20 by measurement
-    (docs/results.md, "The default run"): at 10 one seed's gain of five held zero in its interval."""
+    """Training steps (each: roots -> level 0 -> level 1 -> update). 20 because at 10 one seed's
+    gain of five held zero in its interval, at 20 none did (docs/results.md, "The default run")."""
     pool_size: int = Field(32, ge=1)
     """Candidate prompts scored by the predictor per step (Stage 1 pool)."""
     root_budget: int = Field(16, ge=2)
@@ -132,9 +135,9 @@ class TrainConfig(BaseModel):
     each leaf where it buys the most expected mixed groups (``trace_core.allocation.
     allocate_joint``). False (default): m_i N continuations inside tree i, the paper's split.
     Works with ``correlation_window`` > 0: read as independent draws, continuations look likelier
-    to flip than they are. On from session 5 to 7; off again since session 8, by measurement at
-    N = 2 (docs/results.md, "Session 8": the paper's split reaches 1.41x and 1.68x GRPO's effective
-    ratio against 1.03x, with 30% fewer generated tokens, at accuracy within the seeds' noise)."""
+    to flip than they are. Off (the paper's split) because at N = 2 the paper's split reaches
+    1.41x and 1.68x GRPO's effective ratio against the joint split's 1.03x, with 30% fewer
+    generated tokens, at held-out accuracy within the seeds' noise."""
     exploration: float = Field(0.1, ge=0, le=1)
     """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
     correlation_window: int = Field(4, ge=0)
@@ -142,8 +145,10 @@ class TrainConfig(BaseModel):
     outcomes given its prediction, from the stored trees of this many previous steps (more if
     they hold too little evidence; ``tasks.correlation``, ``trace_core.calibration``), and
     allocate on the Beta-posterior gains of ``trace_core.allocation``. 0 = off: rollouts read as
-    independent Bernoulli(V~) draws, the paper's formulas. Default by measurement
-    (docs/results.md, "Session 5")."""
+    independent Bernoulli(V~) draws, the paper's formulas. On (4) because continuations repeat
+    their prefix's outcome far more often than independent draws would (rho ~ 0.75 at depth 1
+    on synth_arith), and allocating on the calibrated rho raised TRACE's effective ratio from
+    0.65 to 0.74."""
     correlation_min_terms: int = Field(16, ge=1)
     """Nodes a depth needs in the window before its own rho estimate is used (else the pooled
     prefixes' estimate, else 0)."""
@@ -157,8 +162,9 @@ class TrainConfig(BaseModel):
     """Wall-clock limit of one tool call."""
     learning_rate: float = Field(1e-4, gt=0)
     """AdamW learning rate of the policy (suits the tiny CPU policy, whose SFT peaks at 2e-3; use
-    about 1e-6 for a multi-billion-parameter model). 1e-4 rather than 2e-4 by the runs that broke
-    the tiny policy, counted over every method (docs/results.md, "Session 5")."""
+    about 1e-6 for a multi-billion-parameter model). 1e-4 rather than 2e-4 because at 2e-4 6 of 33
+    runs of the tiny policy broke (lost the tool-call format), spread over four methods, against
+    1 of 39 at 1e-4."""
     lr_warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up over this many RL steps (0 = off): step s (0-based) uses
     ``learning_rate * (s + 1) / lr_warmup_steps`` until the full rate. AdamW's first steps move
@@ -173,22 +179,21 @@ class TrainConfig(BaseModel):
     """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
     loss_agg: LossAggregation = "seq-mean-token-sum"
     """How token losses are averaged (trace_core.loss.AGGREGATIONS): token-mean,
-    seq-mean-token-sum, seq-mean-token-mean. Default by measurement (docs/results.md, "Learning
-    benchmark" and "Session 6"): seq-mean-token-mean gives each token of a short path more weight
-    (1/|o|), and a lucky 7-token direct answer once outweighed 30 tool-call paths. With
+    seq-mean-token-sum, seq-mean-token-mean. seq-mean-token-sum because seq-mean-token-mean gives
+    each token of a short path more weight (1/|o|), and a lucky 7-token direct answer once
+    outweighed 30 tool-call paths. With
     seq-mean-token-sum every method of the d = 1 learning benchmark ended higher (no run broke
     against 1 of 15); on the pool of uneven prompts the methods moved -1.7 ... +2.0 points, bar one
     TRACE run that broke there (none had with seq-mean-token-mean). Its gradient norms reach ~130
     (medians 7-12), so ``max_grad_norm`` clips nearly every optimiser step to norm 1. token-mean
-    was worst in session 1 (10 steps took the tiny policy from 16.3% to 9.3% / 6.7% greedy
+    was worst of the three (10 steps took the tiny policy from 16.3% to 9.3% / 6.7% greedy
     accuracy)."""
     ppo_epochs: int = Field(4, ge=1)
     """Passes over a step's paths (each pass: ``mini_batches`` optimiser steps). Default 4 with
-    ``mini_batches`` 1, four AdamW steps on the whole batch, by measurement (docs/results.md,
-    "Session 9" item 4): with 4 steps on quarters of the batch, TRACE's ~5 mixed trees per step
-    gave each step 1.2 prompts; on the whole batch every method's final held-out accuracy rose
-    (+0.7 to +5.8 points; mean of the five 80.3 -> 83.4) at 1.4-2.0x a run's training wall time
-    (the whole benchmark's: 1.27x)."""
+    ``mini_batches`` 1, four AdamW steps on the whole batch, because with 4 steps on quarters of
+    the batch TRACE's ~5 mixed trees per step gave each step 1.2 prompts; on the whole batch
+    every method's final held-out accuracy rose (+0.7 to +5.8 points; mean of the five 80.3 ->
+    83.4) at 1.4-2.0x a run's training wall time (the whole benchmark's: 1.27x)."""
     micro_batch: int = Field(8, ge=1)
     """Paths per forward/backward pass (memory); gradients are accumulated over micro-batches."""
     mini_batches: int = Field(1, ge=1)
@@ -196,18 +201,17 @@ class TrainConfig(BaseModel):
     many mini-batches of whole trees (at most one per ``micro_batch`` paths), gradients
     accumulated over their micro-batches. Whole trees keep each step's advantages centred: a
     mini-batch of mostly negative-advantage paths from split groups once moved the KL to 0.16 in
-    one step (docs/results.md). What counts is the optimiser steps per RL step
-    (``ppo_epochs`` x ``mini_batches``) and the prompts each sees (docs/results.md, synth_arith
-    d=1, 10 steps: 4 steps reached 78.0% (GRPO) / 68.2% (TRACE) held-out sampled accuracy from
-    48.0%, one step 62.3% / 56.2%; session 9: 4 steps on the whole batch beat 4 on quarters of
-    it for every method). Default 1 with ``ppo_epochs`` 4."""
+    one step. What counts is the optimiser steps per RL step (``ppo_epochs`` x ``mini_batches``)
+    and the prompts each sees (synth_arith d=1, 10 steps: 4 steps reached 78.0% (GRPO) / 68.2%
+    (TRACE) held-out sampled accuracy from 48.0%, one step 62.3% / 56.2%; 4 steps on the whole
+    batch beat 4 on quarters of it for every method). Default 1 with ``ppo_epochs`` 4."""
     target_kl: float = Field(0.1, ge=0)
     """Trust-region guard of the policy update (0 = off): an optimiser step after which the
     approximate KL of the sampling policy from the new one, on the mini-batch it used, exceeds
     this is undone and the step's update ends (``UpdateSettings.target_kl``). A guard against
-    the rare catastrophic step, not a tight trust region. Measured on synth_arith d=1 at learning
-    rate 2e-4 (docs/results.md): without it one AdamW step moved the KL to 0.16 and broke the
-    tiny policy's tool-call format for the rest of the run (TRACE and prompt_only, seed 2); at
+    the rare catastrophic step, not a tight trust region. 0.1 because, on synth_arith d=1 at
+    learning rate 2e-4, without it one AdamW step moved the KL to 0.16 and broke the tiny
+    policy's tool-call format for the rest of the run (TRACE and prompt_only, seed 2); at
     0.1 those runs learn and 0-2 steps of 20 are undone; at 0.02 half of GRPO's steps were cut
     short and it learned far slower (65.0% vs 78.8% after 20 steps)."""
     target_position_kl: float = Field(0.0, ge=0)

@@ -2,8 +2,8 @@
 
 ``make_engine(kind, model_dir, **opts)`` builds one; ``get_engine`` returns a process-wide cached
 one, so flows and tasks pay an engine's start-up (vLLM: ~20 s on CPU) once per process and then
-call ``load_weights`` after each policy update. ``default_engine_kind(device)`` follows the
-measurement in docs/results.md ("Engines benchmark").
+call ``load_weights`` after each policy update. ``default_engine_kind(device)`` picks vLLM,
+the faster engine where it was measured (docs/results.md, "Engines benchmark").
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 DEFAULT_ENGINE: dict[str, str] = {"cpu": "vllm", "cuda": "vllm"}
-"""Device -> default engine kind, from bench/engines.py (docs/results.md, "Engines benchmark"):
-on this 2-core CPU machine vLLM generated 4.4x (tiny preset) and 4.8x (SmolLM2-135M) the tokens/s
-of the transformers engine on the same 32-sample batches. Its start-up (20-65 s here) is paid once
+"""Device -> default engine kind, from bench/engines.py: vLLM because on this 2-core CPU machine
+it generated 4.4x (tiny preset) and 4.8x (SmolLM2-135M) the tokens/s of the transformers engine
+on the same 32-sample batches. Its start-up (20-65 s here) is paid once
 per process; short tests that build engines should ask for "hf" explicitly. CUDA: vLLM by design,
 to be confirmed by the same benchmark on a GPU machine."""
 
 STARTUP_HINT: dict[str, str] = {"vllm": "20-65 s on this project's 2-core CPU machine"}
-"""What an engine's start-up costs, as measured (docs/results.md, "Engines benchmark")."""
+"""What an engine's start-up costs, as measured by bench/engines.py."""
 
 _CACHE: dict[tuple, Engine] = {}
 

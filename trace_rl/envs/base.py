@@ -54,7 +54,7 @@ def parse_expression(text: str) -> ast.Expression:
     a thread switch (a garbage collection running a finaliser mid-parse is enough) while another
     thread parses can raise ``SystemError: AST constructor recursion depth mismatch``: a valid
     calculator call then came back as an error observation (1 in ~36,000 calls over four
-    benchmark runs; docs/results.md, "Session 6"). Serialising the parse costs microseconds per call.
+    learning-benchmark runs). Serialising the parse costs microseconds per call.
     """
     with _PARSE_LOCK:
         return ast.parse(text, mode="eval")

@@ -141,7 +141,7 @@ def position_kl(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     Where the sampled-token k3 of ``policy_loss`` is largest when a rare sampled token gains
     (ratio >> 1), this is largest when the mass of a likely token moves: a turn's first token
     falling from 0.94 to 0.02 gives ~3.5 here and ~2.8 as k3, while a sampled 0.01 -> 0.3 gives
-    ~0.3 here and ~26 as k3 (docs/results.md, "Session 5")."""
+    ~0.3 here and ~26 as k3. Hence a guard on this, not on k3, for a collapsing first token."""
     p_old, p_new = old.exp(), new.exp()
     rest_old = (1.0 - p_old.sum(-1)).clamp_min(0.0)  # [B, T]
     rest_new = (1.0 - p_new.sum(-1)).clamp_min(1e-12)
@@ -281,7 +281,7 @@ class PolicyTrainer:
         policy tokens of ``batches``; its approx_kl_max, the largest k3 of one token; the largest
         ``position_kl`` at a policy token's position). The mean is what ``target_kl`` reads;
         the position-wise KL is what ``target_position_kl`` reads: a move at one position that
-        the mean dilutes (a turn's first token collapsing, docs/results.md "Session 4")."""
+        the mean dilutes (a turn's first token collapsing, seen in runs that lost the format)."""
         total = count = top = worst = 0.0
         for b, old, _ in batches:
             logp, _, new_top = _with_top(self.model, b["ids"], b["attn"], keep=b["top_ids"])

@@ -79,14 +79,14 @@ class WarmstartConfig:
     batch_size: int = 4
     """Traces per optimiser step."""
     learning_rate: float = 3e-4
-    """Peak AdamW learning rate (of the top layers only, by default). Recipe 1's 1e-4 for one
-    epoch left the format half-learnt (docs/results.md)."""
+    """Peak AdamW learning rate (of the top layers only, by default). 3e-4 because 1e-4 for one
+    epoch left the format half-learnt (0 of 40 dev items)."""
     warmup_steps: int = 5
     """Steps of linear warm-up before the cosine decay."""
     trainable_layers: int = 6
     """Train only the top this many decoder layers and the final norm (0 = every parameter).
     6 of SmolLM2's 30 by CPU time: an SFT step of 4 traces took 112 s with the top 8 layers
-    and 290-430 s with every parameter on the shared 2-core machine (docs/results.md)."""
+    and 290-430 s with every parameter on the shared 2-core machine."""
     max_tokens: int = 1024
     """Traces longer than this (prompt included) are left out of the SFT (and counted)."""
     eval_items: int = 100
@@ -190,7 +190,7 @@ def hotpotqa_trace(item: TaskItem, rng: random.Random, recovery: bool
         actions.insert(0, Action(kind="tool", tool="search", arguments={"query": bad}))
     actions.append(Action(kind="answer", answer=str(item.gold)))
     # Empty thoughts (recipe 2): recipe 1's fixed phrases ("I search for the first entity.")
-    # carried nothing, and the policy answered with them (0/40 on dev, docs/results.md).
+    # carried nothing, and the policy answered with them (0/40 on dev).
     return actions, [""] * len(actions)
 
 

@@ -1,0 +1,91 @@
+"""The docs a newcomer reads stay true to the code: code and docs cite sections of
+docs/results.md that exist (never the old lab notebook or its session numbers), and the README's
+diagram of a training step names every task of the step, and nothing else."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results.md"
+NOTEBOOK = "docs/archive/"
+"""The lab notebook's folder: it may link to the page, nothing may cite it."""
+OFF_STEP = {"evaluate-policy": "before the first step and after the last, not inside a step",
+            "log-summary": "once, at the end of the run"}
+"""Tasks of tasks/ that are not part of one training step, and why."""
+
+
+def tracked_text_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    keep = (".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt")
+    return [REPO / p for p in out if p.endswith(keep) and not p.startswith(NOTEBOOK)
+            and (REPO / p).is_file()]
+
+
+def flat(text: str) -> str:
+    """Whitespace collapsed, so a citation wrapped over two docstring lines reads as one."""
+    return re.sub(r"\s+", " ", text)
+
+
+def headings(markdown: str) -> set[str]:
+    return {m.group(1).strip() for m in re.finditer(r"^#+ (.+)$", markdown, re.M)}
+
+
+CITATION = re.compile(r'docs/results\.md\)?,? \(?"([^"]+)"')
+SESSION = re.compile(r"\b[Ss]ession \d")
+
+
+def test_citations_name_sections_that_exist_and_nothing_cites_the_notebook():
+    sections = {flat(h).strip("`") for h in headings(RESULTS.read_text(encoding="utf-8"))}
+    cited, bad = 0, []
+    for path in tracked_text_files():
+        if path == Path(__file__).resolve():
+            continue
+        text = flat(path.read_text(encoding="utf-8", errors="replace"))
+        rel = path.relative_to(REPO).as_posix()
+        for m in CITATION.finditer(text):
+            cited += 1
+            if m.group(1) not in sections:
+                bad.append(f'{rel}: cites docs/results.md "{m.group(1)}", which has no such section')
+        if rel != "docs/results.md":
+            bad += [f"{rel}: cites the lab notebook ({NOTEBOOK})" for _ in re.finditer(re.escape(NOTEBOOK), text)]
+            bad += [f"{rel}: cites a notebook session ('{m.group(0)}')" for m in SESSION.finditer(text)]
+    assert cited >= 5, f"only {cited} citations of docs/results.md found: is the pattern still right?"
+    assert not bad, "\n".join(bad)
+
+
+def test_the_citation_pattern_reads_wrapped_and_parenthesised_forms():
+    """The check above is not vacuous: the forms used in docstrings and the README are read."""
+    forms = ['(docs/results.md, "The default\n    run")', '[x](docs/results.md) ("First run")',
+             'in docs/results.md ("A bad config fails fast")']
+    assert [CITATION.search(flat(f)).group(1) for f in forms] == [
+        "The default run", "First run", "A bad config fails fast"]
+
+
+def task_names() -> set[str]:
+    """Every ``@task(name=...)`` in tasks/."""
+    names = set()
+    for path in sorted((REPO / "tasks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "task":
+                names |= {k.value.value for k in node.keywords
+                          if k.arg == "name" and isinstance(k.value, ast.Constant)}
+    return names
+
+
+def test_the_readme_step_diagram_names_every_task_of_the_step():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```mermaid\n(.*?)```", readme, re.S)
+    assert block, "README.md has no mermaid diagram of the step"
+    labels = re.findall(r'\["([^"<]+)', block.group(1))  # a box's first line: its task names
+    drawn = {name.strip() for label in labels for name in re.split(r"[,:]", label)
+             if re.fullmatch(r"[a-z]+(-[a-z]+)*", name.strip())}
+    tasks = task_names()
+    assert tasks >= set(OFF_STEP), "a task named in OFF_STEP no longer exists"
+    assert drawn - tasks == set(), f"the diagram names tasks that do not exist: {sorted(drawn - tasks)}"
+    missing = tasks - drawn - set(OFF_STEP)
+    assert not missing, f"tasks of the step missing from the README's diagram: {sorted(missing)}"
