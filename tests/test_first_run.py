@@ -56,3 +56,21 @@ def test_first_trace_train_on_a_fresh_prefect_home_beside_cpu_load(tiny_model_di
     # It said what it was doing: the start-up, then what the run achieved.
     assert "trace: " in out and "starting Prefect's temporary server" in out
     assert "held-out accuracy" in out and "generated tokens" in out
+
+
+def test_vllm_step_limit_is_the_one_vllm_reads():
+    """At load 35-40 a fresh-clone `trace train` died with EngineDeadError: vLLM's worker took
+    longer than vLLM's 300 s per model step. ``environ.apply`` raises that limit unless the user
+    set it; this checks that vLLM itself reads the raised value (a renamed variable would not)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"}
+    code = ("from trace_rl import environ; environ.apply(); import vllm.envs as e; "
+            "print(e.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS)")
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    from trace_rl.environ import VLLM_STEP_TIMEOUT_S
+    assert int(out.strip().splitlines()[-1]) == VLLM_STEP_TIMEOUT_S > 300
+    mine = subprocess.run([sys.executable, "-c", code],
+                          env={**env, "PYTHONPATH": str(REPO),
+                               "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "42"},
+                          capture_output=True, text=True, timeout=300, check=True).stdout
+    assert mine.strip().splitlines()[-1] == "42"  # the user's value wins

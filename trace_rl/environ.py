@@ -27,6 +27,9 @@ from pathlib import Path
 PREFECT_STARTUP_TIMEOUT_S = 300
 """Seconds Prefect may take to start its temporary server (Prefect's own default is 20)."""
 
+VLLM_STEP_TIMEOUT_S = 3600
+"""Seconds one vLLM model step may take before the engine is declared dead (vLLM's default 300)."""
+
 DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(PREFECT_STARTUP_TIMEOUT_S),
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # offline and quiet
@@ -35,6 +38,11 @@ DEFAULTS = {
     # transformers draws a "Loading weights" / "Writing model shards" bar at every save and load,
     # dozens per run (each checkpoint, each weight sync); the run reports its own progress.
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    # vLLM's engine core gives its worker process 300 s per model step and then declares the
+    # engine dead (EngineDeadError). On a 2-core machine at load 35-40 the tiny policy's first
+    # step of a fresh-clone `trace train` took longer than that (2026-12-01): a slow step on a
+    # busy shared CPU is not a hung worker, so the run waits for it.
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(VLLM_STEP_TIMEOUT_S),
 }
 
 
