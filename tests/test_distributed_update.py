@@ -17,16 +17,16 @@ from trace_rl.policy.update import PathSample, PolicyTrainer, Ranks, UpdateSetti
 
 SETTINGS = {  # 7 paths of 4 trees in micro-batches of 2: 4 micro-batches, rank 1 gets 2 of them
     "one_step": dict(epochs=1, mini_batches=1, target_kl=0.0, target_position_kl=0.0,
-                     agg="seq-mean-token-sum"),
+                     agg="seq-mean-token-sum", learning_rate=1e-3),
     # Two mini-batches of whole trees, two epochs, the KL guard on: 4 optimiser steps, a rank
     # with no micro-batch in some of them, and the guard's decision taken on both ranks' KL.
-    "guarded": dict(epochs=2, mini_batches=2, target_kl=50.0, target_position_kl=50.0,
-                    agg="token-mean"),
+    "guarded": dict(epochs=2, mini_batches=2, target_kl=1.0, target_position_kl=1.0,
+                    agg="token-mean", learning_rate=1e-5),
 }
 
 
 def _settings(name: str) -> UpdateSettings:
-    return UpdateSettings(learning_rate=1e-3, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+    return UpdateSettings(clip_low=0.2, clip_high=0.28, kl_coef=0.0,
                           micro_batch=2, **SETTINGS[name])
 
 
