@@ -65,8 +65,7 @@ def connect(spec: str, cpus_per_node: int = 2) -> dict[str, Any]:
     if kind == "local":
         from ray.cluster_utils import Cluster
 
-        node = {"num_cpus": cpus_per_node, "include_dashboard": False,
-                "node_ip_address": "127.0.0.1"}
+        node = {"num_cpus": cpus_per_node, "include_dashboard": False}
         local = Cluster(initialize_head=True, head_node_args=node)
         for _ in range(n - 1):
             local.add_node(**{k: v for k, v in node.items() if k != "include_dashboard"})

@@ -85,7 +85,10 @@ class EnginePool:
     """``n`` engine actors of ``kind``; see the module docstring."""
 
     def __init__(self, kind: str, model_dir: str | Path, n: int, *, routing: str = "sticky",
-                 max_replacements: int = 2, **opts: Any) -> None:
+                 max_replacements: int = 2, gpu_share: float = 1.0, **opts: Any) -> None:
+        """``gpu_share``: the GPU fraction each engine actor asks for on a GPU cluster (below 1,
+        several engines share a GPU: set the engine's own memory fraction to match, e.g.
+        vLLM's ``gpu_memory_utilization``); ``opts`` go to the engine's constructor."""
         if n < 1:
             raise ValueError(f"EnginePool: n={n} engines, need >= 1")
         if routing not in ROUTINGS:
@@ -100,7 +103,7 @@ class EnginePool:
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         res = accelerator()
         self._actor_cls = ray.remote(num_cpus=0 if res == "GPU" else 1,
-                                     num_gpus=1 if res == "GPU" else 0)(EngineWorker)
+                                     num_gpus=gpu_share if res == "GPU" else 0)(EngineWorker)
         self.actors = [self._start(i) for i in range(n)]
         ray.get([a.where.remote() for a in self.actors])  # every engine is up
         self._routes: dict[str, int] = {}

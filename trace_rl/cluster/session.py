@@ -21,11 +21,15 @@ class Session:
     """The pool and trainer group of one run (``engines`` engine actors of ``kind``,
     ``ranks`` trainer ranks) on the cluster ``spec``."""
 
-    def __init__(self, spec: str, kind: str, engines: int, ranks: int, weight_sync: str) -> None:
+    def __init__(self, spec: str, kind: str, engines: int, ranks: int, weight_sync: str,
+                 gpu_share: float = 1.0, engine_opts: dict[str, Any] | None = None) -> None:
+        """``gpu_share``: GPU fraction of each engine and rank (below 1 they share GPUs);
+        ``engine_opts``: passed to every engine."""
         if weight_sync not in ("disk", "broadcast"):
             raise ValueError(f"weight_sync={weight_sync!r}; choose disk or broadcast")
         self.spec, self.kind, self.engines, self.ranks = spec, kind, engines, ranks
         self.weight_sync = weight_sync
+        self.gpu_share, self.engine_opts = gpu_share, dict(engine_opts or {})
         kind_, nodes = parse(spec)
         per_node = max(2, math.ceil((engines + ranks) / max(nodes, 1)))
         self.resources = connect(spec, cpus_per_node=per_node)
@@ -41,7 +45,8 @@ class Session:
             t0 = time.perf_counter()
             print(f"cluster: starting {self.engines} {self.kind} engine actor(s) on {home_dir}",
                   file=sys.stderr, flush=True)
-            self.pool = EnginePool(self.kind, home_dir, self.engines)
+            self.pool = EnginePool(self.kind, home_dir, self.engines, gpu_share=self.gpu_share,
+                                   **self.engine_opts)
             self.home = home_dir
             print(f"cluster: engine pool ready in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
@@ -67,7 +72,7 @@ class Session:
         """The policy update on the trainer group (started on first use)."""
         if self.trainer is None:
             t0 = time.perf_counter()
-            self.trainer = TrainerGroup(self.ranks, settings, seed)
+            self.trainer = TrainerGroup(self.ranks, settings, seed, gpu_share=self.gpu_share)
             print(f"cluster: {self.ranks} trainer rank(s) ready in "
                   f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         return self.trainer.update(policy_dir, samples, rng_seed, lr_scale, out_dir)

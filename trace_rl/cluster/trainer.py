@@ -101,16 +101,19 @@ class TrainerRank:
 class TrainerGroup:
     """``world`` trainer actors, one per bundle of a SPREAD placement group."""
 
-    def __init__(self, world: int, settings: UpdateSettings, seed: int) -> None:
+    def __init__(self, world: int, settings: UpdateSettings, seed: int,
+                 gpu_share: float = 1.0) -> None:
+        """``gpu_share``: the GPU fraction of each rank on a GPU cluster (1: a GPU each)."""
         if world < 1:
             raise ValueError(f"TrainerGroup: world={world} ranks, need >= 1")
         self.world, self.settings, self.seed = world, settings, seed
         res = accelerator()
-        self.pg = placement_group([{res: 1}] * world, strategy="SPREAD")
+        need = gpu_share if res == "GPU" else 1
+        self.pg = placement_group([{res: need}] * world, strategy="SPREAD")
         ray.get(self.pg.ready())
         actor = ray.remote(TrainerRank)
         self.actors = [actor.options(
-            num_cpus=1 if res == "CPU" else 0, num_gpus=1 if res == "GPU" else 0,
+            num_cpus=1 if res == "CPU" else 0, num_gpus=need if res == "GPU" else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=r)).remote(r, world)
             for r in range(world)]
