@@ -57,3 +57,16 @@ def test_bad_cluster_settings_are_named(values, says):
 def test_cluster_addresses_are_accepted():
     for spec in ("", "local:1", "local:16", "auto", "10.0.0.5:6379", "ray://head.example:10001"):
         assert config_from_mapping({"cluster": spec}).cluster == spec
+
+
+def test_train_cluster_deployment_on_its_own_pool():
+    """`train/cluster` (docs/deployments.md): the train flow on the trace-cluster pool, whose
+    default config is a valid cluster run."""
+    from deployments.deploy import (CLUSTER_CONFIG, CLUSTER_POOL, deployment_specs, deployments,
+                                    pool_specs)
+
+    deps = deployments(deployment_specs(), [CLUSTER_POOL])
+    assert [(d.flow_name, d.name) for d in deps] == [("train", "cluster")]
+    assert deps[0].parameters["config"] == CLUSTER_CONFIG and deps[0].enforce_parameter_schema
+    assert config_from_mapping(CLUSTER_CONFIG).cluster == "auto"
+    assert "RAY_USAGE_STATS_ENABLED" in pool_specs()[CLUSTER_POOL].env

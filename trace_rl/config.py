@@ -303,6 +303,8 @@ class TrainConfig(BaseModel):
         if self.pool_size * self.max_per_root < self.root_budget:
             bad.append(f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot "
                        f"hold root_budget={self.root_budget}; raise pool_size or max_per_root")
+        if self.cluster.startswith("local:") and not re.fullmatch(r"local:[1-9][0-9]*", self.cluster):
+            bad.append(f"cluster={self.cluster!r}: local:N needs N >= 1 simulated nodes")
         if not self.cluster and (self.rollout_engines > 1 or self.trainer_ranks > 1):
             bad.append(f"rollout_engines={self.rollout_engines}, trainer_ranks="
                        f"{self.trainer_ranks} need a Ray cluster; set cluster=local:N, auto or "

@@ -70,13 +70,13 @@ class WeightGroup:
             raise RuntimeError("WeightGroup.send: only rank 0 sends")
         flat = torch.cat([state[k].detach().reshape(-1).to(torch.float32).cpu()
                           for k, _ in layout(state)])
-        self.pg.broadcast([flat], 0).wait()
+        self.pg.broadcast(flat, 0).wait()
         return flat.numel() * 4
 
     def receive(self, shapes: Layout) -> dict[str, torch.Tensor]:
         """Ranks 1..N: the tensors rank 0 broadcast, by name."""
         sizes = [int(torch.Size(s).numel()) for _, s in shapes]
         flat = torch.empty(sum(sizes), dtype=torch.float32)
-        self.pg.broadcast([flat], 0).wait()
+        self.pg.broadcast(flat, 0).wait()
         return {name: part.view(shape) for (name, shape), part
                 in zip(shapes, torch.split(flat, sizes))}
