@@ -55,9 +55,16 @@ class SyncWorkerExtension:
         self.reload_weights(weights_path=weights_path)
         self._repack_head()
 
-    def sync_tensors(self, named: list[tuple[str, Any]]) -> None:
-        """Reload from named tensors (a weight broadcast), not from a checkpoint directory."""
-        self.reload_weights(weights_iterator=iter(named))
+    def sync_tensors(self, state: bytes) -> None:
+        """Reload from named tensors (a weight broadcast), not from a checkpoint directory:
+        ``state`` is a ``torch.save``d state dict (vLLM's RPC encoder turns tensors nested in
+        argument lists into lists; bytes travel as they are)."""
+        import io
+
+        import torch
+
+        named = torch.load(io.BytesIO(state), weights_only=True)
+        self.reload_weights(weights_iterator=iter(named.items()))
         self._repack_head()
 
     def _repack_head(self) -> None:
@@ -184,8 +191,14 @@ class VLLMEngine:
     def load_tensors(self, state: dict[str, Any]) -> float:
         """Reload weights in place from named tensors (a weight broadcast) with vLLM's
         ``reload_weights(weights_iterator=...)``, then reset the prefix cache; return seconds."""
+        import io
+
+        import torch
+
         t0 = time.perf_counter()
-        self.llm.collective_rpc("sync_tensors", args=(list(state.items()),))
+        buf = io.BytesIO()
+        torch.save(dict(state), buf)
+        self.llm.collective_rpc("sync_tensors", args=(buf.getvalue(),))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("VLLMEngine.load_tensors: vLLM refused to reset the prefix cache")
         return time.perf_counter() - t0
