@@ -8,6 +8,7 @@
 #
 #   bash scripts/gpu_check.sh            # from the repository root
 #
+# Needs the package registry (setup installs vllm and ray) or a .venv already set up there.
 # Not run in the session that wrote it (no GPU was lent): see docs/results.md, "Issue 20".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,20 +31,21 @@ part() {  # part NAME TIMEOUT_S COMMAND...: run, time, append its tail to the re
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } >> "$REPORT" 2>&1
 
 # 1. The GPU stack (vllm pins its own CUDA torch) + ray; scripts/setup.sh picks .[gpu,dev,cluster].
-part setup 300 bash scripts/setup.sh
+part setup 240 bash scripts/setup.sh
 PY=.venv/bin/python
 
 # 2. Engines benchmark on the GPU: vLLM against transformers, prefix-cache share.
-part engines 120 $PY -m bench.engines --models tiny,smollm2 --device cuda --prompts 8 --n 4
+part engines 90 $PY -m bench.engines --models tiny,smollm2 --device cuda --prompts 8 --n 4
 
-# 3. A 3-step train with vLLM on the GPU, one process (the reference for the cluster run).
-part train_vllm 150 $PY -m cli train --workdir "$OUT/wd" engine=vllm steps=3 eval_items=20 \
-    plot_every=0 run_name=gpu-check
+# 3. A 3-step train with vLLM on the GPU, one process. SmolLM2 (shipped in a wheel) rather than
+#    the tiny policy, whose SFT bootstrap alone would take minutes.
+part train_vllm 120 $PY -m cli train --workdir "$OUT/wd" engine=vllm policy=smollm2 steps=3 \
+    eval_items=20 plot_every=0 run_name=gpu-check
 
 # 4. The scale benchmark: 1 and 2 vLLM actors sharing the GPU (0.3 of its memory each),
 #    sticky against round-robin prefix-cache hits, 1 trainer rank (0.3 of the GPU), disk against
 #    broadcast sync. One node: the GPU is shared by fractions.
-part scale 240 $PY -m bench.scale --cluster local:1 --engine vllm --engines 1,2 --ranks 1 \
+part scale 150 $PY -m bench.scale --cluster local:1 --engine vllm --engines 1,2 --ranks 1 \
     --policy smollm2 --items 16 --k 4 --max-tokens 64 --gpu-share 0.3 \
     --engine-opts '{"gpu_memory_utilization": 0.3}' --out "$OUT/scale.json"
 
