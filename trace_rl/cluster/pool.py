@@ -13,10 +13,10 @@ Sampling is seeded per request (``SamplingSettings.seed``), so the engine a requ
 does not change its completion: a pool returns the completions one engine would, up to the
 float rounding of batching requests differently.
 
-Fault tolerance: when an engine actor dies mid-batch (its process killed, its node lost), its
-share of the batch is sent again to a new actor started on the current weights (the last
-checkpoint directory synced); the batch's results keep their order, so no node is lost or
-duplicated. After ``max_replacements`` replacements in one ``generate`` call the error is raised
+Fault tolerance: when an engine actor dies mid-batch (its process killed, its node lost, Ray's
+memory monitor), its share of the batch is sent again to a new actor started on the current
+weights (the last checkpoint directory synced); the batch's results keep their order, so no node
+is lost or duplicated. After ``max_replacements`` replacements in one ``generate`` call the error is raised
 (Prefect's task retry then re-runs the phase).
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import OutOfMemoryError, RayActorError
 
 from trace_rl.cluster import accelerator
 from trace_rl.cluster.sync import Layout, WeightGroup
@@ -149,7 +149,7 @@ class EnginePool:
             e, ref = next(iter(pending.items()))
             try:
                 result = ray.get(ref)
-            except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+            except (RayActorError, OutOfMemoryError) as exc:  # died, unreachable, OOM-killed
                 if replaced >= self.max_replacements:
                     raise RuntimeError(f"engine pool: engine {e} died {replaced + 1} times in "
                                        f"one batch; giving up ({type(exc).__name__})") from exc
