@@ -1,6 +1,6 @@
 """Register TRACE's work pools and deployments with the Prefect server in ``PREFECT_API_URL``.
 
-    python -m deployments.deploy                     # both pools, every deployment
+    python -m deployments.deploy                     # every pool, every deployment
     python -m deployments.deploy --pools trace-cpu   # CPU only
 
 Pools are ``process`` pools: a worker on the same machine starts each flow run as a subprocess of
@@ -14,6 +14,11 @@ Deployments (``<flow>/<pool without the trace- prefix>``):
 * ``train/cpu``, ``train/gpu``: the train flow; parameters ``config`` (a ``TrainConfig``: the UI
   form is typed, with a description per field, and the server refuses a bad value before a run
   is created) and ``workdir``; defaults are the embedded default config.
+* ``train/cluster``: the train flow on a Ray cluster (pool ``trace-cluster``; docs/cluster.md):
+  the flow run stays in the worker's process (the only writer of DuckDB and MLflow) and its
+  engines and trainer ranks are Ray actors. Default config: ``cluster=auto`` (the cluster this
+  machine's ``ray start`` joined, or ``RAY_ADDRESS``), 2 engine actors, 2 trainer ranks; the
+  work dir must be on a file system every node sees (checkpoints).
 * ``evaluate/cpu``, ``evaluate/gpu``: a checkpoint on a held-out split (``policy_dir`` is required).
 * ``retrain-predictor/cpu``: refit the predictor over a run's stored trees (CPU work only).
 * ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the newest checkpoint of a lineage
@@ -38,6 +43,9 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CPU_POOL = "trace-cpu"
 GPU_POOL = "trace-gpu"
+CLUSTER_POOL = "trace-cluster"
+CLUSTER_CONFIG = {"cluster": "auto", "rollout_engines": 2, "trainer_ranks": 2}
+"""The default config of ``train/cluster`` (the rest is the embedded default)."""
 DEFAULT_CRON = "0 3 * * *"
 
 
@@ -85,6 +93,9 @@ def pool_specs(gpu_devices: str = "0") -> dict[str, PoolSpec]:
                            {**_RUN_ENV, "CUDA_VISIBLE_DEVICES": ""}),
         GPU_POOL: PoolSpec(GPU_POOL, f"TRACE flow runs on GPU(s) {gpu_devices} (vLLM engine).",
                            {**_RUN_ENV, "CUDA_VISIBLE_DEVICES": gpu_devices}),
+        CLUSTER_POOL: PoolSpec(CLUSTER_POOL, "TRACE flow runs whose engines and trainer ranks are "
+                               "Ray actors (docs/cluster.md); the worker runs on a node of the "
+                               "Ray cluster.", {**_RUN_ENV, "RAY_USAGE_STATS_ENABLED": "0"}),
     }
 
 
@@ -98,6 +109,10 @@ def deployment_specs(workdir: str | None = None, retrain_config: Mapping[str, An
         DeploymentSpec("train", "flows/train.py:train", both,
                        "Train a policy with TRACE or a baseline allocator (config: a TrainConfig, "
                        "a typed form whose defaults are the embedded tiny CPU run).", dict(wd)),
+        DeploymentSpec("train", "flows/train.py:train", (CLUSTER_POOL,),
+                       "Train on a Ray cluster: a pool of engine actors and a group of trainer "
+                       "ranks (docs/cluster.md); the flow writes DuckDB and MLflow.",
+                       {"config": dict(CLUSTER_CONFIG), **wd}),
         DeploymentSpec("evaluate", "flows/evaluate.py:evaluate", both,
                        "Accuracy and contrast metrics of a policy checkpoint on a held-out split.",
                        dict(wd)),
@@ -187,8 +202,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m deployments.deploy",
         description="Create TRACE's work pools (if missing) and register its deployments with "
                     "the Prefect server in PREFECT_API_URL.")
-    ap.add_argument("--pools", nargs="+", choices=(CPU_POOL, GPU_POOL), default=[CPU_POOL, GPU_POOL],
-                    help="pools to create and deploy to (default: both)")
+    ap.add_argument("--pools", nargs="+", choices=(CPU_POOL, GPU_POOL, CLUSTER_POOL),
+                    default=[CPU_POOL, GPU_POOL, CLUSTER_POOL],
+                    help="pools to create and deploy to (default: all three)")
     ap.add_argument("--gpu-devices", default="0",
                     help="CUDA_VISIBLE_DEVICES of flow runs from trace-gpu (default: 0)")
     ap.add_argument("--workdir", default=None,

@@ -129,13 +129,18 @@ def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy
                   paths: pa.Table) -> dict[str, Any]:
     """Clipped tree-aware PG on every root-to-leaf path; saves the new policy checkpoint."""
     settings = cfg.update_settings
+    out = runtime.Paths(Path(workdir)).policy_dir(run_id, step)
+    lr_scale = warmup_scale(cfg.lr_warmup_steps, step)
+    if cfg.cluster:  # the trainer ranks on Ray; rank 0 writes the checkpoint (docs/cluster.md)
+        stats = runtime.cluster_for(cfg).update(settings, cfg.seed, policy_dir,
+                                                _samples(workdir, run_id, step, paths),
+                                                cfg.seed * 7919 + step, lr_scale, out)
+        return {"policy_dir": str(out), "stats": {f"loss/{k}": v for k, v in stats.items()}}
     # The trainer stays in memory across steps of one process (keyed by the directory it last
     # saved), so the optimiser state is not reloaded each step; a resumed process reloads it.
     trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, settings, seed=cfg.seed)
     rng = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    stats = trainer.update(_samples(workdir, run_id, step, paths), rng,
-                           lr_scale=warmup_scale(cfg.lr_warmup_steps, step))
-    out = runtime.Paths(Path(workdir)).policy_dir(run_id, step)
+    stats = trainer.update(_samples(workdir, run_id, step, paths), rng, lr_scale=lr_scale)
     trainer.save(out)
     _LIVE[str(out)] = trainer
     return {"policy_dir": str(out), "stats": {f"loss/{k}": v for k, v in stats.items()}}
@@ -143,7 +148,8 @@ def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy
 
 @task(name="sync-weights")
 def sync_weights(cfg: TrainConfig, policy_dir: str) -> float:
-    """Load the new weights into the process's rollout engine; returns seconds taken."""
+    """Load the new weights into the process's rollout engine (on a cluster: every engine
+    actor, from the checkpoint or by a broadcast from trainer rank 0); returns seconds taken."""
     t0 = time.perf_counter()
     runtime.engine_for(cfg, policy_dir)
     return time.perf_counter() - t0

@@ -233,11 +233,24 @@ def engine_for(cfg: TrainConfig, policy_dir: str) -> Engine:
     The engine is keyed by the run's initial policy directory, so a later step (or a resumed
     run) re-uses the same engine and only reloads weights."""
     kind = default_engine_kind() if cfg.engine == "auto" else cfg.engine
+    if cfg.cluster:  # a pool of engine actors on Ray (docs/cluster.md)
+        home = _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir)
+        return cluster_for(cfg, kind).engine(home, policy_dir)
     engine = get_engine(kind, _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir))
     if _LOADED.get(id(engine)) not in (None, policy_dir):
         engine.load_weights(policy_dir)
     _LOADED[id(engine)] = policy_dir
     return engine
+
+
+def cluster_for(cfg: TrainConfig, kind: str | None = None) -> Any:
+    """The Ray session of ``cfg``'s run (``trace_rl.cluster.session``: its engine pool and
+    trainer group); imports Ray, so only called when ``cfg.cluster`` is set."""
+    from trace_rl.cluster.session import session
+
+    kind = kind or (default_engine_kind() if cfg.engine == "auto" else cfg.engine)
+    return session(cfg.cluster, kind, cfg.rollout_engines, cfg.trainer_ranks, cfg.weight_sync,
+                   cfg.resolved_run_id)
 
 
 _ENGINE_HOME: dict[tuple[str, str], str] = {}

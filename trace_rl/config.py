@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 _HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a", "chain_hazard_b",
                          "chain_alias_share", "chain_train_items")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
+_NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "weight_sync")
+"""Where a run executes, not what it computes: never in ``config_hash`` (the run id), so a run
+resumes on a cluster of another size (docs/cluster.md)."""
+_CLUSTER = r"^$|^local:[1-9][0-9]*$|^auto$|^(ray://)?[A-Za-z0-9_.-]+:[0-9]{1,5}$"
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 """``trace_core.loss.AGGREGATIONS``' names (a test checks they agree; not imported: that module
 pulls in torch, and a config must be checked before anything heavy is imported)."""
@@ -258,6 +262,24 @@ class TrainConfig(BaseModel):
     chain_train_items: int = Field(256, ge=1)
     """synth_chain: items of the train split, the pool prompts are drawn from (at pool_size 32
     a prompt recurs every ~8 steps)."""
+    cluster: str = Field("", pattern=_CLUSTER)
+    """Where rollouts and updates run (docs/cluster.md): empty = this one process, as always
+    (Ray is never imported); ``local:N`` = N simulated Ray nodes on this machine
+    (``ray.cluster_utils.Cluster``); ``auto`` or ``HOST:PORT`` (``ray://HOST:PORT``) = an existing
+    Ray cluster. The flow stays in this process and is the only writer of DuckDB and MLflow; only
+    the engines and the trainer ranks become Ray actors. Not part of the run id."""
+    rollout_engines: int = Field(1, ge=1, le=1024)
+    """Engine actors of the rollout pool when ``cluster`` is set (requests of one tree go to one
+    engine, for its prefix cache). Not part of the run id."""
+    trainer_ranks: int = Field(1, ge=1, le=1024)
+    """Trainer actors (torch.distributed DDP ranks, gloo on CPU, NCCL on GPU) of the policy
+    update when ``cluster`` is set; the loss normaliser is summed over ranks, so R ranks compute
+    one process's update. Not part of the run id."""
+    weight_sync: Literal["disk", "broadcast"] = "disk"
+    """How new weights reach the engine actors after an update when ``cluster`` is set: ``disk``
+    = each engine loads the checkpoint directory (a file system every node sees); ``broadcast`` =
+    trainer rank 0 sends the tensors to every engine over a process group of their own. The
+    checkpoint is written either way (resume). Not part of the run id."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Family-specific options passed to the environment factory."""
 
@@ -285,6 +307,12 @@ class TrainConfig(BaseModel):
         if self.pool_size * self.max_per_root < self.root_budget:
             bad.append(f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot "
                        f"hold root_budget={self.root_budget}; raise pool_size or max_per_root")
+        if self.cluster.startswith("local:") and not re.fullmatch(r"local:[1-9][0-9]*", self.cluster):
+            bad.append(f"cluster={self.cluster!r}: local:N needs N >= 1 simulated nodes")
+        if not self.cluster and (self.rollout_engines > 1 or self.trainer_ranks > 1):
+            bad.append(f"rollout_engines={self.rollout_engines}, trainer_ranks="
+                       f"{self.trainer_ranks} need a Ray cluster; set cluster=local:N, auto or "
+                       "HOST:PORT (or leave both at 1)")
         if bad:
             raise ValueError("\n".join(bad))
         return self
@@ -331,6 +359,8 @@ class TrainConfig(BaseModel):
         d = self.to_dict()
         d.pop("run_name")
         d.pop("run_id")
+        for name in _NEVER_HASHED:
+            del d[name]
         for name in _HASHED_UNLESS_DEFAULT:
             if d[name] == type(self).model_fields[name].default:
                 del d[name]

@@ -241,6 +241,17 @@ class HFEngine:
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(f))
+        self._load_state(state, str(model_dir))
+        return time.perf_counter() - t0
+
+    def load_tensors(self, state: dict[str, torch.Tensor]) -> float:
+        """Copy named tensors (a state dict, as a weight broadcast delivers it) into the live
+        model in place; return seconds."""
+        t0 = time.perf_counter()
+        self._load_state(state, "the tensors given")
+        return time.perf_counter() - t0
+
+    def _load_state(self, state: dict[str, torch.Tensor], model_dir: str) -> None:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
         if self.model.config.tie_word_embeddings:
@@ -250,7 +261,6 @@ class HFEngine:
             raise ValueError(f"HFEngine.load_weights: {model_dir} does not match the live model "
                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
         self.model.tie_weights()
-        return time.perf_counter() - t0
 
     def close(self) -> None:
         self.model = None

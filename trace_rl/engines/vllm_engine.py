@@ -52,9 +52,24 @@ class SyncWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); called via ``collective_rpc``."""
 
     def sync_weights(self, weights_path: str) -> None:
+        self.reload_weights(weights_path=weights_path)
+        self._repack_head()
+
+    def sync_tensors(self, state: bytes) -> None:
+        """Reload from named tensors (a weight broadcast), not from a checkpoint directory:
+        ``state`` is a ``torch.save``d state dict (vLLM's RPC encoder turns tensors nested in
+        argument lists into lists; bytes travel as they are)."""
+        import io
+
+        import torch
+
+        named = torch.load(io.BytesIO(state), weights_only=True)
+        self.reload_weights(weights_iterator=iter(named.items()))
+        self._repack_head()
+
+    def _repack_head(self) -> None:
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-        self.reload_weights(weights_path=weights_path)
         for module in self.get_model().modules():
             # Only CPU builds pack the head into ``cpu_linear``; see the module docstring.
             if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
@@ -171,6 +186,21 @@ class VLLMEngine:
         self.llm.collective_rpc("sync_weights", args=(str(Path(model_dir).resolve()),))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("VLLMEngine.load_weights: vLLM refused to reset the prefix cache")
+        return time.perf_counter() - t0
+
+    def load_tensors(self, state: dict[str, Any]) -> float:
+        """Reload weights in place from named tensors (a weight broadcast) with vLLM's
+        ``reload_weights(weights_iterator=...)``, then reset the prefix cache; return seconds."""
+        import io
+
+        import torch
+
+        t0 = time.perf_counter()
+        buf = io.BytesIO()
+        torch.save(dict(state), buf)
+        self.llm.collective_rpc("sync_tensors", args=(buf.getvalue(),))
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("VLLMEngine.load_tensors: vLLM refused to reset the prefix cache")
         return time.perf_counter() - t0
 
     def prefix_cache_stats(self) -> tuple[int, int]:

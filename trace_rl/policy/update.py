@@ -4,10 +4,19 @@ Every root-to-leaf path of a step's trees is one training sequence: the prompt, 
 policy's tokens (trained, advantage of that turn) and the observation tokens (masked). The loss is
 ``trace_core.loss.policy_loss``; old log-probs are recomputed with the pre-update weights (one
 forward pass, as verl does), so the first epoch has ratio 1 and later epochs are clipped.
+
+On R ranks of a torch.distributed group (``Ranks``; the Ray trainer group of
+``trace_rl.cluster``), every rank builds the same mini-batches and micro-batches from the same
+paths and seed, computes the old log-probs and the backward pass of its own micro-batches only
+(micro-batch j belongs to rank j mod R), and DDP sums the gradients. Each micro-batch's loss is
+weighted by its share of the mini-batch's units (tokens or sequences) counted over all ranks, so
+the summed gradient is one process's: R ranks take the same optimiser steps as one process.
+The KL guard's statistics and the returned statistics are reduced over the ranks too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import shutil
@@ -17,6 +26,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trace_core.loss import policy_loss
@@ -67,6 +78,25 @@ class UpdateSettings:
     which the mean over a path's tokens dilutes."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip of each optimiser step (not a run parameter)."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a group of trainer ranks (torch.distributed, initialised by the
+    caller: gloo on CPU, NCCL on GPU)."""
+
+    rank: int
+    world: int
+    group: Any = None
+    """The process group of the trainers (None: the default group)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"Ranks: rank={self.rank} outside [0, world={self.world})")
+
+    def owns(self, micro_batch: int) -> bool:
+        """Whether this rank computes micro-batch ``micro_batch`` (numbered over the update)."""
+        return micro_batch % self.world == self.rank
 
 
 def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -162,8 +192,10 @@ class PolicyTrainer:
     """Holds the policy, its optimiser and (for KL) a frozen reference, across steps."""
 
     def __init__(self, model_dir: str | Path, settings: UpdateSettings, *, seed: int = 0,
-                 reference_dir: str | Path | None = None):
+                 reference_dir: str | Path | None = None, ranks: Ranks | None = None):
+        """``ranks``: this trainer's place in a group of ranks (None: one process)."""
         torch.manual_seed(seed)
+        self.ranks = ranks if ranks is not None and ranks.world > 1 else None
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -181,6 +213,13 @@ class PolicyTrainer:
                 str(reference_dir or model_dir), dtype=torch.float32).eval()
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+        # The training forward; DDP sums the ranks' gradients on the last backward of a step.
+        self.train_model: torch.nn.Module = self.model
+        if self.ranks is not None:
+            self.train_model = DistributedDataParallel(self.model, process_group=self.ranks.group)
+
+    def _owns(self, micro_batch: int) -> bool:
+        return self.ranks is None or self.ranks.owns(micro_batch)
 
     def update(self, samples: Sequence[PathSample], rng: torch.Generator, *,
                lr_scale: float = 1.0) -> dict[str, float]:
@@ -205,15 +244,18 @@ class PolicyTrainer:
                 minis.append([])
                 for i in range(0, len(paths), s.micro_batch):
                     b = _pad([trainable[j] for j in paths[i:i + s.micro_batch]], self.pad_id)
-                    # The sampling policy's top-k next-token log-probs, for the position guard.
-                    old, b["top_ids"], b["top_logp"] = _with_top(self.model, b["ids"], b["attn"])
-                    ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
+                    old = ref = None
+                    if self._owns(len(olds)):  # another rank's micro-batch: its units only
+                        # The sampling policy's top-k next-token log-probs, for the position guard.
+                        old, b["top_ids"], b["top_logp"] = _with_top(self.model, b["ids"], b["attn"])
+                        ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
                     minis[-1].append(len(olds))
                     olds.append((b, old, ref))
         # What the aggregation averages over, per micro-batch: tokens or sequences.
         units = [float(b["mask"].sum()) if s.agg == "token-mean"
                  else float((b["mask"].sum(dim=1) > 0).sum()) for b, _, _ in olds]
         totals: dict[str, float] = {}
+        grad_norms = 0.0
         n_micro = n_updates = 0
         stopped = False
         kl_max = 0.0  # largest mini-batch KL after an optimiser step (with the guard on)
@@ -227,26 +269,31 @@ class PolicyTrainer:
                 guarded = s.target_kl > 0 or s.target_position_kl > 0
                 snapshot = self._snapshot() if guarded else None
                 self.optimizer.zero_grad(set_to_none=True)
-                total_units = sum(units[j] for j in chunk)
-                for j in chunk:
+                total_units = sum(units[j] for j in chunk)  # over every rank's micro-batches
+                mine = [j for j in chunk if self._owns(j)]
+                for n, j in enumerate(mine):
                     b, old, ref = olds[j]
-                    logp = token_logprobs(self.model, b["ids"], b["attn"])
-                    loss, st = policy_loss(logp, old, b["adv"], b["mask"], clip_low=s.clip_low,
-                                           clip_high=s.clip_high, ref_logp=ref, kl_coef=s.kl_coef,
-                                           agg=s.agg)
-                    (loss * (units[j] / total_units)).backward()
+                    with self._sync(last=n == len(mine) - 1):
+                        logp = token_logprobs(self.train_model, b["ids"], b["attn"])
+                        loss, st = policy_loss(logp, old, b["adv"], b["mask"], clip_low=s.clip_low,
+                                               clip_high=s.clip_high, ref_logp=ref,
+                                               kl_coef=s.kl_coef, agg=s.agg)
+                        # DDP averages the ranks' gradients: scaled by R, they sum.
+                        (loss * (units[j] / total_units * self._world)).backward()
                     st = dict(st)
                     st["loss"] = float(loss.detach())
                     for k, v in st.items():
                         if isinstance(v, (int, float)) and math.isfinite(float(v)):
                             totals[k] = totals.get(k, 0.0) + float(v)
                     n_micro += 1
+                if not mine and self.ranks is not None:
+                    self._empty_backward(olds[chunk[0]][0])  # DDP's all-reduce needs every rank
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
                 self.optimizer.step()
-                totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(gn) * len(chunk)
+                grad_norms += float(gn) * len(chunk)
                 n_updates += 1
                 if snapshot is not None:
-                    kl, tok, pos = self._kl_after([olds[j] for j in chunk])
+                    kl, tok, pos = self._kl_after([olds[j] for j in mine])
                     kl_max, token_max = max(kl_max, kl), max(token_max, tok)
                     position_max = max(position_max, pos)
                     if (0 < s.target_kl < kl) or (0 < s.target_position_kl < pos):
@@ -254,6 +301,9 @@ class PolicyTrainer:
                         n_updates -= 1
                         stopped = True
                         break
+        if self.ranks is not None:  # every rank's sums
+            totals, n_micro = self._gather_totals(totals, n_micro)
+        totals["grad_norm"] = grad_norms
         stats.update({k: v / n_micro for k, v in totals.items()})
         if s.target_kl > 0 or s.target_position_kl > 0:
             stats["kl_after_step_max"] = kl_max
@@ -264,6 +314,31 @@ class PolicyTrainer:
         stats["lr"] = s.learning_rate * lr_scale
         stats["seconds"] = time.perf_counter() - t0
         return stats
+
+    @property
+    def _world(self) -> int:
+        return 1 if self.ranks is None else self.ranks.world
+
+    def _sync(self, last: bool) -> Any:
+        """DDP's all-reduce runs on the last backward of an optimiser step (``no_sync`` before)."""
+        if self.ranks is None or last:
+            return contextlib.nullcontext()
+        return self.train_model.no_sync()
+
+    def _empty_backward(self, b: dict[str, torch.Tensor]) -> None:
+        """A zero-weighted backward, for a rank with no micro-batch in an optimiser step: DDP's
+        all-reduce must be entered by every rank, and this rank adds nothing to the sum."""
+        logits = self.train_model(input_ids=b["ids"][:1, :2], attention_mask=b["attn"][:1, :2]).logits
+        (logits.sum() * 0.0).backward()
+
+    def _gather_totals(self, totals: dict[str, float], n_micro: int) -> tuple[dict[str, float], int]:
+        parts: list[Any] = [None] * self._world
+        dist.all_gather_object(parts, (totals, n_micro), group=self.ranks.group)
+        merged: dict[str, float] = {}
+        for part, _ in parts:
+            for k, v in part.items():
+                merged[k] = merged.get(k, 0.0) + v
+        return merged, sum(n for _, n in parts)
 
     def _snapshot(self) -> tuple[dict[str, torch.Tensor], dict]:
         weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -291,6 +366,12 @@ class PolicyTrainer:
             top = max(top, st["approx_kl_max"])
             kl = position_kl(b["top_logp"], new_top)  # [B, T]
             worst = max(worst, float((kl * b["mask"]).max()))
+        if self.ranks is not None:  # the whole mini-batch's: every rank takes the same decision
+            sums = torch.tensor([total, count], dtype=torch.float64)
+            maxima = torch.tensor([top, worst], dtype=torch.float64)
+            dist.all_reduce(sums, group=self.ranks.group)
+            dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=self.ranks.group)
+            (total, count), (top, worst) = sums.tolist(), maxima.tolist()
         return total / max(count, 1.0), top, worst
 
     def save(self, out_dir: str | Path) -> Path:

@@ -232,7 +232,8 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
                                      -1 if len(target) > 1 else first.copy_index, depth)
             s = replace(turn_sampling, max_tokens=room(first),
                         seed=req_seed if seed is not None else turn_sampling.seed)
-            batch.append((target, GenRequest(prompt_ids=tuple(first.ids), n=len(target), sampling=s)))
+            batch.append((target, GenRequest(prompt_ids=tuple(first.ids), n=len(target), sampling=s,
+                                             affinity=first.item.id)))
         if not batch:
             break
         outputs = engine.generate([req for _, req in batch])

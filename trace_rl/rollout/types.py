@@ -40,6 +40,10 @@ class GenRequest:
     prompt_ids: tuple[int, ...]
     n: int
     sampling: SamplingSettings
+    affinity: str = ""
+    """Requests with the same affinity (the rollout loop: the item, i.e. its tree) go to the same
+    engine of a pool (``trace_rl.cluster.pool``), whose prefix cache holds their shared prefix;
+    a single engine ignores it."""
 
 
 @dataclass
