@@ -9,7 +9,7 @@
 #   bash scripts/gpu_check.sh            # from the repository root
 #
 # Needs the package registry (setup installs vllm and ray) or a .venv already set up there.
-# Not run in the session that wrote it (no GPU was lent): see docs/results.md, "Issue 20".
+# Not run in the session that wrote it (no GPU was lent): see docs/results.md, "Scaling out on Ray".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
