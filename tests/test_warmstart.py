@@ -63,7 +63,7 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
 
     cfg = WarmstartConfig(base=str(tiny_model_dir), train_items=6, recovery=0.5,
                           trainable_layers=1, max_tokens=100_000, eval_items=3, max_turns=2,
-                          max_new_tokens=8, batch_size=2)
+                          max_new_tokens=8, batch_size=2, eval_temperature=0.7)
     out = warmstart_policy(cfg, tmp_path / "policy", cache_dir=tmp_path / "cache",
                            workdir=tmp_path / "wd", engine="hf")
     record = read_record(out)
@@ -72,6 +72,7 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
     assert record["after"]["items"] == 3 and 0.0 <= record["after"]["success"] <= 1.0
     assert record["before"]["items"] == 3 and len(record["history"]) == cfg.epochs
     assert record["after_greedy"]["temperature"] == 0.0
+    assert record["after"]["temperature"] == 0.7 and record["after_t1"]["temperature"] == 1.0
     assert (out / "config.json").is_file()
     stamp = (out / "warmstart.json").stat().st_mtime_ns
     again = warmstart_policy(cfg, tmp_path / "other", cache_dir=tmp_path / "cache",
