@@ -209,21 +209,25 @@ QUOTE_CHARS = 60
 
 
 def quote(observation: str, span: str) -> str | None:
-    """The stretch of ``observation`` that ends with ``span`` (case aside), starting at a word
-    boundary at most ``QUOTE_CHARS`` before it and never before its result's ``[k] Title:`` head;
-    None when the observation does not hold ``span``."""
-    found = re.search(rf"(?<!\w){re.escape(span.strip())}(?!\w)", observation, re.IGNORECASE) \
-        if span.strip() else None
-    if found is None:
+    """The stretch of ``observation`` that ends with ``span`` (case aside, whole words only),
+    starting at a word boundary at most ``QUOTE_CHARS`` before it and never in a result's
+    ``[k] Title:`` head; None when no result's text holds ``span``."""
+    if not span.strip():
         return None
-    at, span = found.start(), found.group(0)
-    line_start = observation.rfind("\n", 0, at) + 1
-    head = observation.find(": ", line_start, at)
-    start = max(line_start if head < 0 else head + 2, at - QUOTE_CHARS)
-    if start > line_start and observation[start - 1] != " ":
-        space = observation.find(" ", start, at)
-        start = space + 1 if space >= 0 else at
-    return observation[start:at + len(span)].strip()
+    for found in re.finditer(rf"(?<!\w){re.escape(span.strip())}(?!\w)", observation,
+                             re.IGNORECASE):
+        at = found.start()
+        line_start = observation.rfind("\n", 0, at) + 1
+        head = observation.find(": ", line_start)
+        text_start = line_start if head < 0 or "\n" in observation[line_start:head] else head + 2
+        if at < text_start:
+            continue  # the span is (in) the result's title, not its text
+        start = max(text_start, at - QUOTE_CHARS)
+        if start > text_start and observation[start - 1] != " ":
+            space = observation.find(" ", start, at)
+            start = space + 1 if space >= 0 else at
+        return observation[start:found.end()].strip()
+    return None
 
 
 def hotpotqa_trace(env: Environment, item: TaskItem, rng: random.Random, recovery: bool,
@@ -323,8 +327,8 @@ def load_split_items(config: WarmstartConfig, env: Environment
     if config.train_items:
         train = train[:config.train_items]
     held = env.load(config.eval_split) if config.eval_split else []
-    shared = sorted({it.id for it in train} & {it.id for it in held}
-                    | {it.question for it in train} & {it.question for it in held})
+    ids, questions = {it.id for it in train}, {it.question for it in train}
+    shared = [it.id for it in held if it.id in ids or it.question in questions]
     if shared:
         raise ValueError(f"warmstart: {len(shared)} item(s) of eval_split={config.eval_split!r} "
                          f"are in train_split={config.train_split!r} (e.g. {shared[0]!r}); "
