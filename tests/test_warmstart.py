@@ -117,6 +117,9 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
     assert not set(record["train_ids"]) & set(record["eval_ids"])
     assert record["trace_success"] == {k: 1.0 for k in record["traces"]}
     assert record["after"]["items"] == 3 and 0.0 <= record["after"]["success"] <= 1.0
+    for t in ("bridge", "comparison"):  # per question type, with its interval where n >= 2
+        n = record["after"].get(f"items_{t}", 0)
+        assert (f"ci_low_{t}" in record["after"]) == (n >= 2)
     assert record["before"]["items"] == 3 and len(record["history"]) == cfg.epochs
     assert record["after_greedy"]["temperature"] == 0.0
     assert record["after"]["temperature"] == 0.7 and record["after_t1"]["temperature"] == 1.0

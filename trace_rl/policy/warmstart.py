@@ -606,6 +606,9 @@ def measure(config: WarmstartConfig, env: Environment, policy_dir: Path,
         mask = np.array([str(it.meta.get("type") or "") == t for it in fits])
         out[f"success_{t}"] = float(per_item[mask].mean())
         out[f"items_{t}"] = int(mask.sum())
+        if mask.sum() >= 2:
+            ci = mean_interval(per_item[mask].tolist())
+            out[f"ci_low_{t}"], out[f"ci_high_{t}"] = float(ci.low), float(ci.high)
     answered = [ep for ep in episodes if ep.turns and ep.turns[-1].action.kind == "answer"]
     out["answered"] = len(answered) / max(1, len(episodes))
     out["searches_per_episode"] = float(np.mean([sum(t.action.kind == "tool" for t in ep.turns)
