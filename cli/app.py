@@ -229,13 +229,14 @@ def warmstart(
 
     result = warmstart_flow(config=cfg.to_json(), workdir=_workdir(workdir), engine=engine)
     record = result["record"] or {}
-    for stage in ("before", "after", "after_greedy"):
+    for stage in ("before", "after", "after_t1", "after_greedy"):
         m = record.get(stage)
         if m:
             types = ", ".join(f"{k[8:]} {v:.3f} ({m['items_' + k[8:]]} items)"
                               for k, v in m.items() if k.startswith("success_"))
-            console.print(f"{stage} SFT: sampled success {m['success']:.3f} on {m['items']} "
-                          f"{record['eval_split']} items x {record['eval_samples']}; {types}")
+            console.print(f"{stage.split('_')[0]} SFT: success {m['success']:.3f} at temperature "
+                          f"{m['temperature']:g} on {m['items']} {record['eval_split']} items x "
+                          f"{record['eval_samples']}; {types}")
     console.print(f"policy: {result['policy_dir']}")
     extra = json.dumps(dict(cfg.env_args), separators=(",", ":"))
     console.print(f"train it: trace train family={cfg.family} policy={result['policy_dir']} "

@@ -7,8 +7,8 @@ import pytest
 
 from trace_rl.envs.base import DatasetError, ToolError
 from trace_rl.envs.datadir import default_data_dir
-from trace_rl.envs.hotpotqa import (SPLITS, HotpotQAEnv, exact_match, f1_score, grade,
-                                    load_qa_file, normalize_answer)
+from trace_rl.envs.hotpotqa import (BLOCKS, DEV_HELDOUT, SPLITS, HotpotQAEnv, exact_match,
+                                    f1_score, grade, load_qa_file, normalize_answer)
 
 DATA = default_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "multihop_qa").is_dir(),
@@ -47,6 +47,22 @@ def test_gold_one_corrupted_zero_every_row(split):
     assert [it.id for it in items if env.verify(it, it.gold).reward != 1.0] == []
     assert [it.id for it in items if env.verify(it, it.gold).metrics["em"] != 1.0] == []
     assert [it.id for it in items if env.verify(it, _corrupt(it.gold)).reward != 0.0] == []
+
+
+@needs_data
+def test_dev_blocks_are_fixed_and_disjoint():
+    env = HotpotQAEnv()
+    dev = env.load("dev")
+    held, rest = env.load("dev_heldout"), env.load("dev_rest")
+    assert len(held) == DEV_HELDOUT == 100 and len(rest) == len(dev) - DEV_HELDOUT == 400
+    assert [it.id for it in held + rest] == [it.id for it in dev]  # file order, nothing lost
+    assert not {it.id for it in held} & {it.id for it in rest}
+    assert not {it.question for it in held} & {it.question for it in rest}
+    assert [it.id for it in env.load("dev_rest", limit=3)] == [it.id for it in rest[:3]]
+    assert held[0].meta["paragraphs"] and held[0].meta["corpus"] == dev[0].meta["corpus"]
+    assert set(BLOCKS) == {"dev_heldout", "dev_rest"}
+    with pytest.raises(ValueError, match="dev_heldout, dev_rest"):
+        env.load("dev_held")
 
 
 @needs_data

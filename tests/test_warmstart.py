@@ -9,7 +9,7 @@ import pytest
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.registry import make_env
 from trace_rl.policy.warmstart import (WarmstartConfig, build_traces, config_from_args,
-                                       read_record, warmstart_policy)
+                                       load_split_items, quote, read_record, warmstart_policy)
 
 DATA = default_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "multihop_qa").is_dir(),
@@ -17,32 +17,75 @@ needs_data = pytest.mark.skipif(not (DATA / "multihop_qa").is_dir(),
 
 
 @needs_data
-def test_traces_come_from_training_items_and_succeed(tiny_model_dir):
+@pytest.mark.parametrize("thoughts", [False, True])
+def test_traces_come_from_training_items_and_succeed(tiny_model_dir, thoughts):
     from transformers import AutoTokenizer
 
     from trace_rl.policy.bootstrap import _Scripted
     from trace_rl.rollout.react import expert_episode
 
-    cfg = WarmstartConfig(recovery=1.0)
+    cfg = WarmstartConfig(recovery=1.0, bridge_thoughts=thoughts)
     env = make_env("hotpotqa", **dict(cfg.env_args))
-    train = env.load("train")
-    dev_ids = {it.id for it in env.load("dev")}
+    train, held = load_split_items(cfg, env)
+    assert len(train) == 500 and len(held) == cfg.eval_items == 100  # train + dev_rest
     traces = list(build_traces(cfg, env, train, random.Random(0)))
     assert {k for *_, k in traces} == {"gold", "recovery"}
-    assert not {it.id for it, *_ in traces} & dev_ids  # never an evaluation item
-    for item, actions, thoughts, kind in traces:
-        support = set(item.meta["supporting_titles"])
+    # the split: no evaluation item (by id or by question) among the training traces
+    assert not {it.id for it, *_ in traces} & {it.id for it in env.load("dev_heldout")}
+    assert not {it.question for it, *_ in traces} & {it.question for it in held}
+    assert {it.id for it, *_ in traces} >= {it.id for it in env.load("dev_rest")}
+    for item, actions, said, kind in traces:
+        support = item.meta["supporting_titles"]
+        names = {t.split(" (")[0] for t in support} if thoughts else set(support)
         queries = [a.arguments["query"] for a in actions if a.kind == "tool"]
-        assert set(queries[-len(support):]) == support
-        if kind == "recovery":
-            assert queries[0] not in support and len(queries) == len(support) + 1
-        assert actions[-1].answer == item.gold and thoughts == [""] * len(actions)
+        assert set(queries[-len(set(support)):]) == names
+        if kind == "recovery":  # first a search for a paragraph that is not a supporting one
+            others = {p["title"] for p in item.meta["paragraphs"]} - set(support)
+            assert queries[0] in ({t.split(" (")[0] for t in others} if thoughts else others)
+            assert len(queries) == len(set(support)) + 1
+        assert actions[-1].answer == item.gold and len(said) == len(actions)
+        if not thoughts:
+            assert said == [""] * len(actions)
     # the traces really search (real BM25 observations) and are graded 1 by the environment
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    for item, actions, thoughts, kind in traces[:10]:
-        ep = expert_episode(_Scripted(env, actions), item, tokenizer, thoughts=thoughts)
+    quoted = 0
+    for item, actions, said, kind in traces[:60]:
+        ep = expert_episode(_Scripted(env, actions), item, tokenizer, thoughts=said)
         assert ep.reward == 1.0
         assert all(t.obs_text.startswith("[1] ") for t in ep.turns if t.action.kind == "tool")
+        for i, (turn, thought) in enumerate(zip(ep.turns, said)):
+            if not thought:
+                continue
+            # a bridge thought quotes an earlier real observation, ending with what it copies
+            span = thought.removeprefix('The result says "').removesuffix('".')
+            target = turn.action.arguments["query"] if turn.action.kind == "tool" \
+                else turn.action.answer
+            assert span.lower().endswith(target.lower())
+            assert any(span in t.obs_text for t in ep.turns[:i])
+            assert turn.text.count(thought) == 1
+            quoted += turn.action.kind == "tool"
+    assert quoted >= 10 if thoughts else quoted == 0
+
+
+def test_quote_takes_a_whole_word_span():
+    obs = "[1] Kiss and Tell (1945 film): Kiss and Tell is a 1945 comedy film starring then " \
+          "17-year-old Shirley Temple as Corliss Archer.\n[2] Nothing: not known"
+    assert quote(obs, "shirley temple") == \
+        "and Tell is a 1945 comedy film starring then 17-year-old Shirley Temple"  # <= 60 + span
+    assert quote(obs, "Kiss and Tell") == "Kiss and Tell"  # never the "[1] Title:" head
+    assert quote(obs, "no") is None and quote(obs, "Temp") is None and quote(obs, " ") is None
+    assert quote(obs, "known") == "not known"
+
+
+@needs_data
+def test_training_splits_holding_an_eval_item_are_refused():
+    env = make_env("hotpotqa")
+    with pytest.raises(ValueError, match="100 item.*dev_heldout.*are in train_split='train\\+dev'"):
+        load_split_items(WarmstartConfig(train_split="train+dev"), env)
+    with pytest.raises(ValueError, match="must differ"):
+        WarmstartConfig(train_split="train+dev_heldout")
+    with pytest.raises(ValueError, match="empty part"):
+        WarmstartConfig(train_split="train+")
 
 
 def test_bad_settings_are_named():
@@ -54,6 +97,8 @@ def test_bad_settings_are_named():
         config_from_args(["family=math"])
     with pytest.raises(ValueError, match="must differ"):
         config_from_args(["eval_split=train"])
+    with pytest.raises(ValueError, match=r"eval_temperature=0.0 must be in \(0, 2\]"):
+        config_from_args(["eval_temperature=0"])
     assert config_from_args(['env_args={"top_k": 3}', "recovery=0.5"]).env_args == (("top_k", 3),)
 
 
@@ -63,15 +108,21 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
 
     cfg = WarmstartConfig(base=str(tiny_model_dir), train_items=6, recovery=0.5,
                           trainable_layers=1, max_tokens=100_000, eval_items=3, max_turns=2,
-                          max_new_tokens=8, batch_size=2)
+                          max_new_tokens=8, batch_size=2, eval_temperature=0.7)
     out = warmstart_policy(cfg, tmp_path / "policy", cache_dir=tmp_path / "cache",
                            workdir=tmp_path / "wd", engine="hf")
     record = read_record(out)
     assert record["traces"]["gold"] == 6 and record["traces_too_long"] == 0
+    assert len(record["train_ids"]) == 6 and len(record["eval_ids"]) == 3
+    assert not set(record["train_ids"]) & set(record["eval_ids"])
     assert record["trace_success"] == {k: 1.0 for k in record["traces"]}
     assert record["after"]["items"] == 3 and 0.0 <= record["after"]["success"] <= 1.0
+    for t in ("bridge", "comparison"):  # per question type, with its interval where n >= 2
+        n = record["after"].get(f"items_{t}", 0)
+        assert (f"ci_low_{t}" in record["after"]) == (n >= 2)
     assert record["before"]["items"] == 3 and len(record["history"]) == cfg.epochs
     assert record["after_greedy"]["temperature"] == 0.0
+    assert record["after"]["temperature"] == 0.7 and record["after_t1"]["temperature"] == 1.0
     assert (out / "config.json").is_file()
     stamp = (out / "warmstart.json").stat().st_mtime_ns
     again = warmstart_policy(cfg, tmp_path / "other", cache_dir=tmp_path / "cache",

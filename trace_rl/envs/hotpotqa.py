@@ -14,7 +14,8 @@ its raw text (case and whitespace aside) instead of giving every prediction F1 =
 
 Data (../shared/data/multihop_qa): ``dev`` = hotpotqa_dev_distractor_first500.jsonl (pooled corpus
 hotpotqa_dev_first500_corpus.jsonl), ``train`` = hotpotqa_train_distractor_100.jsonl (raw HotpotQA
-rows; pooled corpus hotpotqa_train_100_corpus.jsonl). The question/answer-only files
+rows; pooled corpus hotpotqa_train_100_corpus.jsonl); ``dev_heldout`` = the first 100 dev items and
+``dev_rest`` = the other 400 (``BLOCKS``: disjoint, fixed by file order). The question/answer-only files
 (hotpotqa_dev_qa, musique_dev_500_qa, 2wiki_dev_500_qa, bamboogle_125) load for grading
 (``trace score``) and closed-book use; their items have no paragraphs, so ``search`` reports that
 no corpus exists for them. Ids: ``id``, ``_id`` or ``idx`` (as a string), whichever the file has.
@@ -54,6 +55,16 @@ SPLITS: dict[str, tuple[str, str | None]] = {
     "bamboogle": ("bamboogle_125.jsonl", None),
 }
 """Split name -> (question file, pooled corpus file or None), under ``<data_dir>/multihop_qa``."""
+
+DEV_HELDOUT = 100
+"""Size of the fixed held-out block of ``dev``: its first items, in file order."""
+BLOCKS: dict[str, tuple[str, int, int | None]] = {
+    "dev_heldout": ("dev", 0, DEV_HELDOUT),
+    "dev_rest": ("dev", DEV_HELDOUT, None),
+}
+"""Deterministic, disjoint blocks of a split: name -> (split, start, stop). ``dev_heldout`` (the
+first 100 dev items) is what the warm start is measured on; ``dev_rest`` (the other 400) may
+give training traces, since no item of it is in ``dev_heldout``."""
 
 SEARCH_TOOL: dict[str, Any] = {
     "type": "function",
@@ -334,13 +345,18 @@ class HotpotQAEnv(Environment):
         self._lock = threading.Lock()  # the ReAct loop runs tools from worker threads
 
     def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
-        """A split of ``SPLITS`` or a file path; items remember their pooled corpus file."""
+        """A split of ``SPLITS``, a block of ``BLOCKS`` or a file path; items remember their pooled
+        corpus file."""
+        if split in BLOCKS:
+            parent, start, stop = BLOCKS[split]
+            block = self.load(parent)[start:stop]
+            return block[:limit] if limit is not None else block
         if split in SPLITS:
             qfile, cfile = SPLITS[split]
             path = self.data_dir / "multihop_qa" / qfile
             corpus = str(self.data_dir / "multihop_qa" / cfile) if cfile else None
         else:
-            path, corpus = split_path(FAMILY, split, SPLITS), None
+            path, corpus = split_path(FAMILY, split, [*SPLITS, *BLOCKS]), None
         items = load_qa_file(path, limit)
         if corpus is None and any(it.meta["paragraphs"] for it in items):
             # A file of its own: its pooled corpus is every item's paragraphs, once each.

@@ -5,24 +5,33 @@ The RL stage needs a policy that succeeds *sometimes* (DESIGN.md §1). SmolLM2-1
 converted writes prose and never uses the turn format (issue 25: 0.000 everywhere), so RL has
 nothing to learn from. The recipe, for ``hotpotqa``:
 
-1. **Traces from the training split only** (HotpotQA ``train``; never an evaluation item). Per
-   item, a *gold* trace: ``search`` for each gold supporting title (the title the question names
-   first, so the first hop comes first), each followed by the observation that the project's
-   BM25 tool really returns for it, then ``<answer>`` with the gold answer. For a share
-   ``recovery`` of the items also a *recovery* trace: first a search for one of the item's
-   distractor titles (a bad search, with its real observation), then the gold trace. Traces are
-   written in the turn format by ``expert_episode`` (tools really run, the answer is really
-   graded) with the base model's own chat template.
+1. **Traces from training items only, never an evaluation item.** By default the 100 HotpotQA
+   ``train`` questions and ``dev_rest``, the 400 dev items after the fixed held-out block
+   ``dev_heldout`` (the first 100 dev items in file order, ``trace_rl.envs.hotpotqa.BLOCKS``),
+   which is what the policy is measured on; ``load_split_items`` refuses any split whose items
+   (by id or question) meet the measured ones. Per item, a *gold* trace: ``search`` for each
+   gold supporting entity (the one the question names first, so the first hop comes first),
+   each followed by the observation that the project's BM25 tool really returns for it, then
+   ``<answer>`` with the gold answer. For a share ``recovery`` of the items also a *recovery*
+   trace: first a search for one of the item's distractor paragraphs, then the gold trace. With
+   ``bridge_thoughts`` (recipe 3) the queries are entity names (titles without their
+   disambiguation) and the thoughts teach the bridge step: before searching an entity the
+   question does not name, the thought quotes the span of an earlier observation that names it
+   (``The result says "... starring then 17-year-old Shirley Temple".``); before the answer,
+   the span that holds the answer. Traces are written in the turn format by ``expert_episode``
+   (tools really run, the answer is really graded) with the base model's own chat template.
 2. **SFT** of any Hugging Face causal-LM directory (``base``: a directory or a named policy,
    default ``smollm2``): cross-entropy on the policy's tokens only (``bootstrap.sft_loss``),
    AdamW with linear warm-up and cosine decay, traces longer than ``max_tokens`` left out and
    counted. ``trainable_layers`` > 0 trains only the top layers (and the final norm), which
    saves most of the backward pass on a CPU.
-3. **Measurement**: ``eval_items`` items of ``eval_split`` (``dev``), ``eval_samples`` sampled
-   rollouts each at temperature 1 through the real ReAct loop and engine, before SFT (the base
-   model) and after; success overall and per question type (bridge, comparison).
+3. **Measurement**: ``eval_items`` items of ``eval_split`` (``dev_heldout``), ``eval_samples``
+   sampled rollouts each at ``eval_temperature`` (and at 1.0 beside it when that differs)
+   through the real ReAct loop and engine, before SFT (the base model) and after; success
+   overall and per question type (bridge, comparison).
 4. **Cache**: the result is keyed by the hash of everything that determines it (recipe version,
-   config, the base model's files, system prompt, training items) and built once per machine
+   config, the base model's files, system prompt, training items with their supporting titles
+   and paragraphs, the measured items' ids) and built once per machine
    under ``cache_dir()/policies``; each work dir gets a copy with ``warmstart.json`` (config,
    input hash, trace counts, loss history, success rates, wall times). An MLflow run
    (experiment ``warmstart``) in the work dir holds the same figures.
@@ -39,6 +48,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -51,7 +61,7 @@ from trace_rl.rollout.types import Action
 
 RECORD = "warmstart.json"
 """Name of the record written next to the weights."""
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 """Part of the input hash: bump when the recipe changes so cached policies are rebuilt."""
 
 
@@ -63,18 +73,26 @@ class WarmstartConfig:
     """Task family with a trace builder in ``TRACES``."""
     base: str = "smollm2"
     """Hugging Face causal-LM directory, or a named policy (``trace_rl.policy.named``)."""
-    train_split: str = "train"
-    """Split (or file) the traces are built from; never the evaluation split."""
+    train_split: str = "train+dev_rest"
+    """Splits (or files) the traces are built from, joined by ``+``: HotpotQA's 100 training
+    questions and ``dev_rest``, the 400 dev items after the fixed held-out block. No item of
+    ``eval_split`` may be among them (checked by id before anything is built)."""
     train_items: int = 0
-    """Training items the traces come from (the first ones; 0 = the whole split)."""
-    eval_split: str = "dev"
-    """Held-out split the policy is measured on."""
+    """Training items the traces come from (the first ones; 0 = all of ``train_split``)."""
+    eval_split: str = "dev_heldout"
+    """Held-out split the policy is measured on: by default the first 100 dev items, which no
+    training trace comes from (``trace_rl.envs.hotpotqa.BLOCKS``)."""
     env_args: tuple[tuple[str, Any], ...] = (("top_k", 2), ("max_chars", 200))
     """Family settings for the traces and the measurement (short observations keep the SFT
     sequences short); give the same ``extra`` to ``trace train``/``trace eval``."""
-    recovery: float = 0.25
+    recovery: float = 0.2
     """Share of training items that also get a recovery trace (a bad search first)."""
-    epochs: int = 2
+    bridge_thoughts: bool = True
+    """Write thoughts that teach the bridge step: before the second search of a bridge question
+    the thought quotes the span of the first observation that names the second entity, and the
+    query is that name; before the answer it quotes the observation's span holding the answer.
+    False: empty thoughts and the gold titles as queries (recipe 2)."""
+    epochs: int = 1
     """Passes over the traces."""
     batch_size: int = 4
     """Traces per optimiser step."""
@@ -97,6 +115,9 @@ class WarmstartConfig:
     """Turn cap of a measured episode."""
     max_new_tokens: int = 128
     """Token cap of one measured turn."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the measurement (and the one to give RL as ``temperature``).
+    Anything but 1.0 is measured at 1.0 as well, reported beside it (``after_t1``)."""
     measure_base: bool = True
     """Also measure the base model before SFT, on the same items and seeds."""
     measure_greedy: bool = True
@@ -114,14 +135,25 @@ class WarmstartConfig:
                 raise ValueError(f"warmstart: {name}={getattr(self, name)} must be >= 0")
         if not 0.0 <= self.recovery <= 1.0:
             raise ValueError(f"warmstart: recovery={self.recovery} must be in [0, 1]")
+        if not 0.0 < self.eval_temperature <= 2.0:
+            raise ValueError(f"warmstart: eval_temperature={self.eval_temperature} must be in "
+                             "(0, 2] (greedy is measured anyway, measure_greedy)")
         if self.learning_rate <= 0:
             raise ValueError(f"warmstart: learning_rate={self.learning_rate} must be > 0")
         if self.family not in TRACES:
             raise ValueError(f"warmstart: no trace builder for family {self.family!r}; "
                              f"families: {', '.join(sorted(TRACES))}")
-        if self.train_split == self.eval_split:
+        if self.eval_split in self.train_splits:
             raise ValueError("warmstart: train_split and eval_split must differ (traces are "
                              "never built from evaluation items)")
+
+    @property
+    def train_splits(self) -> list[str]:
+        """``train_split`` as its ``+``-joined parts."""
+        parts = [p.strip() for p in self.train_split.split("+")]
+        if not all(parts):
+            raise ValueError(f"warmstart: train_split={self.train_split!r} has an empty part")
+        return parts
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -163,35 +195,94 @@ def config_from_args(args: Sequence[str]) -> WarmstartConfig:
 
 
 # ------------------------------------------------------------------------------------ traces
-TraceBuilder = Callable[[TaskItem, random.Random, bool], "tuple[list[Action], list[str]] | None"]
-"""(training item, rng, recovery?) -> (actions, the thought before each) or None when the item
-cannot give that trace."""
+TraceBuilder = Callable[[Environment, TaskItem, random.Random, bool, bool],
+                        "tuple[list[Action], list[str]] | None"]
+"""(env, training item, rng, recovery?, thoughts?) -> (actions, the thought before each) or None
+when the item cannot give that trace."""
+
+
+def _name(title: str) -> str:
+    """A title without its disambiguation ("Kiss and Tell (1945 film)" -> "Kiss and Tell")."""
+    return title.split(" (")[0].strip()
 
 
 def _hop_order(item: TaskItem) -> list[str]:
     """Supporting titles, those the question names first (the first hop of a bridge question)."""
     titles = list(dict.fromkeys(item.meta.get("supporting_titles") or []))
     q = item.question.lower()
-    return sorted(titles, key=lambda t: (t.split(" (")[0].lower() not in q, titles.index(t)))
+    return sorted(titles, key=lambda t: (_name(t).lower() not in q, titles.index(t)))
 
 
-def hotpotqa_trace(item: TaskItem, rng: random.Random, recovery: bool
-                   ) -> tuple[list[Action], list[str]] | None:
-    """Gold: search each supporting title, answer. Recovery: a distractor title first."""
+QUOTE_CHARS = 60
+"""Characters of observation a bridge thought quotes before the span it points at."""
+
+
+def quote(observation: str, span: str) -> str | None:
+    """The stretch of ``observation`` that ends with ``span`` (case aside, whole words only),
+    starting at a word boundary at most ``QUOTE_CHARS`` before it and never in a result's
+    ``[k] Title:`` head; None when no result's text holds ``span``."""
+    if not span.strip():
+        return None
+    for found in re.finditer(rf"(?<!\w){re.escape(span.strip())}(?!\w)", observation,
+                             re.IGNORECASE):
+        at = found.start()
+        line_start = observation.rfind("\n", 0, at) + 1
+        head = observation.find(": ", line_start)
+        text_start = line_start if head < 0 or "\n" in observation[line_start:head] else head + 2
+        if at < text_start:
+            continue  # the span is (in) the result's title, not its text
+        start = max(text_start, at - QUOTE_CHARS)
+        if start > text_start and observation[start - 1] != " ":
+            space = observation.find(" ", start, at)
+            start = space + 1 if space >= 0 else at
+        return observation[start:found.end()].strip()
+    return None
+
+
+def hotpotqa_trace(env: Environment, item: TaskItem, rng: random.Random, recovery: bool,
+                   thoughts: bool = True) -> tuple[list[Action], list[str]] | None:
+    """Gold: search each supporting title, answer. Recovery: a distractor title first.
+
+    With ``thoughts`` (the bridge step made explicit), queries are the entity names (titles
+    without their disambiguation, as a policy can copy them from the question or an observation)
+    and each thought quotes what the next action copies: before a search for an entity the
+    question does not name, the span of an earlier observation that names it; before the answer,
+    the span of an observation that holds it. Observations are the environment's real ones."""
     titles = _hop_order(item)
     if not titles:
         return None
-    actions = [Action(kind="tool", tool="search", arguments={"query": t}) for t in titles]
+    queries = [_name(t) if thoughts else t for t in titles]
     if recovery:
         distractors = sorted({p["title"] for p in item.meta.get("paragraphs") or []} - set(titles))
         if not distractors:
             return None
         bad = rng.choice(distractors)
-        actions.insert(0, Action(kind="tool", tool="search", arguments={"query": bad}))
+        queries.insert(0, _name(bad) if thoughts else bad)
+    actions = [Action(kind="tool", tool="search", arguments={"query": q}) for q in queries]
     actions.append(Action(kind="answer", answer=str(item.gold)))
-    # Empty thoughts (recipe 2): recipe 1's fixed phrases ("I search for the first entity.")
-    # carried nothing, and the policy answered with them (0/40 on dev).
-    return actions, [""] * len(actions)
+    if not thoughts:
+        # Empty thoughts (recipe 2): recipe 1's fixed phrases ("I search for the first entity.")
+        # carried nothing, and the policy answered with them (0/40 on dev).
+        return actions, [""] * len(actions)
+    state = env.reset(item)
+    seen: list[str] = []
+    said: list[str] = []
+    question = item.question.lower()
+    for action in actions:
+        target = action.arguments["query"] if action.kind == "tool" else str(action.answer)
+        said.append("")
+        if (action.kind == "tool" and target.lower() in question) or \
+                target.strip().lower() in ("yes", "no"):
+            said[-1] = ""  # the question names it, or a comparison's yes/no: nothing to quote
+        else:
+            for obs in reversed(seen):
+                span = quote(obs, target)
+                if span is not None:
+                    said[-1] = f'The result says "{span}".'
+                    break
+        if action.kind == "tool":
+            seen.append(env.step(state, action).observation or "")
+    return actions, said
 
 
 TRACES: dict[str, TraceBuilder] = {"hotpotqa": hotpotqa_trace}
@@ -207,16 +298,17 @@ def build_traces(config: WarmstartConfig, env: Environment, items: Sequence[Task
         for kind in ("gold", "recovery"):
             if kind == "recovery" and rng.random() >= config.recovery:
                 continue
-            made = build(item, rng, kind == "recovery")
+            made = build(env, item, rng, kind == "recovery", config.bridge_thoughts)
             if made is not None:
                 yield item, made[0], made[1], kind
 
 
 # ------------------------------------------------------------------------------------ cache
 def input_hash(config: WarmstartConfig, base_dir: Path, env: Environment,
-               items: Sequence[TaskItem]) -> str:
+               items: Sequence[TaskItem], eval_items: Sequence[TaskItem] = ()) -> str:
     """sha256 over the recipe version, the config, the base model's files (names and sizes; its
-    config.json in full), the family's prompt and the training items."""
+    config.json in full), the family's prompt, the training items (with the metadata the traces
+    are built from: supporting titles, paragraphs) and the ids of the measured items."""
     h = hashlib.sha256()
     h.update(json.dumps({"recipe": RECIPE_VERSION, "config": config.to_json(),
                          "system": env.system_prompt()}, sort_keys=True).encode())
@@ -225,8 +317,32 @@ def input_hash(config: WarmstartConfig, base_dir: Path, env: Environment,
         if f.is_file():
             h.update(f"{f.name}:{f.stat().st_size}".encode())
     for item in items:
-        h.update(json.dumps([item.id, item.question, item.gold], default=str).encode())
+        h.update(json.dumps([item.id, item.question, item.gold,
+                             item.meta.get("supporting_titles"), item.meta.get("paragraphs")],
+                            default=str).encode())
+    h.update(json.dumps([it.id for it in eval_items]).encode())
     return h.hexdigest()
+
+
+def load_split_items(config: WarmstartConfig, env: Environment
+                     ) -> tuple[list[TaskItem], list[TaskItem]]:
+    """(training items, measured items): the ``+``-joined parts of ``train_split`` in order (the
+    first ``train_items`` of them), and the first ``eval_items`` of ``eval_split``.
+    ``ValueError`` when an item of the measured split is among the training items (by id, and by
+    question, as ids alone may repeat across files): traces never come from evaluation items."""
+    train: list[TaskItem] = []
+    for part in config.train_splits:
+        train.extend(env.load(part))
+    if config.train_items:
+        train = train[:config.train_items]
+    held = env.load(config.eval_split) if config.eval_split else []
+    ids, questions = {it.id for it in train}, {it.question for it in train}
+    shared = [it.id for it in held if it.id in ids or it.question in questions]
+    if shared:
+        raise ValueError(f"warmstart: {len(shared)} item(s) of eval_split={config.eval_split!r} "
+                         f"are in train_split={config.train_split!r} (e.g. {shared[0]!r}); "
+                         "traces are never built from evaluation items")
+    return train, held[:config.eval_items]
 
 
 def read_record(out_dir: str | Path) -> dict[str, Any] | None:
@@ -255,25 +371,26 @@ def warmstart_policy(config: WarmstartConfig, out_dir: str | Path, *,
         raise ValueError(f"warmstart: base={config.base!r} is not a Hugging Face model directory "
                          "or a named policy")
     env = make_env(config.family, **dict(config.env_args))
-    train = env.load(config.train_split, limit=config.train_items or None)
-    digest = input_hash(config, base_dir, env, train)
+    train, eval_items = load_split_items(config, env)
+    digest = input_hash(config, base_dir, env, train, eval_items)
     if _holds(out, digest):
         return out
     if cache_dir is None:
-        _build(config, base_dir, env, train, digest, out, workdir, engine, show_progress)
+        _build(config, base_dir, env, train, eval_items, digest, out, workdir, engine,
+               show_progress)
         return out
     from trace_rl.policy.bootstrap import build_once
 
     cached = Path(cache_dir) / "policies" / f"warmstart-{config.family}-{digest[:16]}"
     return build_once(cached, out, lambda d: _holds(d, digest),
-                      lambda d: _build(config, base_dir, env, train, digest, d, workdir, engine,
-                                       show_progress),
+                      lambda d: _build(config, base_dir, env, train, eval_items, digest, d,
+                                       workdir, engine, show_progress),
                       "warmstart" if show_progress else None)
 
 
 def _build(config: WarmstartConfig, base_dir: Path, env: Environment, train: list[TaskItem],
-           digest: str, out: Path, workdir: str | Path | None, engine: str,
-           show_progress: bool) -> None:
+           eval_items: list[TaskItem], digest: str, out: Path, workdir: str | Path | None,
+           engine: str, show_progress: bool) -> None:
     from trace_rl.policy.bootstrap import _replace_dir
     from trace_rl.progress import Progress, Silent
 
@@ -289,7 +406,8 @@ def _build(config: WarmstartConfig, base_dir: Path, env: Environment, train: lis
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work, \
                 (Progress(f"warmstart {config.family}", 0) if show_progress else Silent()) as progress:
             staged = Path(work) / "policy"
-            record = _train(config, base_dir, env, train, staged, progress, tracker, engine)
+            record = _train(config, base_dir, env, train, eval_items, staged, progress, tracker,
+                            engine)
             record["input_hash"] = digest
             (staged / RECORD).write_text(json.dumps(record, indent=2) + "\n")
             _replace_dir(staged, out, Path(work))
@@ -321,7 +439,8 @@ def _freeze_lower_layers(model: Any, trainable_layers: int) -> int:
 
 
 def _train(config: WarmstartConfig, base_dir: Path, env: Environment, train: list[TaskItem],
-           staged: Path, progress: Any, tracker: Any, engine: str) -> dict[str, Any]:
+           eval_items: list[TaskItem], staged: Path, progress: Any, tracker: Any,
+           engine: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -338,7 +457,11 @@ def _train(config: WarmstartConfig, base_dir: Path, env: Environment, train: lis
     progress.note(f"writing ReAct traces of {len(train)} {config.family}/{config.train_split} "
                   "items (real BM25 observations)")
     examples, kinds, too_long, trace_reward = [], {}, 0, {}
+    thought_counts: dict[str, int] = {}
     for item, actions, thoughts, kind in build_traces(config, env, train, rng):
+        with_thought = "with" if any(thoughts) else "without"
+        key = f"{item.meta.get('type') or 'item'}_{with_thought}"
+        thought_counts[key] = thought_counts.get(key, 0) + 1
         ep = expert_episode(_Scripted(env, actions), item, tokenizer, thoughts=thoughts)
         ex = episode_example(ep)
         if len(ex.token_ids) > config.max_tokens:
@@ -351,19 +474,23 @@ def _train(config: WarmstartConfig, base_dir: Path, env: Environment, train: lis
         raise ValueError(f"warmstart: no trace of {config.family}/{config.train_split} fits "
                          f"max_tokens={config.max_tokens}")
     lengths = sorted(len(e.token_ids) for e in examples)
-    eval_items = env.load(config.eval_split, limit=config.eval_items) if config.eval_items else []
     record: dict[str, Any] = {
         "config": config.to_json(), "recipe_version": RECIPE_VERSION, "base_dir": str(base_dir),
         "traces": kinds, "traces_too_long": too_long,
         "trace_success": {k: trace_reward[k] / kinds[k] for k in kinds},
         "trace_tokens": {"median": lengths[len(lengths) // 2], "max": lengths[-1]},
-        "threads": threads, "eval_split": config.eval_split, "eval_items": len(eval_items),
+        "threads": threads, "train_items": len(train),
+        "train_ids": sorted({it.id for it in train}),
+        "bridge_thoughts": thought_counts,
+        "eval_split": config.eval_split, "eval_items": len(eval_items),
+        "eval_ids": [it.id for it in eval_items],
         "eval_samples": config.eval_samples,
     }
     if eval_items and config.measure_base:
         progress.note(f"measuring the base model on {len(eval_items)} {config.eval_split} items")
         t0 = time.perf_counter()
-        record["before"] = measure(config, env, base_dir, eval_items, engine)
+        record["before"] = measure(config, env, base_dir, eval_items, engine,
+                                   config.eval_temperature)
         record["before"]["seconds"] = time.perf_counter() - t0
         _log(tracker, 0, {f"eval/before_{k}": v for k, v in record["before"].items()
                           if isinstance(v, float)})
@@ -412,8 +539,13 @@ def _train(config: WarmstartConfig, base_dir: Path, env: Environment, train: lis
         progress.note(f"measuring the warm-started policy on {len(eval_items)} "
                       f"{config.eval_split} items")
         t0 = time.perf_counter()
-        record["after"] = measure(config, env, staged, eval_items, engine)
+        record["after"] = measure(config, env, staged, eval_items, engine,
+                                  config.eval_temperature)
         record["after"]["seconds"] = time.perf_counter() - t0
+        if config.eval_temperature != 1.0:
+            record["after_t1"] = measure(config, env, staged, eval_items, engine, 1.0)
+            _log(tracker, step, {f"eval/t1_{k}": v for k, v in record["after_t1"].items()
+                                 if isinstance(v, float)})
         _log(tracker, step, {f"eval/after_{k}": v for k, v in record["after"].items()
                              if isinstance(v, float)})
         if config.measure_greedy:
@@ -474,6 +606,9 @@ def measure(config: WarmstartConfig, env: Environment, policy_dir: Path,
         mask = np.array([str(it.meta.get("type") or "") == t for it in fits])
         out[f"success_{t}"] = float(per_item[mask].mean())
         out[f"items_{t}"] = int(mask.sum())
+        if mask.sum() >= 2:
+            ci = mean_interval(per_item[mask].tolist())
+            out[f"ci_low_{t}"], out[f"ci_high_{t}"] = float(ci.low), float(ci.high)
     answered = [ep for ep in episodes if ep.turns and ep.turns[-1].action.kind == "answer"]
     out["answered"] = len(answered) / max(1, len(episodes))
     out["searches_per_episode"] = float(np.mean([sum(t.action.kind == "tool" for t in ep.turns)
