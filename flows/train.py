@@ -133,7 +133,9 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     pred_stats = t.fit_predictor(cfg, workdir, run_id, step)
     paths = t.tree_advantages(cfg, workdir, run_id, step)
     update = t.policy_update(cfg, workdir, run_id, step, policy_dir, paths)
-    sync_s = t.sync_weights(cfg, update["policy_dir"])
+    # this work dir's checkpoint: a cached result names the work dir it was written in
+    new_policy = str(runtime.Paths(Path(workdir)).policy_dir(run_id, step))
+    sync_s = t.sync_weights(cfg, new_policy)
     metrics = {**t.tree_metrics(workdir, run_id, step), **pred_stats,
                **t.prediction_metrics(workdir, run_id, step), **update["stats"],
                **_allocation_metrics(scored, scored_prefixes, chosen, waves, fresh_leaves),
@@ -141,9 +143,9 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
                "time/step_s": time.perf_counter() - t0}
     plot = cfg.plot_every > 0 and step % cfg.plot_every == 0
     register = (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
-    t.log_step(workdir, mlflow_run_id, run_id, step, metrics, update["policy_dir"],
+    t.log_step(workdir, mlflow_run_id, run_id, step, metrics, new_policy,
                str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot, register)
-    return update["policy_dir"], metrics
+    return new_policy, metrics
 
 
 def _expand_wave(t: StepTasks, cfg: TrainConfig, workdir: str, run_id: str, step: int,

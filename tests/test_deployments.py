@@ -235,3 +235,46 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
         assert levels == [0, 1]
     finally:
         _stop(worker, signal.SIGINT)  # Ctrl-C; a SIGTERM once left it running for over 8 s
+
+
+def _deploy(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "deployments.deploy", "--pools", CPU_POOL, *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, str], Path]) -> None:
+    """Issue 22 item 2: a user resumes the retrain schedule and pauses the train deployment in
+    the UI; deploying again (the same command, or with new options) updates the deployments but
+    leaves both switches as the user set them, and creates nothing twice."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api, env, _ = server
+    _deploy(env)
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        retrain = client.read_deployment_by_name("retrain-latest/cpu")
+        (schedule,) = retrain.schedules
+        client.update_deployment_schedule(retrain.id, schedule.id, active=True)  # the UI toggle
+        client.pause_deployment(client.read_deployment_by_name("train/cpu").id)
+        before = {d.name + str(d.flow_id): d.id for d in client.read_deployments()}
+
+        out = _deploy(env)
+        _deploy(env, "--cron", "0 4 * * *")  # new options: the schedule's cron changes, not its switch
+        assert "exists, left as is" in out
+        after = client.read_deployment_by_name("retrain-latest/cpu")
+        assert [(s.id, s.schedule.cron, s.active) for s in after.schedules] == [
+            (schedule.id, "0 4 * * *", True)]
+        assert client.read_deployment_by_name("train/cpu").paused is True
+        assert {d.name + str(d.flow_id): d.id for d in client.read_deployments()} == before
+
+        # and the other way round: a schedule the user paused stays paused under
+        # --activate-schedules, which only sets the state of a schedule that is new
+        client.update_deployment_schedule(after.id, schedule.id, active=False)
+        _deploy(env, "--activate-schedules")
+        again = client.read_deployment_by_name("retrain-latest/cpu")
+        assert [s.active for s in again.schedules] == [False]
+        client.resume_deployment(client.read_deployment_by_name("train/cpu").id)

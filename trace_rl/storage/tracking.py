@@ -59,6 +59,19 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _forget_artifact_repo(run_id: str, artifact_uri: str) -> None:
+    """Drop MLflow's process-wide cached artifact repository of ``run_id`` if it points elsewhere
+    than ``artifact_uri``. MLflow caches it by run id alone, so in a process that logged to a
+    work dir and then opens a copy of it (the same run ids), the copy's artifacts would go to
+    the original."""
+    from mlflow.tracking._tracking_service import utils
+
+    cache = getattr(utils, "_artifact_repos_cache", None)
+    repo = cache.get(run_id) if cache is not None else None
+    if repo is not None and getattr(repo, "artifact_uri", None) != artifact_uri:
+        cache.pop(run_id, None)
+
+
 class Tracker:
     """The MLflow side of one work dir. Call ``start_or_resume`` before logging."""
 
@@ -74,9 +87,57 @@ class Tracker:
         # that at once corrupt it (issue 24: "no such column: spans.dimension_attributes"), so
         # processes of one work dir take their first look at the store one at a time.
         with file_lock(self.workdir / ".mlflow-setup.lock", 600, "MLflow store set-up"):
+            self.relocated = self._relocate()
             self.experiment_id = self._experiment_id()
         self.run_id: str | None = None
         self.trace_run_id: str | None = None
+
+    def _relocate(self) -> str | None:
+        """Point the store's artifact locations at this work dir if it was copied or moved.
+
+        MLflow records absolute artifact locations (the experiment's, each run's, each logged
+        model's and model version's), so a copied work dir would log its artifacts into the
+        original. When the store is the work dir's own ``mlflow.db`` and its experiment's
+        location is another folder's ``mlruns``, every location under that folder is rewritten
+        to the same place under this one (one transaction). MLflow's API cannot change an
+        experiment's artifact location, so this is done in the store's tables. Returns the old
+        work dir's URI, or None when nothing was moved.
+        """
+        import sqlite3
+        from urllib.parse import unquote, urlparse
+
+        db = self.workdir / "mlflow.db"
+        if self.tracking_uri != f"sqlite:///{db}" or not db.exists():
+            return None
+        new = self.artifact_root.as_uri()
+        con = sqlite3.connect(db, timeout=60)
+        try:
+            try:
+                row = con.execute("SELECT artifact_location FROM experiments WHERE name = ?",
+                                  (self.experiment,)).fetchone()
+            except sqlite3.OperationalError:  # a store MLflow has not set up yet
+                return None
+            old = row[0] if row else None
+            if not old or old == new or not old.startswith("file://") \
+                    or not old.rstrip("/").endswith("/mlruns"):
+                return None
+            old_root, new_root = old.rstrip("/")[:-len("mlruns")], new[:-len("mlruns")]
+            prefixes = [(old_root, new_root),  # URIs, and the same as plain paths
+                        (unquote(urlparse(old_root).path), unquote(urlparse(new_root).path))]
+            columns = [("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                       ("logged_models", "artifact_location"), ("model_versions", "source"),
+                       ("model_versions", "storage_location")]
+            have = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            with con:
+                for table, col in columns:
+                    if table not in have:
+                        continue
+                    for a, b in prefixes:
+                        con.execute(f"UPDATE {table} SET {col} = ? || substr({col}, ?) "
+                                    f"WHERE substr({col}, 1, ?) = ?", (b, len(a) + 1, len(a), a))
+            return old_root
+        finally:
+            con.close()
 
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
@@ -129,6 +190,7 @@ class Tracker:
                                          tags={RUN_TAG: trace_run_id})
         elif run.info.status != "RUNNING":
             self.client.update_run(run.info.run_id, status="RUNNING")
+        _forget_artifact_repo(run.info.run_id, run.info.artifact_uri)
         self.run_id = run.info.run_id
         self.trace_run_id = trace_run_id
         return self.run_id
