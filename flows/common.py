@@ -69,3 +69,31 @@ def bind(task: Task, workdir: str) -> Task:
     return task.with_options(result_storage=results,  # a Path: Prefect's local file system
                              persist_result=True,
                              cache_policy=policy.configure(key_storage=str(results / "keys")))
+
+
+def train_run_name() -> str:
+    """The train flow run's name: its run id and the steps it will run, e.g.
+    ``trace-default-3f2a9c01de steps 2-4`` (a resumed run starts after its last complete step,
+    read from the work dir's store), instead of Prefect's random two words."""
+    from prefect.runtime import flow_run
+
+    from trace_rl.config import TrainConfig
+    from trace_rl.storage.store import DB_FILENAME, TreeStore
+
+    params = flow_run.parameters
+    cfg = params.get("config")
+    try:
+        cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.model_validate(cfg or {})
+    except ValueError:
+        return "train (invalid config)"
+    run_id, start = cfg.resolved_run_id, 0
+    workdir = Path(params.get("workdir") or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR))
+    if (workdir / DB_FILENAME).exists():
+        try:
+            done = TreeStore(workdir, create=False).last_complete_step(run_id)
+        except Exception:  # noqa: BLE001 -- a name is no reason to fail the run
+            done = None
+        start = 0 if done is None else done + 1
+    if start >= cfg.steps:
+        return f"{run_id} (all {cfg.steps} steps done)"
+    return f"{run_id} steps {start}-{cfg.steps - 1}"
