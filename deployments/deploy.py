@@ -16,8 +16,8 @@ Deployments (``<flow>/<pool without the trace- prefix>``):
   is created) and ``workdir``; defaults are the embedded default config.
 * ``evaluate/cpu``, ``evaluate/gpu``: a checkpoint on a held-out split (``policy_dir`` is required).
 * ``retrain-predictor/cpu``: refit the predictor over a run's stored trees (CPU work only).
-* ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the newest checkpoint of a lineage
-  (deployments/retrain.py), on a cron schedule. The schedule is created **paused**: a schedule
+* ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the model registry's ``champion``
+  policy (deployments/retrain.py), on a cron schedule. The schedule is created **paused**: a schedule
   that starts hours of training on its own would surprise whoever just deployed. Resume it in the
   UI (deployment page, the schedule toggle), with ``prefect deployment schedule resume``, or
   deploy with ``--activate-schedules`` (which sets only schedules that are new).
@@ -106,8 +106,9 @@ def deployment_specs(workdir: str | None = None, retrain_config: Mapping[str, An
         DeploymentSpec("retrain-predictor", "flows/retrain_predictor.py:retrain_predictor",
                        (CPU_POOL,), "Refit the predictor over a run's stored trees.", dict(wd)),
         DeploymentSpec("retrain-latest", "deployments/retrain.py:retrain_latest", both,
-                       "Scheduled retraining: train from the newest checkpoint of the config's "
-                       "run_name lineage.", {"config": dict(retrain_config or {}), **wd}, cron),
+                       "Scheduled retraining: train from the policy that holds the registry "
+                       "alias 'champion' (the best held-out score so far).",
+                       {"config": dict(retrain_config or {}), **wd}, cron),
     ]
 
 

@@ -194,7 +194,7 @@ def log_step_page(tracker: Tracker, workdir: str, run_id: str, step: int,
     roots = store.query("SELECT item_id, predicted_v, true_v, k FROM allocations WHERE run_id = $r "
                         "AND step = $s AND level = 0 ORDER BY k DESC, item_id",
                         {"r": run_id, "s": step}).to_pylist()
-    create_markdown_artifact(key=f"step-{_slug(run_id)}-{step}",
+    create_markdown_artifact(key=f"view-{_slug(run_id)}-step-{step}",
                              markdown=step_markdown(tracker, workdir, run_id, step, metrics or {},
                                                     roots, uri),
                              description=f"TRACE run {run_id}, step {step}: what it did")

@@ -225,7 +225,7 @@ def _check_names_and_artifacts(run, run_id: str) -> None:
                  "policy-update step 0", "log-step step 0"):
         assert any(t.startswith(name) for t in tasks), (name, sorted(tasks))
     slug = _slug(run_id)
-    step = artifacts[f"step-{slug}-0"]
+    step = artifacts[f"view-{slug}-step-0"]
     assert step.type == "markdown"
     for text in ("| reward | effective ratio | leaves |", "Root allocation:", "MLflow run:",
                  "view/step_0000.html"):

@@ -328,7 +328,7 @@ class Tracker:
                 return mv.version
         artifact_path = f"checkpoints/{kind}/step_{step:06d}"
         if kind == "policy":
-            self._log_policy_model(path, artifact_path)
+            self._log_policy_model(path, artifact_path, exclude)
         elif path.is_dir() and exclude:
             for f in sorted(path.rglob("*")):
                 if f.is_file() and f.name not in exclude:
@@ -359,9 +359,10 @@ class Tracker:
         """The registered model of a checkpoint kind: ``<experiment>-<kind>``."""
         return f"{self.experiment}-{kind}"
 
-    def _log_policy_model(self, path: Path, artifact_path: str) -> None:
+    def _log_policy_model(self, path: Path, artifact_path: str, exclude: Sequence[str]) -> None:
         """The policy directory as an MLflow transformers model (a text-generation pipeline that
-        takes prompts and returns their continuations; ``max_new_tokens`` a parameter)."""
+        takes prompts and returns their continuations; ``max_new_tokens`` a parameter), without
+        its files named in ``exclude`` (MLflow copies every file of the directory)."""
         import tempfile
 
         import mlflow.transformers
@@ -372,10 +373,20 @@ class Tracker:
                                    outputs=Schema([ColSpec("string")]),
                                    params=ParamSchema([ParamSpec("max_new_tokens", "long", 64)]))
         with tempfile.TemporaryDirectory(dir=self.workdir, prefix=".model-") as tmp:
-            out = Path(tmp) / "model"
-            mlflow.transformers.save_model(
-                str(path), str(out), task="text-generation", signature=signature,
-                pip_requirements=_requirements(("transformers", "torch", "accelerate")))
+            out, src = Path(tmp) / "model", Path(tmp) / "checkpoint"
+            src.mkdir()
+            for f in path.iterdir():  # links, not copies: the weights are copied once, by MLflow
+                if f.name not in exclude:
+                    (src / f.name).symlink_to(f.resolve(), target_is_directory=f.is_dir())
+            try:
+                mlflow.transformers.save_model(
+                    str(src), str(out), task="text-generation", signature=signature,
+                    pip_requirements=_requirements(("transformers", "torch", "accelerate")))
+            except Exception as exc:  # MLflow's own errors do not say which checkpoint
+                raise TrackingError(f"policy checkpoint {path} could not be saved as an MLflow "
+                                    f"transformers model ({type(exc).__name__}: {exc}); it must "
+                                    f"be a Hugging Face causal-LM directory with its "
+                                    f"tokenizer") from exc
             self.client.log_artifacts(self._run(), str(out), artifact_path)
 
     def promote(self, kind: str, score: float, split: str, description: str = "") -> dict[str, Any]:
