@@ -127,8 +127,10 @@ def log_datasets(cfg: Any, workdir: str, mlflow_run_id: str, run_id: str) -> dic
         rows = [{"id": it.id, "question": it.question, "gold": json.dumps(it.gold, default=str)}
                 for it in items]
         name = f"{cfg.family}/{split}"
-        out[name] = tracker.log_dataset(rows, name, context,
-                                        source=split if Path(split).exists() else name)
+        where = {"family": cfg.family, "split": split}
+        if Path(split).is_file():
+            where["path"] = str(Path(split).resolve())
+        out[name] = tracker.log_dataset(rows, name, context, source=where)
     return out
 
 

@@ -93,9 +93,10 @@ def test_experiment_view_datasets_step_figures_and_resume_time(tmp_path):
 
     items = make_env("synth_arith", difficulty=1).load("train")
     rows = [{"id": it.id, "question": it.question, "gold": str(it.gold)} for it in items]
-    digest = tr.log_dataset(rows, "synth_arith/train", "train", source="synth_arith/train")
-    assert tr.log_dataset(rows, "synth_arith/train", "train", source="synth_arith/train") == digest
-    tr.log_dataset(rows[:3], "synth_arith/test", "eval", source="synth_arith/test")
+    src = {"family": "synth_arith", "split": "train"}
+    digest = tr.log_dataset(rows, "synth_arith/train", "train", source=src)
+    assert tr.log_dataset(rows, "synth_arith/train", "train", source=src) == digest
+    tr.log_dataset(rows[:3], "synth_arith/test", "eval", source={**src, "split": "test"})
     inputs = tr.client.get_run(run_id).inputs.dataset_inputs
     got = {(i.dataset.name, i.dataset.digest, {t.key: t.value for t in i.tags}["mlflow.data.context"])
            for i in inputs}

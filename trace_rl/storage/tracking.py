@@ -437,17 +437,19 @@ class Tracker:
             return None
 
     def log_dataset(self, rows: Sequence[Mapping[str, Any]], name: str, context: str,
-                    source: str) -> str:
+                    source: Mapping[str, str]) -> str:
         """Log a dataset (its rows; MLflow computes the digest) as an input of the run with the
-        context tag (``train``, ``eval``); returns the digest. Logging it again is a no-op."""
+        context tag (``train``, ``eval``) and ``source`` (where the rows come from: a family and
+        split, a file); returns the digest. Logging it again is a no-op."""
         import mlflow.data
         import pandas as pd
+        from mlflow.data.code_dataset_source import CodeDatasetSource
         from mlflow.entities import DatasetInput, InputTag
         from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
         frame = pd.DataFrame([{k: v if isinstance(v, (str, int, float, bool)) or v is None
                                else str(v) for k, v in r.items()} for r in rows])
-        ds = mlflow.data.from_pandas(frame, source=source, name=name)
+        ds = mlflow.data.from_pandas(frame, source=CodeDatasetSource(dict(source)), name=name)
         run = self.client.get_run(self._run())
         if any(i.dataset.digest == ds.digest and i.dataset.name == name
                for i in (run.inputs.dataset_inputs if run.inputs else [])):
