@@ -127,6 +127,28 @@ def test_experiment_view_datasets_step_figures_and_resume_time(tmp_path):
     assert more.client.get_run(run_id).info.end_time > ended
 
 
+def test_the_predictor_is_a_pyfunc_model(tmp_path, monkeypatch):
+    import mlflow.pyfunc
+    import numpy as np
+    import torch
+
+    from trace_core.predictor import HashedNgramPredictor
+
+    predictor = HashedNgramPredictor()
+    histories = ["What is 2 + 2?", "What is 17 * 23?", "Name the capital of France."]
+    predictor.fit(histories, np.asarray([1.0, 0.0, 1.0]), np.ones(3))
+    state = tmp_path / "predictor-step0000.pt"
+    torch.save(predictor.state_dict(), state)
+    tr = Tracker(tmp_path / "wd")
+    tr.start_or_resume("run-p")
+    version = tr.log_checkpoint("predictor", state, 0)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tr.tracking_uri)
+    model = mlflow.pyfunc.load_model(f"models:/{tr.model_name('predictor')}/{version}")
+    got = model.predict(histories)
+    assert np.allclose(got, predictor.predict(histories))
+    assert all(0.0 <= p <= 1.0 for p in got)
+
+
 @pytest.mark.parametrize("kind", ["policy", "predictor"])
 def test_checkpoint_of_a_missing_path_is_refused(tmp_path, kind):
     from trace_rl.storage.tracking import TrackingError

@@ -55,8 +55,9 @@ MODEL_DESCRIPTIONS = {
     "policy": "TRACE policies: one version per registered training checkpoint (an MLflow "
               "transformers text-generation model). Alias `candidate`: the newest; `champion`: "
               "the best on the held-out split, which scheduled retraining starts from.",
-    "predictor": "TRACE's value predictor (hashed n-gram features, a torch state dict), one "
-                 "version per training step.",
+    "predictor": "TRACE's value predictor (hashed n-gram features and an MLP head) as a pyfunc "
+                 "model: histories in, predicted success probabilities out; one version per "
+                 "training step, and refits that beat the run's predictor (retrain-predictor).",
 }
 
 
@@ -310,8 +311,10 @@ class Tracker:
 
         A policy (a Hugging Face directory) is logged as an MLflow ``transformers`` model (task
         text-generation, with its signature), so ``mlflow.pyfunc.load_model`` of the version
-        generates; its optimiser state is not part of it. A predictor is logged as its file
-        (files of a directory named in ``exclude`` are left out). The version carries the step
+        generates; its optimiser state is not part of it. A predictor's saved state (a ``.pt``
+        file) is logged as a pyfunc model (``trace_rl.storage.models.PredictorModel``: histories
+        in, probabilities out); anything else as its files (those of a directory named in
+        ``exclude`` left out). The version carries the step
         and TRACE run id as tags and ``description``; a policy version becomes the alias
         ``candidate``. Logging the same run's checkpoint for a step again (a retried task)
         returns the existing version. Returns the version number.
@@ -329,6 +332,8 @@ class Tracker:
         artifact_path = f"checkpoints/{kind}/step_{step:06d}"
         if kind == "policy":
             self._log_policy_model(path, artifact_path, exclude)
+        elif path.is_file() and path.suffix == ".pt":
+            self._log_predictor_model(path, artifact_path)
         elif path.is_dir() and exclude:
             for f in sorted(path.rglob("*")):
                 if f.is_file() and f.name not in exclude:
@@ -387,6 +392,25 @@ class Tracker:
                                     f"transformers model ({type(exc).__name__}: {exc}); it must "
                                     f"be a Hugging Face causal-LM directory with its "
                                     f"tokenizer") from exc
+            self.client.log_artifacts(self._run(), str(out), artifact_path)
+
+    def _log_predictor_model(self, path: Path, artifact_path: str) -> None:
+        """A saved predictor state as an MLflow pyfunc model (``trace_rl.storage.models``)."""
+        import tempfile
+
+        import mlflow.pyfunc
+        from mlflow.models.signature import ModelSignature
+        from mlflow.types.schema import ColSpec, Schema
+
+        from trace_rl.storage.models import PredictorModel
+
+        signature = ModelSignature(inputs=Schema([ColSpec("string")]),
+                                   outputs=Schema([ColSpec("double")]))
+        with tempfile.TemporaryDirectory(dir=self.workdir, prefix=".model-") as tmp:
+            out = Path(tmp) / "model"
+            mlflow.pyfunc.save_model(str(out), python_model=PredictorModel(),
+                                     artifacts={"state": str(path)}, signature=signature,
+                                     pip_requirements=_requirements(("torch", "numpy")))
             self.client.log_artifacts(self._run(), str(out), artifact_path)
 
     def promote(self, kind: str, score: float, split: str, description: str = "") -> dict[str, Any]:
