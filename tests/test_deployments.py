@@ -134,7 +134,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(1500)  # two flow runs through a worker; 480 s ran out on a loaded 2-core box
 def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str], Path],
                                               tiny_model_dir: Path, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
@@ -176,7 +176,7 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
             workdir = str(tmp_path / "wd")
             config = {**TINY, "policy": str(tiny_model_dir)}
             run = run_deployment("train/cpu", parameters={"config": config, "workdir": workdir},
-                                 timeout=300, poll_interval=2)
+                                 timeout=600, poll_interval=2)
             assert run.state is not None and run.state.is_completed(), (
                 f"train/cpu ended {run.state}:\n{_tail(worker_log)}")
             store = TreeStore(workdir, create=False)
@@ -191,7 +191,7 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
             # the scheduled deployment, triggered by hand: it must start from train's checkpoint
             again = run_deployment("retrain-latest/cpu",
                                    parameters={"config": config, "workdir": workdir},
-                                   timeout=300, poll_interval=2)
+                                   timeout=600, poll_interval=2)
             assert again.state is not None and again.state.is_completed(), (
                 f"retrain-latest/cpu ended {again.state}:\n{_tail(worker_log)}")
         runs = {r["run_id"]: json.loads(r["config_json"]) for r in
