@@ -274,7 +274,7 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
                        prefect_flow_run_id=str(flow_run.get_id() or ""))
         _hold_reserve(workdir)
         tracker.log_config(cfg.to_dict())
-        bind(track.log_datasets, workdir)(cfg, workdir, mlflow_run_id, run_id)
+        track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
         done = store.last_complete_step(run_id)
         start = 0 if done is None else done + 1
         if cfg.policy == "tiny":
