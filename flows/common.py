@@ -39,6 +39,9 @@ def relocate_results(workdir: str | Path) -> int:
         return 0
     moved = 0
     for record in keys.iterdir():
+        if record.name.endswith(".relocating"):  # left by a rewrite that was killed
+            record.unlink(missing_ok=True)
+            continue
         try:
             data = json.loads(record.read_bytes())
         except (OSError, ValueError):
