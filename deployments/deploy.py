@@ -21,13 +21,15 @@ Deployments (``<flow>/<pool without the trace- prefix>``):
   work dir must be on a file system every node sees (checkpoints).
 * ``evaluate/cpu``, ``evaluate/gpu``: a checkpoint on a held-out split (``policy_dir`` is required).
 * ``retrain-predictor/cpu``: refit the predictor over a run's stored trees (CPU work only).
-* ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the newest checkpoint of a lineage
-  (deployments/retrain.py), on a cron schedule. The schedule is created **paused**: a schedule
+* ``retrain-latest/cpu``, ``retrain-latest/gpu``: train from the model registry's ``champion``
+  policy (deployments/retrain.py), on a cron schedule. The schedule is created **paused**: a schedule
   that starts hours of training on its own would surprise whoever just deployed. Resume it in the
   UI (deployment page, the schedule toggle), with ``prefect deployment schedule resume``, or
-  deploy with ``--activate-schedules``.
+  deploy with ``--activate-schedules`` (which sets only schedules that are new).
 
-Existing pools are left as they are (a user may have edited them); existing deployments are updated.
+Existing pools are left as they are (a user may have edited them); existing deployments are updated
+in place, keeping what a user switches in the UI: whether the deployment is paused and whether its
+schedule is active. Running the command again changes nothing else than what its options say.
 """
 
 from __future__ import annotations
@@ -119,8 +121,9 @@ def deployment_specs(workdir: str | None = None, retrain_config: Mapping[str, An
         DeploymentSpec("retrain-predictor", "flows/retrain_predictor.py:retrain_predictor",
                        (CPU_POOL,), "Refit the predictor over a run's stored trees.", dict(wd)),
         DeploymentSpec("retrain-latest", "deployments/retrain.py:retrain_latest", both,
-                       "Scheduled retraining: train from the newest checkpoint of the config's "
-                       "run_name lineage.", {"config": dict(retrain_config or {}), **wd}, cron),
+                       "Scheduled retraining: train from the policy that holds the registry "
+                       "alias 'champion' (the best held-out score so far).",
+                       {"config": dict(retrain_config or {}), **wd}, cron),
     ]
 
 
@@ -186,14 +189,37 @@ def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
     return out
 
 
+def keep_user_switches(deployment: Any, existing: Any) -> Any:
+    """``deployment`` with the switches a user owns taken from the server's ``existing`` copy:
+    whether the deployment is paused, and whether each schedule (matched by its slug) is
+    active. Only what is new gets the deploy command's defaults."""
+    active = {s.slug: s.active for s in existing.schedules if s.slug}
+    deployment.paused = existing.paused
+    deployment.schedules = [s.model_copy(update={"active": active[s.slug]}) if s.slug in active
+                            else s for s in deployment.schedules or []]
+    return deployment
+
+
 def register(specs: Sequence[DeploymentSpec], pools: Sequence[str], *, source: Path = REPO_ROOT,
              paused: bool = True) -> list[str]:
     """Create or update each spec's deployment on each of its pools that is in ``pools``; returns
-    the ``<flow>/<deployment>`` names."""
+    the ``<flow>/<deployment>`` names. Idempotent: an existing deployment is updated in place
+    (same id, each schedule the same id by its slug) and keeps its paused state and each
+    schedule's active state as they are on the server (a user may have switched them in the UI);
+    ``paused`` only sets the schedules that are new."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
     names = []
-    for deployment in deployments(specs, pools, source=source, paused=paused):
-        deployment.apply()
-        names.append(f"{deployment.flow_name}/{deployment.name}")
+    with get_client(sync_client=True) as client:
+        for deployment in deployments(specs, pools, source=source, paused=paused):
+            name = f"{deployment.flow_name}/{deployment.name}"
+            try:
+                keep_user_switches(deployment, client.read_deployment_by_name(name))
+            except ObjectNotFound:
+                pass
+            deployment.apply()
+            names.append(name)
     return names
 
 
@@ -216,7 +242,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--cron", default=DEFAULT_CRON,
                     help=f"schedule of retrain-latest (default: {DEFAULT_CRON!r}, 03:00 UTC daily)")
     ap.add_argument("--activate-schedules", action="store_true",
-                    help="create the retrain-latest schedules active (default: paused)")
+                    help="create the retrain-latest schedules active (default: paused); a "
+                         "schedule that exists keeps the state it has on the server")
     ap.add_argument("--source", type=Path, default=REPO_ROOT,
                     help="checkout the workers run from (default: this one)")
     return ap.parse_args(argv)
@@ -253,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         print(f"deployment {name}")
     state = "active" if args.activate_schedules else "paused"
-    print(f"retrain-latest schedule {args.cron!r} ({state}). Server: {api}\n"
+    print(f"retrain-latest schedule {args.cron!r} ({state} if new; an existing schedule keeps "
+          f"its state). Server: {api}\n"
           f"Start a worker from this checkout: prefect worker start --pool {args.pools[0]}")
     return 0
 

@@ -1,18 +1,22 @@
 """The ``retrain-latest`` flow behind the scheduled retraining deployment.
 
-A cron schedule fires with fixed parameters, yet each firing must start from whatever checkpoint is
-newest when it runs. This flow resolves that at run time: a *lineage* is the set of train runs that
-share a ``run_name``; the newest complete step of any of them (by finish time, from the DuckDB
-``steps`` table) names the checkpoint ``checkpoints/<run_id>/policy-step<NNNN>``. The flow then
-runs ``train`` as a subflow with ``policy`` set to that directory. Since the policy is part of the
-config hash, every new checkpoint gives a new run id (``<run_name>-<hash>``); a firing that finds
-the same checkpoint as the last one resumes that run instead of training twice.
+A cron schedule fires with fixed parameters, yet each firing must start from the best policy
+there is when it runs. This flow resolves that at run time from the work dir's MLflow model
+registry: the version of ``<experiment>-policy`` with the alias ``champion``, which only an
+evaluation that beats the previous champion on the held-out split moves (``Tracker.promote``,
+at the end of every train run). A 1-step smoke run or a GRPO baseline finished after the best
+run does not become the start point unless it did better. The champion is downloaded from the
+registry to ``<workdir>/registry/<model>-v<version>`` (kept: the same version gives the same
+path, so the same config hash and run id) and ``train`` runs as a subflow with ``policy`` set to
+its Hugging Face directory. A firing that finds the same champion as the last one resumes that
+run instead of training twice.
 
-With no checkpoint in the lineage yet (the first firing), the config's own ``policy`` is used.
+With no champion yet (the first firing), the config's own ``policy`` is used.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,42 +24,56 @@ from prefect import flow, get_run_logger
 
 from flows.common import resolve_workdir
 from flows.train import train
-from tasks.runtime import Paths
 from trace_rl.config import TrainConfig, config_from_mapping
-from trace_rl.storage.store import DB_FILENAME, TreeStore
+from trace_rl.storage.tracking import Tracker
 
 
-def latest_checkpoint(workdir: str | Path, run_name: str) -> str | None:
-    """The policy directory of the most recently finished complete step among the runs named
-    ``run_name`` in ``workdir``, or None if there is none (no database, no such run, no complete
-    step, or its checkpoint directory is gone)."""
+def champion_checkpoint(workdir: str | Path) -> tuple[str, str] | None:
+    """(policy directory, version) of the registry's ``champion`` policy in ``workdir``,
+    downloaded from the registry if it is not yet; None if there is no champion (no store, or no
+    train run has been evaluated after training)."""
     workdir = Path(workdir)
-    if not (workdir / DB_FILENAME).exists():
+    if not (workdir / "mlflow.db").exists():
         return None
-    rows = TreeStore(workdir, create=False).query(
-        "SELECT s.run_id, s.step FROM steps s JOIN runs r USING (run_id) "
-        "WHERE s.status = 'complete' AND json_extract_string(r.config_json, '$.run_name') = $name "
-        "ORDER BY s.finished_at DESC, s.step DESC LIMIT 1", {"name": run_name}).to_pylist()
-    if not rows:
+    tracker = Tracker(workdir)
+    champ = tracker.champion("policy")
+    if champ is None:
         return None
-    path = Paths(workdir).policy_dir(rows[0]["run_id"], rows[0]["step"])
-    return str(path) if path.is_dir() else None
+    name = tracker.model_name("policy")
+    dest = workdir / "registry" / f"{name}-v{champ.version}"
+    if not (dest / "model" / "config.json").exists():
+        # the version's source is runs:/<run>/<path>; read it through this store's client
+        # (a models:/ URI would go to the process's global registry, not this work dir's)
+        prefix = f"runs:/{champ.run_id}/"
+        if not champ.source.startswith(prefix):
+            raise ValueError(f"{name} v{champ.version}: source {champ.source!r} is not an "
+                             f"artifact of its run {champ.run_id}")
+        tmp = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        got = Path(tracker.client.download_artifacts(champ.run_id, champ.source[len(prefix):],
+                                                     str(tmp)))
+        shutil.rmtree(dest, ignore_errors=True)
+        got.rename(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(dest / "model"), champ.version
 
 
 @flow(name="retrain-latest", log_prints=True)
 def retrain_latest(config: TrainConfig = TrainConfig(), workdir: str | None = None) -> dict[str, Any]:
-    """Train ``config`` starting from the newest checkpoint of its ``run_name`` lineage in
-    ``workdir`` (or from ``config['policy']`` when the lineage has none); returns train's summary
-    plus ``started_from``."""
+    """Train ``config`` starting from the registry's ``champion`` policy in ``workdir`` (or from
+    ``config['policy']`` when there is none); returns train's summary plus ``started_from`` and
+    ``champion_version``."""
     cfg = config
     if cfg.run_id:
         raise ValueError(f"retrain_latest: config sets run_id={cfg.run_id!r}, which would pin every "
                          f"firing to one run; leave run_id empty so each checkpoint starts a new run")
     workdir = resolve_workdir(workdir)
-    latest = latest_checkpoint(workdir, cfg.run_name)
-    start = latest or cfg.policy
-    get_run_logger().info("lineage %r in %s: starting from %s", cfg.run_name, workdir,
-                          latest or f"config policy {cfg.policy!r} (no checkpoint yet)")
+    found = champion_checkpoint(workdir)
+    start = found[0] if found else cfg.policy
+    said = (f"registry champion {Tracker(workdir).model_name('policy')} v{found[1]} ({found[0]})"
+            if found else f"config policy {cfg.policy!r} (no champion in the registry yet)")
+    get_run_logger().info("retrain-latest in %s: starting from %s", workdir, said)
     summary = train(config=config_from_mapping({**cfg.to_dict(), "policy": start}, "retrain_latest"),
                     workdir=workdir)
-    return {**summary, "started_from": start}
+    return {**summary, "started_from": start, "champion_version": found[1] if found else None}

@@ -3,6 +3,8 @@ it, so a re-run in the same work dir finds its finished phases."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -17,14 +19,84 @@ DEFAULT_WORKDIR = "trace_runs"
 def resolve_workdir(workdir: str | None) -> str:
     path = Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve()
     path.mkdir(parents=True, exist_ok=True)
+    relocate_results(path)
     return str(path)
 
 
+def relocate_results(workdir: str | Path) -> int:
+    """Point the work dir's Prefect result records at this work dir if it was copied or moved.
+
+    A record (``prefect-results/keys/<cache key>``, JSON) names its result file by absolute path,
+    so in a copied work dir it would name the original's file (outside the copy's result
+    storage: Prefect refuses to read it, a cache miss) or a file that is gone. The file
+    ``prefect-results/.root`` remembers where the records were written; when it differs from
+    where they are now, each record's path is rewritten to the same place under this work dir.
+    Returns the number of records rewritten."""
+    results = Paths(Path(workdir)).results
+    keys, marker = results / "keys", results / ".root"
+    here = str(results.resolve())
+    if not keys.is_dir() or marker.exists() and marker.read_text() == here:
+        return 0
+    moved = 0
+    for record in keys.iterdir():
+        if record.name.endswith(".relocating"):  # left by a rewrite that was killed
+            record.unlink(missing_ok=True)
+            continue
+        try:
+            data = json.loads(record.read_bytes())
+        except (OSError, ValueError):
+            continue  # not a result record (a lock file, a partial write): Prefect's business
+        old = data.get("storage_key") if isinstance(data, dict) else None
+        if not isinstance(old, str) or not Path(old).is_absolute():
+            continue
+        parts = Path(old).parts
+        if results.name not in parts[:-1] or Path(old).parent == Path(here):
+            continue
+        at = len(parts) - 1 - parts[::-1].index(results.name)
+        data["storage_key"] = str(Path(here).joinpath(*parts[at + 1:]))
+        tmp = record.with_name(record.name + ".relocating")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(record)
+        moved += 1
+    marker.write_text(here)
+    return moved
+
+
 def bind(task: Task, workdir: str) -> Task:
-    """The task with its results and cache records stored under the work dir."""
+    """The task with its results and cache records stored under the work dir (keys of paths
+    in it relative to it, so that a copied or moved work dir finds them)."""
     if not isinstance(task.cache_policy, PhaseKey):
         return task
     results = Paths(Path(workdir)).results
+    policy = dataclasses.replace(PHASE_KEY, workdir=str(Path(workdir).resolve()))
     return task.with_options(result_storage=results,  # a Path: Prefect's local file system
                              persist_result=True,
-                             cache_policy=PHASE_KEY.configure(key_storage=str(results / "keys")))
+                             cache_policy=policy.configure(key_storage=str(results / "keys")))
+
+
+def train_run_name() -> str:
+    """The train flow run's name: its run id and the steps it will run, e.g.
+    ``trace-default-3f2a9c01de steps 2-4`` (a resumed run starts after its last complete step,
+    read from the work dir's store), instead of Prefect's random two words."""
+    from prefect.runtime import flow_run
+
+    from trace_rl.config import TrainConfig
+    from trace_rl.storage.store import DB_FILENAME, TreeStore
+
+    params = flow_run.parameters
+    cfg = params.get("config")
+    try:
+        cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.model_validate(cfg or {})
+    except ValueError:
+        return "train (invalid config)"
+    run_id, start = cfg.resolved_run_id, 0
+    workdir = Path(params.get("workdir") or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR))
+    if (workdir / DB_FILENAME).exists():
+        try:
+            done = TreeStore(workdir, create=False).last_complete_step(run_id)
+        except Exception:  # noqa: BLE001 -- a name is no reason to fail the run
+            done = None
+        start = 0 if done is None else done + 1
+    if start >= cfg.steps:
+        return f"{run_id} (all {cfg.steps} steps done)"
+    return f"{run_id} steps {start}-{cfg.steps - 1}"

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.common import bind, resolve_workdir
+from flows.common import bind, resolve_workdir, train_run_name
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import Allocator, RootPool
 from trace_core.waves import outcome_counts, refill_wave
@@ -70,7 +70,7 @@ class StepTasks:
     @classmethod
     def bound(cls, workdir: str, watch: Progress | None = None, where: str = "") -> "StepTasks":
         def wrap(task: Any) -> Any:
-            bound = bind(task, workdir)
+            bound = bind(track.named(task), workdir)
             return bound if watch is None else _watched(bound, watch, f"{where}{task.name}")
 
         return cls(sample_roots=wrap(roots.sample_roots), score_roots=wrap(roots.score_roots),
@@ -133,7 +133,9 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     pred_stats = t.fit_predictor(cfg, workdir, run_id, step)
     paths = t.tree_advantages(cfg, workdir, run_id, step)
     update = t.policy_update(cfg, workdir, run_id, step, policy_dir, paths)
-    sync_s = t.sync_weights(cfg, update["policy_dir"])
+    # this work dir's checkpoint: a cached result names the work dir it was written in
+    new_policy = str(runtime.Paths(Path(workdir)).policy_dir(run_id, step))
+    sync_s = t.sync_weights(cfg, new_policy)
     metrics = {**t.tree_metrics(workdir, run_id, step), **pred_stats,
                **t.prediction_metrics(workdir, run_id, step), **update["stats"],
                **_allocation_metrics(scored, scored_prefixes, chosen, waves, fresh_leaves),
@@ -141,9 +143,9 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
                "time/step_s": time.perf_counter() - t0}
     plot = cfg.plot_every > 0 and step % cfg.plot_every == 0
     register = (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
-    t.log_step(workdir, mlflow_run_id, run_id, step, metrics, update["policy_dir"],
+    t.log_step(workdir, mlflow_run_id, run_id, step, metrics, new_policy,
                str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot, register)
-    return update["policy_dir"], metrics
+    return new_policy, metrics
 
 
 def _expand_wave(t: StepTasks, cfg: TrainConfig, workdir: str, run_id: str, step: int,
@@ -231,7 +233,7 @@ def _record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, work
                            "the one above", what, type(secondary).__name__, secondary)
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train", log_prints=True, flow_run_name=train_run_name)
 def train(config: TrainConfig = TrainConfig(), workdir: str | None = None,
           wait: bool = False) -> dict[str, Any]:
     """Train a policy with TRACE (or a baseline allocator) and return a summary.
@@ -259,8 +261,9 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
     store = runtime.store(workdir)
     tracker = Tracker(workdir)
     known = store.get_run(run_id)
-    mlflow_run_id = tracker.start_or_resume(run_id, run_name=cfg.run_name,
-                                            mlflow_run_id=(known or {}).get("mlflow_run_id"))
+    mlflow_run_id = tracker.start_or_resume(run_id, run_name=track.mlflow_run_name(cfg),
+                                            mlflow_run_id=(known or {}).get("mlflow_run_id"),
+                                            tags=track.run_tags(cfg))
     running = None  # the step marked running, if any
     history = []
     # A phase silent for 15 s gets a line while it runs: the README promises one every 30 s.
@@ -271,6 +274,7 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
                        prefect_flow_run_id=str(flow_run.get_id() or ""))
         _hold_reserve(workdir)
         tracker.log_config(cfg.to_dict())
+        track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
         done = store.last_complete_step(run_id)
         start = 0 if done is None else done + 1
         if cfg.policy == "tiny":

@@ -81,13 +81,23 @@ class PhaseKey(CachePolicy):
 
     Built only from those references, never from model objects or tables, so a re-run of a killed
     flow finds the finished phases of its step as cache hits, and any code or config change
-    invalidates them.
+    invalidates them. A path inside ``workdir`` (the work dir the policy is bound to,
+    ``flows.common.bind``) enters the key relative to it, so a copied or moved work dir finds
+    its cache.
     """
+
+    workdir: str | None = None
+
+    def _ref(self, value: Any) -> Any:
+        if self.workdir and isinstance(value, str) and (
+                value == self.workdir or value.startswith(self.workdir.rstrip("/") + "/")):
+            return "<workdir>" + value[len(self.workdir.rstrip("/")):]
+        return value
 
     def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any],
                     flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
         cfg = inputs.get("cfg")
-        refs = sorted(f"{k}={v}" for k, v in inputs.items()
+        refs = sorted(f"{k}={self._ref(v)}" for k, v in inputs.items()
                       if isinstance(v, (str, int, float, bool)) and k != "cfg")
         parts = [task_ctx.task.name, cfg.config_hash if isinstance(cfg, TrainConfig) else "-",
                  _source_hash(task_ctx.task.fn), code_version(), *refs]

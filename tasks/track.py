@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -91,6 +92,48 @@ def prediction_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]
     return out
 
 
+def mlflow_run_name(cfg: Any) -> str:
+    """The MLflow run's name: family, allocator, policy and the config's short hash (e.g.
+    ``synth_arith-trace-tiny-3f2a9c``), so that runs tell themselves apart in the UI; the
+    config's ``run_name`` (the lineage) is the tag ``trace.run_name``."""
+    policy = Path(cfg.policy)
+    short = policy.parent.name if policy.name == "model" else policy.name
+    return f"{cfg.family}-{cfg.allocator}-{short}-{cfg.config_hash[:6]}"
+
+
+def run_tags(cfg: Any) -> dict[str, str]:
+    """Tags of a new MLflow run: the lineage, family, allocator and policy."""
+    return {"trace.run_name": cfg.run_name, "trace.family": cfg.family,
+            "trace.allocator": cfg.allocator, "trace.policy": str(cfg.policy)}
+
+
+@task(name="log-datasets")
+def log_datasets(cfg: Any, workdir: str, mlflow_run_id: str, run_id: str) -> dict[str, str]:
+    """The task items of the train and eval splits as the run's MLflow inputs (``log_input``:
+    name ``<family>/<split>``, context ``train`` / ``eval``, MLflow's digest of the rows);
+    returns name -> digest. A split that does not load (a family without the default eval
+    split) is left out and said so in the log."""
+    from prefect import get_run_logger
+
+    tracker = Tracker(workdir)
+    tracker.start_or_resume(run_id, mlflow_run_id=mlflow_run_id)
+    out = {}
+    for context, split in (("train", cfg.train_split), ("eval", cfg.eval_split)):
+        try:
+            items = runtime.env_for(cfg).load(split)
+        except (OSError, ValueError, KeyError) as exc:
+            get_run_logger().warning("dataset %s/%s not logged: %s", cfg.family, split, exc)
+            continue
+        rows = [{"id": it.id, "question": it.question, "gold": json.dumps(it.gold, default=str)}
+                for it in items]
+        name = f"{cfg.family}/{split}"
+        where = {"family": cfg.family, "split": split}
+        if Path(split).is_file():
+            where["path"] = str(Path(split).resolve())
+        out[name] = tracker.log_dataset(rows, name, context, source=where)
+    return out
+
+
 @task(name="log-step")
 def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
              metrics: Mapping[str, float], policy_dir: str, predictor_file: str,
@@ -101,10 +144,14 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
     tracker = Tracker(workdir)
     tracker.start_or_resume(run_id, mlflow_run_id=mlflow_run_id)
     tracker.log_metrics(step, metrics)
+    about = (f"after step {step} of TRACE run {run_id} (MLflow run "
+             f"{tracker.client.get_run(mlflow_run_id).info.run_name})")
     if register_policy:
-        tracker.log_checkpoint("policy", policy_dir, step, exclude=(OPTIMIZER_STATE,))
-    tracker.log_checkpoint("predictor", predictor_file, step)
-    log_step_page(tracker, workdir, run_id, step)
+        tracker.log_checkpoint("policy", policy_dir, step, exclude=(OPTIMIZER_STATE,),
+                               description=f"Policy {about}; reward "
+                                           f"{metrics.get('rollout/reward_mean', 0.0):.3f}.")
+    tracker.log_checkpoint("predictor", predictor_file, step, description=f"Predictor {about}.")
+    log_step_page(tracker, workdir, run_id, step, metrics)
     if not plot:
         return
     store = runtime.store(workdir)
@@ -124,7 +171,7 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
                   zip(tree.column("reward").to_pylist(), tree.column("is_leaf").to_pylist())]
         fig = plots.render_tree(parent_array(tree), value, reward,
                                 title=f"{run_id} step {step} item {best['item_id']}")
-        tracker.log_figure(fig, f"figures/tree_step_{step:04d}.png")
+        tracker.log_step_figure(fig, "tree", step)
     scored = store.query("SELECT predicted_v, value FROM nodes WHERE run_id = $r AND step = $s "
                          "AND NOT is_leaf AND predicted_v IS NOT NULL AND value IS NOT NULL",
                          {"r": run_id, "s": step})
@@ -132,24 +179,88 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
         fig = plots.calibration_plot(scored.column("predicted_v").to_pylist(),
                                      scored.column("value").to_pylist(),
                                      title=f"predictor calibration, step {step}")
-        tracker.log_figure(fig, f"figures/calibration_step_{step:04d}.png")
+        tracker.log_step_figure(fig, "calibration", step)
 
 
-def log_step_page(tracker: Tracker, workdir: str, run_id: str, step: int) -> str:
+def log_step_page(tracker: Tracker, workdir: str, run_id: str, step: int,
+                  metrics: Mapping[str, float] | None = None) -> str:
     """The step's ``trace view`` page (its trees and allocation, one self-contained file) as the
-    MLflow artifact ``view/step_NNNN.html``, which the MLflow UI shows as a page, and a Markdown
-    artifact on the Prefect flow run linking to it; returns the artifact's URI."""
-    from prefect.artifacts import create_markdown_artifact
+    MLflow artifact ``view/step_NNNN.html``, which the MLflow UI shows as a page, and two
+    artifacts on the Prefect flow run: a Markdown summary of the step (reward, effective ratio,
+    leaves, the allocation, links to the MLflow run and the tree page) and a table of the root
+    allocation. Returns the page's URI."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    uri = tracker.log_text(step_page(runtime.store(workdir), run_id, step),
-                           f"view/step_{step:04d}.html")
-    create_markdown_artifact(
-        key=f"view-{_slug(run_id)}-step-{step}",
-        markdown=f"[Rollout trees of step {step}]({uri}) (MLflow artifact "
-                 f"`view/step_{step:04d}.html`)\n\nLive, while the run writes: "
-                 f"`trace view {run_id} --step {step} --workdir {workdir}`\n",
-        description=f"TRACE run {run_id}, step {step}: its rollout trees and allocation")
+    store = runtime.store(workdir)
+    uri = tracker.log_text(step_page(store, run_id, step), f"view/step_{step:04d}.html")
+    roots = store.query("SELECT item_id, predicted_v, true_v, k FROM allocations WHERE run_id = $r "
+                        "AND step = $s AND level = 0 ORDER BY k DESC, item_id",
+                        {"r": run_id, "s": step}).to_pylist()
+    create_markdown_artifact(key=f"view-{_slug(run_id)}-step-{step}",
+                             markdown=step_markdown(tracker, workdir, run_id, step, metrics or {},
+                                                    roots, uri),
+                             description=f"TRACE run {run_id}, step {step}: what it did")
+    if roots:
+        create_table_artifact(
+            key=f"allocation-{_slug(run_id)}-{step}",
+            table=[{"item": r["item_id"], "predicted V": _fmt(r["predicted_v"]),
+                    "realised V": _fmt(r["true_v"]), "bare rollouts": r["k"]} for r in roots],
+            description=f"TRACE run {run_id}, step {step}: bare rollouts per prompt (root "
+                        f"allocation), with the predicted and realised success rate")
     return uri
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def step_markdown(tracker: Tracker, workdir: str, run_id: str, step: int,
+                  metrics: Mapping[str, float], roots: list[Mapping[str, Any]], page: str) -> str:
+    """The Markdown of a step's Prefect artifact."""
+    run = tracker.client.get_run(tracker._run())
+    m = lambda k: metrics.get(k, float("nan"))  # noqa: E731
+    spent = [r["k"] for r in roots]
+    lines = [f"# {run_id}: step {step}", "",
+             "| reward | effective ratio | leaves | prefixes continued | refill waves |",
+             "|---|---|---|---|---|",
+             f"| {m('rollout/reward_mean'):.3f} | {m('tree/effective_ratio'):.2f} | "
+             f"{int(m('rollout/leaves')) if 'rollout/leaves' in metrics else '-'} | "
+             f"{int(m('alloc/prefixes_expanded')) if 'alloc/prefixes_expanded' in metrics else '-'}"
+             f" | {int(m('alloc/refill_waves')) if 'alloc/refill_waves' in metrics else '-'} |", ""]
+    if spent:
+        lines += [f"Root allocation: {sum(spent)} bare rollouts over {len(spent)} prompts "
+                  f"({sum(1 for k in spent if k > 0)} given any; most {max(spent)}, fewest "
+                  f"{min(spent)}); the table artifact `allocation-{_slug(run_id)}-{step}` lists "
+                  f"them.", ""]
+    lines += [f"* MLflow run: `{run.info.run_name}` (id `{run.info.run_id}`, experiment "
+              f"`{tracker.experiment}`); open with `{tracker.ui_command}`, then "
+              f"<http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/"
+              f"{run.info.run_id}>",
+              f"* Rollout trees of step {step}: [{page}]({page}) (MLflow artifact "
+              f"`view/step_{step:04d}.html`)",
+              f"* Live, while the run writes: `trace view {run_id} --step {step} --workdir "
+              f"{workdir}`"]
+    return "\n".join(lines) + "\n"
+
+
+TASK_RUN_FIELDS = ("step", "level", "wave")
+"""Parameters of a phase that name its task runs, in this order."""
+
+
+def named(task: Any) -> Any:
+    """The task with task-run names from its step, level and wave parameters (e.g.
+    ``expand-roots step 3 level 0 wave 1``) instead of Prefect's ``expand-roots-718``."""
+    import inspect
+
+    fields = [f for f in TASK_RUN_FIELDS if f in inspect.signature(task.fn).parameters]
+    if not fields:
+        return task
+
+    def task_run_name(parameters: dict[str, Any]) -> str:
+        return " ".join([task.name] + [f"{f} {parameters[f]}" for f in fields
+                                       if parameters.get(f) is not None])
+
+    return task.with_options(task_run_name=task_run_name)
 
 
 def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
@@ -245,9 +356,37 @@ def log_summary(workdir: str, mlflow_run_id: str, run_id: str, where: Mapping[st
                                                        "eval/gain_high": g["high"]})
     _log_reward_curve(tracker, run_id, [e for e in (summary["before"], summary["after"]) if e],
                       summary["steps"])
+    promotion = promote_policy(tracker, workdir, run_id, summary)
+    where = {**where, **({"Registry": promotion_line(tracker, promotion)} if promotion else {})}
     create_markdown_artifact(key=_artifact_key(run_id), markdown=summary_markdown(summary, where),
                              description=f"TRACE run {run_id}: what training achieved")
     return summary
+
+
+def promote_policy(tracker: Tracker, workdir: str, run_id: str,
+                   summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Offer the run's last registered policy for ``champion`` with its held-out accuracy after
+    training (``Tracker.promote``; compared only with a champion evaluated on the same split,
+    items and samples). None when the run has no evaluation after training."""
+    after = summary["after"]
+    if after is None:
+        return None
+    cfg = runtime.store(workdir).get_run(run_id)["config"]
+    split = (f"{cfg['family']}/{cfg['eval_split']} ({after['items']} items x "
+             f"{after['samples']} samples)")
+    from prefect import get_run_logger
+
+    promotion = tracker.promote("policy", after["accuracy"], split, description=(
+        f"Policy after {after['step']} steps of TRACE run {run_id}: held-out accuracy "
+        f"{after['accuracy']:.3f} on {split}."))
+    get_run_logger().info("registry: %s", promotion_line(tracker, promotion))
+    return promotion
+
+
+def promotion_line(tracker: Tracker, p: Mapping[str, Any]) -> str:
+    name = tracker.model_name("policy")
+    return (f"{name} v{p['version']} is {'now the' if p['champion'] else 'not the'} champion "
+            f"({p['reason']}); load it with mlflow.pyfunc.load_model('models:/{name}@champion')")
 
 
 def _artifact_key(run_id: str) -> str:

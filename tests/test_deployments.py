@@ -24,43 +24,10 @@ from typing import Iterator
 import pytest
 
 from deployments.deploy import CPU_POOL, DEFAULT_CRON
-from deployments.retrain import latest_checkpoint
-from tasks.runtime import Paths
 from trace_rl.config import TrainConfig
 from trace_rl.storage.store import TreeStore
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _lineage_store(workdir: Path) -> TreeStore:
-    store = TreeStore(workdir)
-    for run_id, name in (("a-1", "a"), ("a-2", "a"), ("b-1", "b")):
-        store.init_run(run_id, {"run_name": name})
-    return store
-
-
-def test_latest_checkpoint_picks_newest_complete_step_of_the_lineage(tmp_path: Path) -> None:
-    assert latest_checkpoint(tmp_path, "a") is None  # no database yet: the first firing
-    store = _lineage_store(tmp_path)
-    paths = Paths(tmp_path)
-    for run_id, step in (("a-1", 0), ("a-1", 1), ("a-2", 0), ("b-1", 0)):
-        paths.policy_dir(run_id, step).mkdir(parents=True)
-    assert latest_checkpoint(tmp_path, "a") is None  # runs exist, no step is complete
-    store.mark_step("a-1", 0, "complete")
-    store.mark_step("a-1", 1, "complete")
-    assert latest_checkpoint(tmp_path, "a") == str(paths.policy_dir("a-1", 1))
-    store.mark_step("a-2", 0, "complete")  # finished later than a-1's step 1, though lower
-    store.mark_step("a-1", 2, "running")  # not complete: ignored
-    store.mark_step("b-1", 0, "complete")  # another lineage: ignored
-    assert latest_checkpoint(tmp_path, "a") == str(paths.policy_dir("a-2", 0))
-    assert latest_checkpoint(tmp_path, "b") == str(paths.policy_dir("b-1", 0))
-    assert latest_checkpoint(tmp_path, "c") is None
-
-
-def test_latest_checkpoint_skips_a_deleted_checkpoint(tmp_path: Path) -> None:
-    store = _lineage_store(tmp_path)
-    store.mark_step("a-1", 0, "complete")
-    assert latest_checkpoint(tmp_path, "a") is None
 
 
 def test_retrain_latest_refuses_a_pinned_run_id(tmp_path: Path) -> None:
@@ -167,7 +134,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(1500)  # two flow runs through a worker; 480 s ran out on a loaded 2-core box
 def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str], Path],
                                               tiny_model_dir: Path, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
@@ -209,7 +176,7 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
             workdir = str(tmp_path / "wd")
             config = {**TINY, "policy": str(tiny_model_dir)}
             run = run_deployment("train/cpu", parameters={"config": config, "workdir": workdir},
-                                 timeout=300, poll_interval=2)
+                                 timeout=600, poll_interval=2)
             assert run.state is not None and run.state.is_completed(), (
                 f"train/cpu ended {run.state}:\n{_tail(worker_log)}")
             store = TreeStore(workdir, create=False)
@@ -219,19 +186,96 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                                  "GROUP BY level ORDER BY level", {"r": first[0]}).to_pylist()
             assert [r["level"] for r in levels] == [0, 1] and all(r["n"] > 0 for r in levels)
             assert store.get_run(first[0])["status"] == "complete"
+            _check_names_and_artifacts(run, first[0])
 
             # the scheduled deployment, triggered by hand: it must start from train's checkpoint
             again = run_deployment("retrain-latest/cpu",
                                    parameters={"config": config, "workdir": workdir},
-                                   timeout=300, poll_interval=2)
+                                   timeout=600, poll_interval=2)
             assert again.state is not None and again.state.is_completed(), (
                 f"retrain-latest/cpu ended {again.state}:\n{_tail(worker_log)}")
         runs = {r["run_id"]: json.loads(r["config_json"]) for r in
                 store.query("SELECT run_id, config_json FROM runs").to_pylist()}
         (second,) = set(runs) - set(first)
-        assert runs[second]["policy"] == str(Paths(Path(workdir)).policy_dir(first[0], 0))
+        # started from the registry's champion: the first run's policy, evaluated after training
+        assert runs[second]["policy"] == str(Path(workdir) / "registry" / "trace-policy-v1" / "model")
         levels = store.query("SELECT DISTINCT level FROM nodes WHERE run_id = $r ORDER BY level",
                              {"r": second}).column("level").to_pylist()
         assert levels == [0, 1]
     finally:
         _stop(worker, signal.SIGINT)  # Ctrl-C; a SIGTERM once left it running for over 8 s
+
+
+def _check_names_and_artifacts(run, run_id: str) -> None:
+    """Issue 22 items 6 and 7, read back from the server: the flow run is named by its run id and
+    step range, its task runs by phase, step, level and wave, and it left a Markdown artifact
+    per step, a table of the root allocation and the run's summary."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from tasks.track import _slug
+
+    assert run.name == f"{run_id} steps 0-0"
+    with get_client(sync_client=True) as client:
+        tasks = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[run.id])))}
+        artifacts = {a.key: a for a in client.read_artifacts() if a.flow_run_id == run.id and a.key}
+    for name in ("sample-roots step 0", "expand-roots step 0 level 0 wave 0",
+                 "expand-prefixes step 0 level 1", "persist-level step 0 level 1 wave 0",
+                 "policy-update step 0", "log-step step 0"):
+        assert any(t.startswith(name) for t in tasks), (name, sorted(tasks))
+    slug = _slug(run_id)
+    step = artifacts[f"view-{slug}-step-0"]
+    assert step.type == "markdown"
+    for text in ("| reward | effective ratio | leaves |", "Root allocation:", "MLflow run:",
+                 "view/step_0000.html"):
+        assert text in step.data, (text, step.data)
+    table = artifacts[f"allocation-{slug}-0"]
+    assert table.type == "table"
+    rows = json.loads(table.data)
+    assert 1 <= len(rows) <= TINY["pool_size"] and sum(r["bare rollouts"] for r in rows) > 0
+    summary = artifacts[f"summary-{slug}"]
+    assert "champion" in summary.data and "models:/trace-policy@champion" in summary.data
+
+
+def _deploy(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "deployments.deploy", "--pools", CPU_POOL, *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # four deploys; each imports every flow (over 3 min on a loaded 2-core box)
+def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, str], Path]) -> None:
+    """Issue 22 item 2: a user resumes the retrain schedule and pauses the train deployment in
+    the UI; deploying again (the same command, or with new options) updates the deployments but
+    leaves both switches as the user set them, and creates nothing twice."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api, env, _ = server
+    _deploy(env)
+    with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        retrain = client.read_deployment_by_name("retrain-latest/cpu")
+        (schedule,) = retrain.schedules
+        client.update_deployment_schedule(retrain.id, schedule.id, active=True)  # the UI toggle
+        client.pause_deployment(client.read_deployment_by_name("train/cpu").id)
+        before = {d.name + str(d.flow_id): d.id for d in client.read_deployments()}
+
+        out = _deploy(env)
+        _deploy(env, "--cron", "0 4 * * *")  # new options: the schedule's cron changes, not its switch
+        assert "exists, left as is" in out
+        after = client.read_deployment_by_name("retrain-latest/cpu")
+        assert [(s.id, s.schedule.cron, s.active) for s in after.schedules] == [
+            (schedule.id, "0 4 * * *", True)]
+        assert client.read_deployment_by_name("train/cpu").paused is True
+        assert {d.name + str(d.flow_id): d.id for d in client.read_deployments()} == before
+
+        # and the other way round: a schedule the user paused stays paused under
+        # --activate-schedules, which only sets the state of a schedule that is new
+        client.update_deployment_schedule(after.id, schedule.id, active=False)
+        _deploy(env, "--activate-schedules")
+        again = client.read_deployment_by_name("retrain-latest/cpu")
+        assert [s.active for s in again.schedules] == [False]
+        client.resume_deployment(client.read_deployment_by_name("train/cpu").id)

@@ -14,7 +14,8 @@ RESULTS = REPO / "docs" / "results.md"
 NOTEBOOK = "docs/archive/"
 """The lab notebook's folder: it may link to the page, nothing may cite it."""
 OFF_STEP = {"evaluate-policy": "before the first step and after the last, not inside a step",
-            "log-summary": "once, at the end of the run"}
+            "log-summary": "once, at the end of the run",
+            "log-datasets": "once, when the run starts (the train and eval splits to MLflow)"}
 """Tasks of tasks/ that are not part of one training step, and why."""
 
 

@@ -86,14 +86,15 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
         assert key in run.data.metrics
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/policy")]
     assert len(arts) == TINY["steps"]
-    last = [a.path for a in client.list_artifacts(run.info.run_id, arts[-1])]
-    assert any(p.endswith("model.safetensors") for p in last)
+    assert "MLmodel" in [Path(a.path).name for a in client.list_artifacts(run.info.run_id, arts[-1])]
+    last = [a.path for a in client.list_artifacts(run.info.run_id, arts[-1] + "/model")]
+    assert any(p.endswith("model.safetensors") for p in last)  # an MLflow transformers model
     assert not any(p.endswith("optimizer.pt") for p in last)  # resume state stays local
     ckpts = [Paths(tmp_path).policy_dir(summary["run_id"], s) for s in range(TINY["steps"])]
     assert all((c / "model.safetensors").exists() for c in ckpts)
     assert [(c / "optimizer.pt").exists() for c in ckpts] == [False] * (TINY["steps"] - 1) + [True]
-    figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
-    assert any("tree_step" in f for f in figures)
+    images = [a.path for a in client.list_artifacts(run.info.run_id, "images")]
+    assert any("tree+step+1+" in f for f in images)  # one key, a step slider
     assert client.search_model_versions("name = 'trace-policy'")
     _check_summary(summary, tmp_path, client)
 

@@ -8,6 +8,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from trace_rl.storage.plots import calibration_plot, contrast_curve, render_tree, tree_layout  # noqa: E402
 from trace_rl.storage.tracking import Tracker, TrackingError, flatten  # noqa: E402
@@ -62,29 +63,33 @@ def test_resume_continues_the_same_run(workdir):
     assert again.client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_checkpoint_is_logged_and_registered(workdir, tmp_path):
+def test_checkpoint_is_logged_and_registered(workdir, tmp_path, tiny_model_dir):
+    import shutil
+
     ckpt = tmp_path / "policy"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text('{"model_type": "llama"}')
-    (ckpt / "model.safetensors").write_bytes(b"\0" * 64)
+    shutil.copytree(tiny_model_dir, ckpt)
+    (ckpt / "optimizer.pt").write_bytes(b"\0" * 128)
     tr = Tracker(workdir)
     run_id = tr.start_or_resume("run-d")
-    version = tr.log_checkpoint("policy", ckpt, step=2)
+    version = tr.log_checkpoint("policy", ckpt, step=2, exclude=("optimizer.pt",))
     assert tr.log_checkpoint("policy", ckpt, step=2) == version  # a retried task
     mv = tr.client.get_model_version("trace-policy", version)
     assert mv.run_id == run_id and mv.tags["step"] == "2" and mv.tags["trace.run_id"] == "run-d"
     assert mv.source == f"runs:/{run_id}/checkpoints/policy/step_000002"
-    files = {f.path for f in tr.client.list_artifacts(run_id, "checkpoints/policy/step_000002")}
-    assert files == {"checkpoints/policy/step_000002/config.json",
-                     "checkpoints/policy/step_000002/model.safetensors"}
-    (ckpt / "optimizer.pt").write_bytes(b"\0" * 128)
-    (ckpt / "sub").mkdir()
-    (ckpt / "sub" / "extra.json").write_text("{}")
-    tr.log_checkpoint("policy", ckpt, step=3, exclude=("optimizer.pt",))
-    files = {f.path for f in tr.client.list_artifacts(run_id, "checkpoints/policy/step_000003")}
-    assert files == {"checkpoints/policy/step_000003/config.json",
-                     "checkpoints/policy/step_000003/model.safetensors",
-                     "checkpoints/policy/step_000003/sub"}
+    assert tr.client.get_model_version_by_alias("trace-policy", "candidate").version == version
+    # an MLflow transformers model: MLmodel at the top, the Hugging Face files under model/,
+    # without the optimiser state (it stays in the local checkpoint, for resuming)
+    top = {Path(f.path).name for f in tr.client.list_artifacts(run_id, "checkpoints/policy/step_000002")}
+    assert {"MLmodel", "model"} <= top
+    files = {Path(f.path).name for f in tr.client.list_artifacts(
+        run_id, "checkpoints/policy/step_000002/model")}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= files
+    assert "optimizer.pt" not in files
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(TrackingError, match="broken could not be saved as an MLflow"):
+        tr.log_checkpoint("policy", broken, step=5)
     pred = tmp_path / "predictor.pt"
     pred.write_bytes(b"weights")
     v2 = tr.log_checkpoint("predictor", pred, step=2)

@@ -38,9 +38,41 @@ NAMESPACES = ("rollout/", "alloc/", "tree/", "predictor/", "loss/", "ledger/", "
 CHECKPOINT_KINDS = ("policy", "predictor")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 RUN_TAG = "trace.run_id"
+EXPERIMENT_KIND = "mlflow.experimentKind"
+"""The experiment tag MLflow 3's UI reads to choose its view; unset, it guesses, and guessed the
+GenAI view for TRACE's experiment (issue 22)."""
+CLASSIC_ML = "custom_model_development"
+"""Its value for the classic view: runs, metrics charts, models."""
+CHAMPION, CANDIDATE = "champion", "candidate"
+"""Registry aliases: ``candidate`` is the newest registered policy, ``champion`` the one that did
+best on the held-out split (moved only by ``Tracker.promote``)."""
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on one param value, in characters
 _BATCH = 1000  # MLflow's limit on metrics per log_batch call
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+MODEL_DESCRIPTIONS = {
+    "policy": "TRACE policies: one version per registered training checkpoint (an MLflow "
+              "transformers text-generation model). Alias `candidate`: the newest; `champion`: "
+              "the best on the held-out split, which scheduled retraining starts from.",
+    "predictor": "TRACE's value predictor (hashed n-gram features and an MLP head) as a pyfunc "
+                 "model: histories in, predicted success probabilities out; one version per "
+                 "training step, and refits that beat the run's predictor (retrain-predictor).",
+}
+
+
+def _requirements(packages: Sequence[str]) -> list[str]:
+    """Pinned requirements of installed ``packages`` (no inference: MLflow's would load the
+    model in a subprocess)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for p in packages:
+        try:
+            out.append(f"{p}=={version(p)}")
+        except PackageNotFoundError:
+            continue
+    return out
 
 
 class TrackingError(ValueError):
@@ -59,6 +91,19 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _forget_artifact_repo(run_id: str, artifact_uri: str) -> None:
+    """Drop MLflow's process-wide cached artifact repository of ``run_id`` if it points elsewhere
+    than ``artifact_uri``. MLflow caches it by run id alone, so in a process that logged to a
+    work dir and then opens a copy of it (the same run ids), the copy's artifacts would go to
+    the original."""
+    from mlflow.tracking._tracking_service import utils
+
+    cache = getattr(utils, "_artifact_repos_cache", None)
+    repo = cache.get(run_id) if cache is not None else None
+    if repo is not None and getattr(repo, "artifact_uri", None) != artifact_uri:
+        cache.pop(run_id, None)
+
+
 class Tracker:
     """The MLflow side of one work dir. Call ``start_or_resume`` before logging."""
 
@@ -74,17 +119,70 @@ class Tracker:
         # that at once corrupt it (issue 24: "no such column: spans.dimension_attributes"), so
         # processes of one work dir take their first look at the store one at a time.
         with file_lock(self.workdir / ".mlflow-setup.lock", 600, "MLflow store set-up"):
+            self.relocated = self._relocate()
             self.experiment_id = self._experiment_id()
         self.run_id: str | None = None
         self.trace_run_id: str | None = None
+        self.finished_at: int | None = None  # the end time of a resumed FINISHED run
+        self.logged_new = False  # whether this session logged a metric or a model
+
+    def _relocate(self) -> str | None:
+        """Point the store's artifact locations at this work dir if it was copied or moved.
+
+        MLflow records absolute artifact locations (the experiment's, each run's, each logged
+        model's and model version's), so a copied work dir would log its artifacts into the
+        original. When the store is the work dir's own ``mlflow.db`` and its experiment's
+        location is another folder's ``mlruns``, every location under that folder is rewritten
+        to the same place under this one (one transaction). MLflow's API cannot change an
+        experiment's artifact location, so this is done in the store's tables. Returns the old
+        work dir's URI, or None when nothing was moved.
+        """
+        import sqlite3
+        from urllib.parse import unquote, urlparse
+
+        db = self.workdir / "mlflow.db"
+        if self.tracking_uri != f"sqlite:///{db}" or not db.exists():
+            return None
+        new = self.artifact_root.as_uri()
+        con = sqlite3.connect(db, timeout=60)
+        try:
+            try:
+                row = con.execute("SELECT artifact_location FROM experiments WHERE name = ?",
+                                  (self.experiment,)).fetchone()
+            except sqlite3.OperationalError:  # a store MLflow has not set up yet
+                return None
+            old = row[0] if row else None
+            if not old or old == new or not old.startswith("file://") \
+                    or not old.rstrip("/").endswith("/mlruns"):
+                return None
+            old_root, new_root = old.rstrip("/")[:-len("mlruns")], new[:-len("mlruns")]
+            prefixes = [(old_root, new_root),  # URIs, and the same as plain paths
+                        (unquote(urlparse(old_root).path), unquote(urlparse(new_root).path))]
+            columns = [("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                       ("logged_models", "artifact_location"), ("model_versions", "source"),
+                       ("model_versions", "storage_location")]
+            have = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            with con:
+                for table, col in columns:
+                    if table not in have:
+                        continue
+                    for a, b in prefixes:
+                        con.execute(f"UPDATE {table} SET {col} = ? || substr({col}, ?) "
+                                    f"WHERE substr({col}, 1, ?) = ?", (b, len(a) + 1, len(a), a))
+            return old_root
+        finally:
+            con.close()
 
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is not None:
+            if exp.tags.get(EXPERIMENT_KIND) is None:  # a store made before the tag was set
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, CLASSIC_ML)
             return exp.experiment_id
         try:
             return self.client.create_experiment(self.experiment,
-                                                 artifact_location=self.artifact_root.as_uri())
+                                                 artifact_location=self.artifact_root.as_uri(),
+                                                 tags={EXPERIMENT_KIND: CLASSIC_ML})
         except MlflowException:  # another process created it between our two calls
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is None:
@@ -104,11 +202,14 @@ class Tracker:
     # ---------------------------------------------------------------- run lifecycle
 
     def start_or_resume(self, trace_run_id: str, run_name: str | None = None,
-                        mlflow_run_id: str | None = None) -> str:
-        """Continue the MLflow run of this TRACE run if there is one, else start it; return its id.
+                        mlflow_run_id: str | None = None,
+                        tags: Mapping[str, str] | None = None) -> str:
+        """Continue the MLflow run of this TRACE run if there is one, else start it (named
+        ``run_name``, with ``tags``); return its id.
 
         The run is found by ``mlflow_run_id`` when given (e.g. from the DuckDB runs table), else
-        by the tag ``trace.run_id``. A resumed run is set RUNNING again.
+        by the tag ``trace.run_id``. A resumed run is set RUNNING again; if it had FINISHED and
+        this session logs nothing new, ``end`` gives it back its old end time.
         """
         if not isinstance(trace_run_id, str) or not _RUN_ID.match(trace_run_id):
             raise TrackingError(f"trace_run_id {trace_run_id!r} must match {_RUN_ID.pattern}")
@@ -124,11 +225,16 @@ class Tracker:
                 [self.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{trace_run_id}'",
                 order_by=["attributes.start_time ASC"], max_results=1)
             run = found[0] if found else None
+        self.finished_at = None
+        self.logged_new = False
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=run_name or trace_run_id,
-                                         tags={RUN_TAG: trace_run_id})
+                                         tags={**(tags or {}), RUN_TAG: trace_run_id})
         elif run.info.status != "RUNNING":
+            if run.info.status == "FINISHED":
+                self.finished_at = run.info.end_time
             self.client.update_run(run.info.run_id, status="RUNNING")
+        _forget_artifact_repo(run.info.run_id, run.info.artifact_uri)
         self.run_id = run.info.run_id
         self.trace_run_id = trace_run_id
         return self.run_id
@@ -137,7 +243,11 @@ class Tracker:
         """Close the run as FINISHED, FAILED or KILLED."""
         if status not in END_STATUSES:
             raise TrackingError(f"end status {status!r} is not one of {END_STATUSES}")
-        self.client.set_terminated(self._run(), status=status)
+        # a finished run resumed with nothing to do keeps its end time (issue 22: a no-op
+        # resume stretched an 8-minute run to 172 minutes)
+        keep = status == "FINISHED" and self.finished_at is not None and not self.logged_new
+        self.client.set_terminated(self._run(), status=status,
+                                   end_time=self.finished_at if keep else None)
 
     # ---------------------------------------------------------------- params and metrics
 
@@ -186,6 +296,7 @@ class Tracker:
             values = {k: v for k, v in values.items() if not self._has_step(k, step)}
         ts = int(time.time() * 1000)
         batch = [Metric(k, v, ts, step) for k, v in values.items()]
+        self.logged_new |= bool(batch)
         for i in range(0, len(batch), _BATCH):
             self.client.log_batch(self._run(), metrics=batch[i:i + _BATCH])
 
@@ -195,12 +306,17 @@ class Tracker:
     # ---------------------------------------------------------------- artifacts
 
     def log_checkpoint(self, kind: str, path: str | Path, step: int,
-                       exclude: Sequence[str] = ()) -> str:
-        """Log a checkpoint directory (or file) as artifacts and register it as a model version.
-        Files of the directory named in ``exclude`` (e.g. an optimiser state) are left out.
+                       exclude: Sequence[str] = (), description: str = "") -> str:
+        """Log a checkpoint and register it as a version of the model ``<experiment>-<kind>``.
 
-        The registered model is ``<experiment>-<kind>``; the version carries the step and TRACE
-        run id as tags. Logging the same run's checkpoint for a step again (a retried task)
+        A policy (a Hugging Face directory) is logged as an MLflow ``transformers`` model (task
+        text-generation, with its signature), so ``mlflow.pyfunc.load_model`` of the version
+        generates; its optimiser state is not part of it. A predictor's saved state (a ``.pt``
+        file) is logged as a pyfunc model (``trace_rl.storage.models.PredictorModel``: histories
+        in, probabilities out); anything else as its files (those of a directory named in
+        ``exclude`` left out). The version carries the step
+        and TRACE run id as tags and ``description``; a policy version becomes the alias
+        ``candidate``. Logging the same run's checkpoint for a step again (a retried task)
         returns the existing version. Returns the version number.
         """
         if kind not in CHECKPOINT_KINDS:
@@ -209,12 +325,16 @@ class Tracker:
         if not path.exists():
             raise TrackingError(f"checkpoint path {path} does not exist")
         run_id = self._run()
-        name = f"{self.experiment}-{kind}"
+        name = self.model_name(kind)
         for mv in self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
             if mv.tags.get("step") == str(step):
                 return mv.version
         artifact_path = f"checkpoints/{kind}/step_{step:06d}"
-        if path.is_dir() and exclude:
+        if kind == "policy":
+            self._log_policy_model(path, artifact_path, exclude)
+        elif path.is_file() and path.suffix == ".pt":
+            self._log_predictor_model(path, artifact_path)
+        elif path.is_dir() and exclude:
             for f in sorted(path.rglob("*")):
                 if f.is_file() and f.name not in exclude:
                     sub = f.parent.relative_to(path).as_posix()
@@ -225,14 +345,153 @@ class Tracker:
         else:
             self.client.log_artifact(run_id, str(path), artifact_path)
         try:
-            self.client.create_registered_model(name, tags={"kind": kind})
+            self.client.create_registered_model(
+                name, tags={"kind": kind}, description=MODEL_DESCRIPTIONS[kind])
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         mv = self.client.create_model_version(
             name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id,
-            tags={"step": str(step), RUN_TAG: self.trace_run_id or ""})
+            tags={"step": str(step), RUN_TAG: self.trace_run_id or ""},
+            description=description or f"{kind} after step {step} of TRACE run "
+                                       f"{self.trace_run_id}")
+        if kind == "policy":
+            self.client.set_registered_model_alias(name, CANDIDATE, mv.version)
+        self.logged_new = True
         return mv.version
+
+    def model_name(self, kind: str) -> str:
+        """The registered model of a checkpoint kind: ``<experiment>-<kind>``."""
+        return f"{self.experiment}-{kind}"
+
+    def _log_policy_model(self, path: Path, artifact_path: str, exclude: Sequence[str]) -> None:
+        """The policy directory as an MLflow transformers model (a text-generation pipeline that
+        takes prompts and returns their continuations; ``max_new_tokens`` a parameter), without
+        its files named in ``exclude`` (MLflow copies every file of the directory)."""
+        import tempfile
+
+        import mlflow.transformers
+        from mlflow.models.signature import ModelSignature
+        from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+        signature = ModelSignature(inputs=Schema([ColSpec("string")]),
+                                   outputs=Schema([ColSpec("string")]),
+                                   params=ParamSchema([ParamSpec("max_new_tokens", "long", 64)]))
+        with tempfile.TemporaryDirectory(dir=self.workdir, prefix=".model-") as tmp:
+            out, src = Path(tmp) / "model", Path(tmp) / "checkpoint"
+            src.mkdir()
+            for f in path.iterdir():  # links, not copies: the weights are copied once, by MLflow
+                if f.name not in exclude:
+                    (src / f.name).symlink_to(f.resolve(), target_is_directory=f.is_dir())
+            try:
+                mlflow.transformers.save_model(
+                    str(src), str(out), task="text-generation", signature=signature,
+                    pip_requirements=_requirements(("transformers", "torch", "accelerate")))
+            except Exception as exc:  # MLflow's own errors do not say which checkpoint
+                raise TrackingError(f"policy checkpoint {path} could not be saved as an MLflow "
+                                    f"transformers model ({type(exc).__name__}: {exc}); it must "
+                                    f"be a Hugging Face causal-LM directory with its "
+                                    f"tokenizer") from exc
+            self.client.log_artifacts(self._run(), str(out), artifact_path)
+
+    def _log_predictor_model(self, path: Path, artifact_path: str) -> None:
+        """A saved predictor state as an MLflow pyfunc model (``trace_rl.storage.models``)."""
+        import tempfile
+
+        import mlflow.pyfunc
+        from mlflow.models.signature import ModelSignature
+        from mlflow.types.schema import ColSpec, Schema
+
+        from trace_rl.storage.models import PredictorModel
+
+        signature = ModelSignature(inputs=Schema([ColSpec("string")]),
+                                   outputs=Schema([ColSpec("double")]))
+        with tempfile.TemporaryDirectory(dir=self.workdir, prefix=".model-") as tmp:
+            out = Path(tmp) / "model"
+            mlflow.pyfunc.save_model(str(out), python_model=PredictorModel(),
+                                     artifacts={"state": str(path)}, signature=signature,
+                                     pip_requirements=_requirements(("torch", "numpy")))
+            self.client.log_artifacts(self._run(), str(out), artifact_path)
+
+    def promote(self, kind: str, score: float, split: str, description: str = "") -> dict[str, Any]:
+        """Make this run's newest ``kind`` version the ``champion`` if its held-out ``score``
+        (higher is better) on ``split`` beats the champion's; the first version scored becomes
+        champion. The version is tagged with its score and split either way. Returns
+        ``{"version", "champion", "previous", "previous_score", "reason"}``."""
+        name, run_id = self.model_name(kind), self._run()
+        mine = [mv for mv in self.client.search_model_versions(
+            f"name = '{name}' and run_id = '{run_id}'")]
+        if not mine:
+            raise TrackingError(f"run {self.trace_run_id} registered no {kind} version to promote")
+        mv = max(mine, key=lambda m: int(m.tags.get("step", -1)))
+        for k, v in (("eval.score", f"{score:.6f}"), ("eval.split", split)):
+            self.client.set_model_version_tag(name, mv.version, k, v)
+        try:
+            champ = self.client.get_model_version_by_alias(name, CHAMPION)
+        except MlflowException:
+            champ = None
+        prev = None if champ is None else champ.tags.get("eval.score")
+        if champ is not None and champ.version == mv.version:
+            return {"version": mv.version, "champion": True, "previous": champ.version,
+                    "previous_score": prev, "reason": "already the champion"}
+        if champ is None:
+            win, reason = True, "no champion yet"
+        elif prev is None or champ.tags.get("eval.split") != split:
+            win, reason = False, (f"champion v{champ.version} has no score on {split!r} to "
+                                  f"compare with; move the alias by hand if this one should win")
+        else:
+            win = score > float(prev)
+            reason = (f"held-out score {score:.4f} on {split!r} "
+                      f"{'beats' if win else 'does not beat'} champion v{champ.version}'s "
+                      f"{float(prev):.4f}")
+        if win:
+            self.client.set_registered_model_alias(name, CHAMPION, mv.version)
+        if description:
+            self.client.update_model_version(name, mv.version, description=description
+                                             + f"\n\nPromotion: {reason}.")
+        return {"version": mv.version, "champion": win,
+                "previous": None if champ is None else champ.version, "previous_score": prev,
+                "reason": reason}
+
+    def champion(self, kind: str = "policy") -> Any:
+        """The registry's ``champion`` version of ``kind`` (an MLflow ``ModelVersion``), or None."""
+        try:
+            return self.client.get_model_version_by_alias(self.model_name(kind), CHAMPION)
+        except MlflowException:
+            return None
+
+    def log_dataset(self, rows: Sequence[Mapping[str, Any]], name: str, context: str,
+                    source: Mapping[str, str]) -> str:
+        """Log a dataset (its rows; MLflow computes the digest) as an input of the run with the
+        context tag (``train``, ``eval``) and ``source`` (where the rows come from: a family and
+        split, a file); returns the digest. Logging it again is a no-op."""
+        import mlflow.data
+        import pandas as pd
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        frame = pd.DataFrame([{k: v if isinstance(v, (str, int, float, bool)) or v is None
+                               else str(v) for k, v in r.items()} for r in rows])
+        ds = mlflow.data.from_pandas(frame, source=CodeDatasetSource(dict(source)), name=name)
+        run = self.client.get_run(self._run())
+        if any(i.dataset.digest == ds.digest and i.dataset.name == name
+               for i in (run.inputs.dataset_inputs if run.inputs else [])):
+            return ds.digest
+        self.client.log_inputs(self._run(), datasets=[DatasetInput(
+            ds._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+        return ds.digest
+
+    def log_step_figure(self, fig: "Figure", key: str, step: int) -> None:
+        """A figure of one step as the image ``key`` at ``step`` (MLflow's image history: the
+        run's Images tab shows one picture per key with a step slider), then close it."""
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        fig.canvas.draw()
+        image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+        plt.close(fig)
+        self.client.log_image(self._run(), image, key=key, step=step)
 
     def log_text(self, text: str, path: str) -> str:
         """Save text as an artifact (e.g. 'view/step_0003.html', which the MLflow UI shows as a
