@@ -216,7 +216,9 @@ def test_expert_thoughts_name_the_fact_each_search_follows(env):
     item = with_hazards(env.load("train"), ALIAS)[0]
     actions = env.expert_actions(item)
     thoughts = expert_thoughts(item, actions)
-    assert thoughts[0] == ""
+    # The first search copies the start the thought restates from the question.
+    assert thoughts[0] == f"start {actions[0].arguments['query']}"
+    assert f"Start from {actions[0].arguments['query']} and" in item.question
     for action, thought, prev in zip(actions[1:], thoughts[1:], actions):
         value = action.arguments["query"] if action.kind == "tool" else action.answer
         if prev.kind == "tool" and prev.arguments["query"] == f"{value[:2]}-{value[2:]}":

@@ -80,3 +80,20 @@ def test_digits_are_single_tokens_wherever_they_stand():
     merged = build_tokenizer(vocab_size=600, split_digits=False)
     assert any(len(merged.decode([i]).strip()) > 1 and merged.decode([i]).strip().isdigit()
                for i in merged(" ".join(str(n) for n in range(100, 200)))["input_ids"])
+
+
+def test_names_are_the_same_tokens_wherever_they_stand():
+    texts = [f"Start from Miru and go. <think>owner Miru</think> {{\"query\": \"Miru\"}} Miru: x"] * 50
+    def name_tokens(tok):
+        out = []
+        for text in (" Miru", '"Miru"', "Miru:", "from Miru and"):
+            ids = tok(text)["input_ids"]
+            assert tok.decode(ids) == text
+            out.append([tok.decode([i]) for i in ids if "iru" in tok.decode([i]) or
+                        tok.decode([i]).strip() == "Mi"])
+        return out
+    split = name_tokens(build_tokenizer(texts, vocab_size=600, split_names=True))
+    assert split == [["Miru"]] * 4
+    # Plain byte-level BPE writes the name differently after a space and after a quote.
+    merged = name_tokens(build_tokenizer(texts, vocab_size=600))
+    assert len({tuple(t) for t in merged}) > 1

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM,
                           PreTrainedTokenizerFast)
 
@@ -101,7 +101,8 @@ def react_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
 
 def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
                     markers: Iterable[str] = MARKERS,
-                    split_digits: bool = True) -> PreTrainedTokenizerFast:
+                    split_digits: bool = True,
+                    split_names: bool = False) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` (default: ``react_corpus()``) with chat special tokens.
 
     Deterministic for the same inputs. Every byte is in the base alphabet, so any text encodes.
@@ -110,6 +111,13 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
     one place to another is a plain token copy. With merged number tokens (" 17", "17", "7")
     the tiny policy wrote well-formed calls with the wrong numbers after 500 SFT steps
     (docs/results.md, "Tiny policy bootstrap").
+
+    With ``split_names`` a space before a capitalised word is a token of its own, so a name is
+    the same tokens after a space (" Miru" in a question or a thought), after a quote (the
+    ``"Miru"`` of a tool call) and at a line start (an observation's "Miru: ..."): carrying a name
+    from the question into a query is then a plain token copy. Without it byte-level BPE merges
+    " Miru" into one token and splits the quoted "Miru" into two others, and the tiny policy never
+    learnt the mapping (docs/results.md, "Issue 19: the tiny policy copies names").
     """
     markers = tuple(markers)
     n_fixed = len(SPECIAL_TOKENS) + len(markers) + 256
@@ -121,8 +129,10 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
         raise ValueError("build_tokenizer: no training text given")
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                  byte_level]) if split_digits else byte_level)
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    if split_names:
+        steps.append(pre_tokenizers.Split(Regex(r" (?=\p{Lu})"), behavior="isolated"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps + [byte_level]) if steps else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(markers),
                                   special_tokens=list(SPECIAL_TOKENS),
