@@ -83,17 +83,23 @@ def test_digits_are_single_tokens_wherever_they_stand():
 
 
 def test_names_are_the_same_tokens_wherever_they_stand():
-    texts = [f"Start from Miru and go. <think>owner Miru</think> {{\"query\": \"Miru\"}} Miru: x"] * 50
-    def name_tokens(tok):
-        out = []
-        for text in (" Miru", '"Miru"', "Miru:", "from Miru and"):
-            ids = tok(text)["input_ids"]
-            assert tok.decode(ids) == text
-            out.append([tok.decode([i]) for i in ids if "iru" in tok.decode([i]) or
-                        tok.decode([i]).strip() == "Mi"])
-        return out
-    split = name_tokens(build_tokenizer(texts, vocab_size=600, split_names=True))
-    assert split == [["Miru"]] * 4
-    # Plain byte-level BPE writes the name differently after a space and after a quote.
-    merged = name_tokens(build_tokenizer(texts, vocab_size=600))
-    assert len({tuple(t) for t in merged}) > 1
+    texts = [f"Start from Miru and go. <think>owner Miru</think> {{\"query\": \"Miru\"}} "
+             "Miru: owner Mi-ru"] * 50
+
+    def pieces(tok, text):
+        ids = tok(text)["input_ids"]
+        assert tok.decode(ids) == text
+        return [tok.decode([i]) for i in ids]
+
+    contexts = (" Miru", '"Miru"', "Miru:", "from Miru and", "<think>Miru</think>")
+    split = build_tokenizer(texts, vocab_size=600, split_names=True)
+    for text in contexts:
+        got = pieces(split, text)
+        assert "".join(got).count("Miru") == 1 and got[got.index("Mi") + 1] == "ru", (text, got)
+    assert pieces(split, "Mi-ru") == ["Mi", "-", "ru"]  # an alias: the same syllables
+    # A word is one token sequence with or without a leading space.
+    assert pieces(split, " owner")[1:] == pieces(split, "owner")
+    assert pieces(split, " Miru") == [" "] + pieces(split, "Miru")
+    # Plain byte-level BPE writes the name differently after a space than elsewhere.
+    merged = build_tokenizer(texts, vocab_size=600)
+    assert pieces(merged, " Miru") != [" "] + pieces(merged, "Miru")

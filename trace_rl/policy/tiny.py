@@ -112,12 +112,15 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
     the tiny policy wrote well-formed calls with the wrong numbers after 500 SFT steps
     (docs/results.md, "Tiny policy bootstrap").
 
-    With ``split_names`` a space before a capitalised word is a token of its own, so a name is
-    the same tokens after a space (" Miru" in a question or a thought), after a quote (the
-    ``"Miru"`` of a tool call) and at a line start (an observation's "Miru: ..."): carrying a name
-    from the question into a query is then a plain token copy. Without it byte-level BPE merges
-    " Miru" into one token and splits the quoted "Miru" into two others, and the tiny policy never
-    learnt the mapping (docs/results.md, "Issue 19: the tiny policy copies names").
+    With ``split_names`` a space before a word is a token of its own and a capitalised syllable
+    (an upper-case letter and the lower-case letter after it) is cut from the rest of its word,
+    so a word is the same tokens wherever it stands and synth_chain's names ("Kalo", "Ka-lo") are
+    always the syllable tokens "Ka" "lo": after a space (" Kalo" in a question or a thought), after
+    a quote (the ``"Kalo"`` of a tool call), at a line start (an observation's "Kalo: ...") and
+    hyphenated. Carrying a name from the question into a query is then a copy of two tokens out of
+    a few dozen, as ``split_digits`` makes a number a copy of digits. Without it byte-level BPE
+    merges " Kalo" into one token and splits the quoted "Kalo" into two others, and the tiny
+    policy never learnt the mapping (docs/results.md, "Issue 19: the tiny policy copies names").
     """
     markers = tuple(markers)
     n_fixed = len(SPECIAL_TOKENS) + len(markers) + 256
@@ -131,7 +134,7 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
     if split_names:
-        steps.append(pre_tokenizers.Split(Regex(r" (?=\p{Lu})"), behavior="isolated"))
+        steps.append(pre_tokenizers.Split(Regex(r" (?=\p{L})|\p{Lu}\p{Ll}"), behavior="isolated"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps + [byte_level]) if steps else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(markers),
