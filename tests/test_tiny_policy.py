@@ -83,8 +83,8 @@ def test_digits_are_single_tokens_wherever_they_stand():
 
 
 def test_names_are_the_same_tokens_wherever_they_stand():
-    texts = ['Start from Miru and go. <think>owner Miru</think> {"query": "Miru"} '
-             "Miru: owner Mi-ru"] * 50
+    texts = ['Start from Miru and go. <think>owner Miru</think> {"query": "Miru"} Miru: owner Mi-ru'
+             ] * 50
 
     def pieces(tok, text):
         ids = tok(text)["input_ids"]
