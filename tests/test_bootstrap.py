@@ -239,3 +239,20 @@ def test_cache_builds_once_per_machine_and_shows_progress(tmp_path, capsys):
     bootstrap_policy("synth_arith", tmp_path / "work-c" / "policy", cache_dir=cache,
                      **{**TINY, "seed": 1})
     assert len([p for p in (cache / "policies").iterdir() if p.is_dir()]) == 2
+
+
+def test_input_hash_follows_the_chain_recipe(monkeypatch):
+    from trace_rl.envs.synthetic import chain
+    from trace_rl.policy.bootstrap import BootstrapConfig, input_hash
+
+    env = make_env("synth_chain", difficulty=1, n_train=4, n_test=2)
+    items = env.load("sft") + env.load("test")
+    config = BootstrapConfig(family="synth_chain", difficulty=1)
+    key = input_hash(config, env, items)
+    assert input_hash(BootstrapConfig(family="synth_chain", difficulty=1, split_names=True),
+                      env, items) != key
+    # Changed expert thoughts are a changed recipe: the cached policy must not be reused.
+    monkeypatch.setattr(chain.expert_thoughts, "version", chain.expert_thoughts.version + 1)
+    assert input_hash(config, env, items) != key
+    # Options left at their defaults stay out of the record (older policies keep their key).
+    assert "split_names" not in BootstrapConfig(family="synth_arith").to_json()

@@ -216,7 +216,9 @@ def test_expert_thoughts_name_the_fact_each_search_follows(env):
     item = with_hazards(env.load("train"), ALIAS)[0]
     actions = env.expert_actions(item)
     thoughts = expert_thoughts(item, actions)
-    assert thoughts[0] == ""
+    # The first search copies the start the thought restates from the question.
+    assert thoughts[0] == f"start {actions[0].arguments['query']}"
+    assert f"Start from {actions[0].arguments['query']} and" in item.question
     for action, thought, prev in zip(actions[1:], thoughts[1:], actions):
         value = action.arguments["query"] if action.kind == "tool" else action.answer
         if prev.kind == "tool" and prev.arguments["query"] == f"{value[:2]}-{value[2:]}":
@@ -329,3 +331,26 @@ def test_oracle_success_is_what_an_agent_that_cannot_tell_homonyms_apart_achieve
     assert np.all(won[oracle == 1.0] == 1.0) and np.all(won[oracle == 0.0] == 0.0)
     se = np.sqrt(np.sum(oracle * (1 - oracle))) / len(items)
     assert abs(won.mean() - oracle.mean()) < 4 * se + 1e-9, (won.mean(), oracle.mean())
+
+
+def test_chain_tokens_sorts_every_name_slot_of_an_expert_trace(env):
+    """bench.chain_tokens: on the bootstrap's tokenizer every name the expert writes is found in
+    its slot (two syllable tokens each; an alias's hyphen is not a name token)."""
+    from bench.chain_tokens import token_kinds
+    from trace_rl.policy.bootstrap import _tokenizer_texts, episode_example
+    from trace_rl.policy.tiny import build_tokenizer
+
+    items = with_hazards(env.load("train"), ALIAS)[:6] + env.load("train", limit=6)
+    tok = build_tokenizer(_tokenizer_texts(env, items), vocab_size=600, split_names=True)
+    for item in items:
+        actions = env.expert_actions(item)
+        ex = episode_example(expert_episode(env, item, tok,
+                                            thoughts=expert_thoughts(item, actions)))
+        pieces = [tok.decode([t]) for t in ex.token_ids]
+        kinds = Counter(token_kinds(pieces, ex.loss_mask, {r["name"] for r in
+                                                           item.meta["records"]}))
+        searches = sum(a.kind == "tool" for a in actions)
+        assert kinds["name@think-start"] == 2 and kinds["name@answer"] == 2
+        assert kinds["name@query"] == 2 * searches
+        assert kinds["relation@think"] == item.meta["hops"] == kinds["name@think-hop"] // 2
+        assert sum(n for k, n in kinds.items() if k) == sum(ex.loss_mask)

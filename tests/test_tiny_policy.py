@@ -80,3 +80,26 @@ def test_digits_are_single_tokens_wherever_they_stand():
     merged = build_tokenizer(vocab_size=600, split_digits=False)
     assert any(len(merged.decode([i]).strip()) > 1 and merged.decode([i]).strip().isdigit()
                for i in merged(" ".join(str(n) for n in range(100, 200)))["input_ids"])
+
+
+def test_names_are_the_same_tokens_wherever_they_stand():
+    texts = ['Start from Miru and go. <think>owner Miru</think> {"query": "Miru"} Miru: owner Mi-ru'
+             ] * 50
+
+    def pieces(tok, text):
+        ids = tok(text)["input_ids"]
+        assert tok.decode(ids) == text
+        return [tok.decode([i]) for i in ids]
+
+    contexts = (" Miru", '"Miru"', "Miru:", "from Miru and", "<think>Miru</think>")
+    split = build_tokenizer(texts, vocab_size=600, split_names=True)
+    for text in contexts:
+        got = pieces(split, text)
+        assert "".join(got).count("Miru") == 1 and got[got.index("Mi") + 1] == "ru", (text, got)
+    assert pieces(split, "Mi-ru") == ["Mi", "-", "ru"]  # an alias: the same syllables
+    # A word is one token sequence with or without a leading space.
+    assert pieces(split, " owner")[1:] == pieces(split, "owner")
+    assert pieces(split, " Miru") == [" "] + pieces(split, "Miru")
+    # Plain byte-level BPE writes the name differently after a space than elsewhere.
+    merged = build_tokenizer(texts, vocab_size=600)
+    assert pieces(merged, " Miru") != [" "] + pieces(merged, "Miru")

@@ -102,6 +102,9 @@ class BootstrapConfig:
     """BPE vocabulary size, special and marker tokens included."""
     split_digits: bool = True
     """One token per digit (``build_tokenizer(split_digits=...)``), so numbers copy token by token."""
+    split_names: bool = False
+    """A space before a capitalised word is a token of its own (``build_tokenizer(split_names=
+    ...)``), so a name is the same tokens in the question, a thought, a query and an observation."""
     tokenizer_items: int = 500
     """Train items whose expert conversations the tokenizer is trained on."""
     batch_size: int = 16
@@ -145,6 +148,8 @@ class BootstrapConfig:
             d["options"] = {k: v for k, v in self.options}
         else:
             del d["options"]  # likewise
+        if not self.split_names:
+            del d["split_names"]  # likewise
         return d
 
 
@@ -343,10 +348,14 @@ def _distance(x: float, lo: float, hi: float) -> float:
 
 # ------------------------------------------------------------------------------------ the recipe
 def input_hash(config: BootstrapConfig, env: Environment, items: Sequence[TaskItem]) -> str:
-    """sha256 over the recipe version, the config, the family's prompt and the items used."""
+    """sha256 over the recipe version, the config, the family's prompt, the version of its expert
+    thoughts where they carry one (``expert_thoughts.version``) and the items used."""
     h = hashlib.sha256()
-    h.update(json.dumps({"recipe": RECIPE_VERSION, "config": config.to_json(),
-                         "system": env.system_prompt()}, sort_keys=True).encode())
+    head = {"recipe": RECIPE_VERSION, "config": config.to_json(), "system": env.system_prompt()}
+    thoughts_version = getattr(THOUGHTS.get(config.family), "version", None)
+    if thoughts_version is not None:  # a family whose expert thoughts changed since recipe 4
+        head["thoughts"] = thoughts_version
+    h.update(json.dumps(head, sort_keys=True).encode())
     for item in items:
         h.update(json.dumps([item.id, item.question, item.gold], sort_keys=True,
                             default=str).encode())
@@ -376,10 +385,13 @@ def read_record(out_dir: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
-FAMILY_SETTINGS: dict[str, dict[str, int]] = {"synth_chain": {"sft_examples": 800, "sft_epochs": 12}}
-"""A family's own SFT schedule where the defaults do not suit it (``bootstrap_policy`` uses it
-unless told otherwise). synth_chain's traces are 3-4x longer than arith's: half the traces per
-epoch measures the policy twice as often, so SFT stops nearer the first epoch in the target."""
+FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
+    "synth_chain": {"sft_examples": 800, "sft_epochs": 12, "split_names": True}}
+"""A family's own ``BootstrapConfig`` settings where the defaults do not suit it
+(``bootstrap_policy`` uses them unless told otherwise). synth_chain's traces are 3-4x longer than
+arith's: half the traces per epoch measures the policy twice as often, so SFT stops nearer the
+first epoch in the target; its names are copied from question to thought to query, so they must
+be the same tokens everywhere (``split_names``)."""
 
 
 def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int = 2, preset: str = "tiny",
@@ -397,6 +409,7 @@ def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int = 2, p
     own = FAMILY_SETTINGS.get(family, {})
     sft_examples = sft_examples or own.get("sft_examples", BootstrapConfig.sft_examples)
     sft_epochs = sft_epochs or own.get("sft_epochs", BootstrapConfig.sft_epochs)
+    settings = {k: v for k, v in own.items() if k not in ("sft_examples", "sft_epochs")} | settings
     try:
         config = BootstrapConfig(family=family, difficulty=difficulty, preset=preset, seed=seed,
                                  sft_examples=sft_examples, sft_epochs=sft_epochs,
@@ -524,7 +537,8 @@ def _train_steps(config: BootstrapConfig, env: Environment, train: list[TaskItem
     progress.note(f"training a tokenizer and writing {len(train)} SFT traces")
     rng = random.Random(f"bootstrap:{config.family}:{config.seed}")
     tokenizer = build_tokenizer(_tokenizer_texts(env, train[:config.tokenizer_items]),
-                                vocab_size=config.vocab_size, split_digits=config.split_digits)
+                                vocab_size=config.vocab_size, split_digits=config.split_digits,
+                                split_names=config.split_names)
     model = build_model(tokenizer, config.preset, seed=config.seed)
     n_params = sum(p.numel() for p in model.parameters())
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM,
                           PreTrainedTokenizerFast)
 
@@ -101,7 +101,8 @@ def react_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
 
 def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
                     markers: Iterable[str] = MARKERS,
-                    split_digits: bool = True) -> PreTrainedTokenizerFast:
+                    split_digits: bool = True,
+                    split_names: bool = False) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` (default: ``react_corpus()``) with chat special tokens.
 
     Deterministic for the same inputs. Every byte is in the base alphabet, so any text encodes.
@@ -110,6 +111,16 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
     one place to another is a plain token copy. With merged number tokens (" 17", "17", "7")
     the tiny policy wrote well-formed calls with the wrong numbers after 500 SFT steps, which is
     why digits are split by default.
+
+    With ``split_names`` a space before a word is a token of its own and a capitalised syllable
+    (an upper-case letter and the lower-case letter after it) is cut from the rest of its word,
+    so a word is the same tokens wherever it stands and synth_chain's names ("Kalo", "Ka-lo") are
+    always the syllable tokens "Ka" "lo": after a space (" Kalo" in a question or a thought), after
+    a quote (the ``"Kalo"`` of a tool call), at a line start (an observation's "Kalo: ...") and
+    hyphenated. Carrying a name from the question into a query is then a copy of two tokens out of
+    a few dozen, as ``split_digits`` makes a number a copy of digits. Without it byte-level BPE
+    merges " Kalo" into one token and splits the quoted "Kalo" into two others, and the tiny
+    policy never learnt the mapping (docs/results.md, "The tiny policy on synth_chain: copying names").
     """
     markers = tuple(markers)
     n_fixed = len(SPECIAL_TOKENS) + len(markers) + 256
@@ -121,8 +132,10 @@ def build_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 1024,
         raise ValueError("build_tokenizer: no training text given")
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                  byte_level]) if split_digits else byte_level)
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    if split_names:
+        steps.append(pre_tokenizers.Split(Regex(r" (?=\p{L})|\p{Lu}\p{Ll}"), behavior="isolated"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps + [byte_level]) if steps else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(markers),
                                   special_tokens=list(SPECIAL_TOKENS),

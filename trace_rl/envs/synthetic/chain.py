@@ -301,9 +301,10 @@ class SynthChain(SyntheticEnv):
 
 def expert_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
     """Before each action of a script (the expert's or an imperfect one), the fact it
-    follows: "owner Miru" before searching Miru on the second hop, "rival Dova" before
-    answering Dova after a one-hop chain; nothing before the first search and before a
-    retry under the listed name (the observation just named it)."""
+    follows: "start Kalo" before the first search (restating the question's "Start from
+    Kalo"), "owner Miru" before searching Miru on the second hop, "rival Dova" before
+    answering Dova after a one-hop chain; nothing before a retry under the listed name (the
+    observation just named it). Each query then copies the name just written."""
     path = item.meta["path"]
     thoughts, hop, last = [], 0, None
     for action in actions:
@@ -311,10 +312,18 @@ def expert_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
             else str(action.answer)
         retry = action.kind == "tool" and last is not None and last != value \
             and last.replace("-", "") == value
-        if retry or hop == 0:
+        if retry:
             thoughts.append("")
+        elif hop == 0:
+            thoughts.append(f"start {value}")
         else:
             thoughts.append(f"{path[min(hop, len(path)) - 1]} {value}")
         hop += action.kind == "tool" and not retry
         last = value if action.kind == "tool" else None
     return thoughts
+
+
+expert_thoughts.version = 2  # type: ignore[attr-defined]
+"""Enters the bootstrap's input hash (``trace_rl.policy.bootstrap.input_hash``): bump it when
+the thoughts change, so that a policy trained on the old ones is not reused. 1: no thought before
+the first search; 2: "start NAME" there."""
