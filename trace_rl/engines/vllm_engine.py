@@ -40,19 +40,56 @@ Settings chosen here, and why (vLLM 0.32):
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from trace_rl.engines.hf import validate_requests
 from trace_rl.rollout.types import Completion, GenRequest
+
+
+class _NothingToReloadFilter(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" during a weight sync for the two layers that
+    have nothing to reload, and nothing else. vLLM's layerwise reload warns for every layer that
+    received no tensor and puts the layer's previous tensors back:
+
+    * ``RotaryEmbedding``: its cos/sin cache is computed from the config, never stored in a
+      checkpoint, so the previous cache is the right one;
+    * ``ParallelLMHead`` with tied embeddings: the checkpoint has no ``lm_head.weight`` by design,
+      and ``_repack_head`` rebuilds the head from the freshly loaded embedding right after (tested:
+      generations after a sync equal a reference engine's on the new weights).
+
+    Users read the warnings, 40 in a 20-step run, as a failed sync."""
+
+    LAYERS = (("RotaryEmbedding",), ("ParallelLMHead",))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args in self.LAYERS)
+
+
+@contextlib.contextmanager
+def _nothing_to_reload_is_expected(packed_heads: list[Any]) -> Iterator[None]:
+    """Silence those warnings only where ``_repack_head`` repairs the head (CPU builds)."""
+    if not packed_heads:
+        yield
+        return
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    quiet = _NothingToReloadFilter()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
 
 
 class SyncWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); called via ``collective_rpc``."""
 
     def sync_weights(self, weights_path: str) -> None:
-        self.reload_weights(weights_path=weights_path)
+        with _nothing_to_reload_is_expected(self._packed_heads()):
+            self.reload_weights(weights_path=weights_path)
         self._repack_head()
 
     def sync_tensors(self, state: bytes) -> None:
@@ -64,16 +101,20 @@ class SyncWorkerExtension:
         import torch
 
         named = torch.load(io.BytesIO(state), weights_only=True)
-        self.reload_weights(weights_iterator=iter(named.items()))
+        with _nothing_to_reload_is_expected(self._packed_heads()):
+            self.reload_weights(weights_iterator=iter(named.items()))
         self._repack_head()
 
-    def _repack_head(self) -> None:
+    def _packed_heads(self) -> list[Any]:
+        """The output heads a CPU build packed into ``cpu_linear`` (see the module docstring)."""
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-        for module in self.get_model().modules():
-            # Only CPU builds pack the head into ``cpu_linear``; see the module docstring.
-            if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
-                module.quant_method.process_weights_after_loading(module)
+        return [m for m in self.get_model().modules()
+                if isinstance(m, ParallelLMHead) and hasattr(m, "cpu_linear")]
+
+    def _repack_head(self) -> None:
+        for module in self._packed_heads():
+            module.quant_method.process_weights_after_loading(module)
 
 
 def _cuda_available() -> bool:
