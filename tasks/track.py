@@ -161,7 +161,7 @@ def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
     gain = None
     if before and last and len(before["per_item"]) >= 2:
         g = paired_gain(before["per_item"], last["per_item"])
-        gain = {"mean": g.mean, "low": g.low, "high": g.high, "excludes_zero": g.excludes_zero}
+        gain = {"mean": g.mean, "low": g.low, "high": g.high, "excludes_zero": bool(g.excludes_zero)}
 
     def brief(e: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None if e is None else {k: e[k] for k in ("step", "accuracy", "ci_low", "ci_high",
