@@ -147,11 +147,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="case to run (repeatable; default: all)")
     p.add_argument("--steps", type=int, default=3, help="steps of the default case")
     p.add_argument("--out", type=Path, help="also write the figures here as JSON")
+    p.add_argument("--keep", type=Path, help="keep the work dirs under this folder (default: a "
+                                             "temporary one, removed at the end)")
     args = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         for name in args.case or ["default", "4096"]:
-            results.append(run_case(name, args.steps, Path(tmp)))
+            results.append(run_case(name, args.steps, args.keep or Path(tmp)))
             print(report(results[-1]), flush=True)
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
