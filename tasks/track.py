@@ -22,10 +22,15 @@ from trace_rl.view.page import step_page
 
 @task(name="tree-metrics", cache_policy=runtime.PHASE_KEY)
 def tree_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
-    """Contrast and cost figures of a finished step, read with the same SQL users run."""
-    store = runtime.store(workdir)
-    q = {"r": run_id, "s": step}
-    one = lambda sql: store.query(sql, q).to_pylist()[0]  # noqa: E731
+    """Contrast and cost figures of a finished step, read with the same SQL users run, on one
+    read-only snapshot (one connection instead of one per figure)."""
+    with runtime.store(workdir).snapshot() as con:
+        return _tree_metrics(lambda sql: con.sql(sql, params={"r": run_id, "s": step})
+                             .to_arrow_table().to_pylist()[0])
+
+
+def _tree_metrics(one: Any) -> dict[str, float]:
+    """The figures of ``tree_metrics``, ``one(sql)`` giving the first row of a query."""
     leaves = one("SELECT count(*) AS n, avg(reward) AS mean_reward, avg(depth) AS depth "
                  "FROM nodes WHERE run_id = $r AND step = $s AND is_leaf")
     internal = one("SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s "
