@@ -732,6 +732,16 @@ def _stage_nodes(run_id: str, step: int, level: int, t: pa.Table) -> pa.Table:
     return pa.table(data)
 
 
+class _ColumnLabels:
+    """Row labels for error messages: the row's value of a column (e.g. its node id)."""
+
+    def __init__(self, column: pa.ChunkedArray):
+        self.column = column
+
+    def __getitem__(self, i: int) -> Any:
+        return self.column[i].as_py()
+
+
 class _SlotLabels:
     """Row labels ``(tree T, slot S)`` for error messages, made only for the row named."""
 
@@ -783,8 +793,7 @@ def _stage_updates(t: pa.Table) -> pa.Table:
     present = [c for c in UPDATABLE if c in t.column_names]
     if not present:
         raise StoreError(f"{what}: give node_id and at least one of {list(UPDATABLE)}")
-    ids = cols["node_id"].to_pylist()
-    if len(set(ids)) != len(ids):
+    if pc.count_distinct(cols["node_id"]).as_py() != t.num_rows:
         raise StoreError(f"{what}: column 'node_id' repeats an id")
-    _check_ranges({c: cols[c] for c in present}, what, ids)
+    _check_ranges({c: cols[c] for c in present}, what, _ColumnLabels(cols["node_id"]))
     return pa.table({"node_id": cols["node_id"], **{c: cols[c] for c in present}})
