@@ -25,6 +25,7 @@ not counted in step 0's overhead. Two cases:
 
     python -m bench.overhead --out bench_runs/overhead.json            # both cases
     python -m bench.overhead --case default --steps 4
+    PREFECT_API_URL=http://127.0.0.1:PORT/api python -m bench.overhead --inspect WORKDIR/4096
 """
 
 from __future__ import annotations
@@ -129,6 +130,26 @@ def _timed_engines() -> None:
     engines.make_engine = timed
 
 
+def inspect(workdir: Path) -> dict[str, Any]:
+    """A run's figures so far, also while its step is still running (a 4,096-leaf step spends
+    most of an hour in the optimiser here): generation per level from the ledger, seconds per
+    finished phase from Prefect's task runs (``PREFECT_API_URL`` set to the run's server)."""
+    from trace_rl.storage.store import TreeStore
+
+    store = TreeStore(workdir, create=False)
+    run = store.query("SELECT run_id, prefect_flow_run_id FROM runs").to_pylist()[0]
+    phases: dict[str, float] = defaultdict(float)
+    running = []
+    for t in _task_runs(run["prefect_flow_run_id"]):
+        if t.start_time and t.end_time:
+            phases[_phase(t.name)] += (t.end_time - t.start_time).total_seconds()
+        else:
+            running.append(_phase(t.name))
+    return {"run_id": run["run_id"], "phases_s": dict(phases), "running": running,
+            "ledger": store.query("SELECT step, level, method, trajectories, wall_seconds "
+                                  "FROM ledger ORDER BY step, level, method").to_pylist()}
+
+
 def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
     """One real train run of the case in ``root``; its per-step figures."""
     from flows.train import train
@@ -183,7 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="also write the figures here as JSON")
     p.add_argument("--keep", type=Path, help="keep the work dirs under this folder (default: a "
                                              "temporary one, removed at the end)")
+    p.add_argument("--inspect", type=Path, help="only print the figures so far of the run in "
+                                                "this work dir (with PREFECT_API_URL its server)")
     args = p.parse_args(argv)
+    if args.inspect:
+        print(json.dumps(inspect(args.inspect), indent=1, default=str))
+        return
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         for name in args.case or ["default", "4096"]:
