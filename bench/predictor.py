@@ -29,7 +29,7 @@ import numpy as np
 from trace_core.predictor import (ConstantPredictor, FeaturePredictor, Featurizer,
                                   HashedNgramFeaturizer, HeadConfig, Predictor, auc, brier, ece)
 from trace_rl.config import config_from_mapping
-from trace_rl.rollout.treeio import group_trees, predictor_examples
+from trace_rl.rollout.treeio import StepTrees
 from trace_rl.storage.store import TreeStore
 
 
@@ -67,8 +67,7 @@ FEATURIZERS: dict[str, Callable[[str], Featurizer]] = {
 
 def step_examples(store: TreeStore, run_id: str, step: int) -> StepData:
     """(history, V^, n) of every backed-up internal node: exactly what fit_predictor fits on."""
-    trees = group_trees(store.read_step(run_id, step).to_pylist())
-    return StepData(*predictor_examples(trees.values()))
+    return StepData(*StepTrees(store.read_step(run_id, step)).predictor_examples())
 
 
 def load_run(workdir: str | Path, run_id: str | None) -> tuple[str, dict[str, Any], list[StepData]]:

@@ -22,12 +22,12 @@ from flows.common import resolve_workdir
 from tasks import runtime
 from trace_core.predictor import auc, brier, ece
 from trace_rl.config import config_from_mapping
-from trace_rl.rollout.treeio import group_trees, predictor_examples
+from trace_rl.rollout.treeio import StepTrees
 from trace_rl.storage.tracking import Tracker
 
 
 def _examples(workdir: str, run_id: str, step: int) -> tuple[list[str], np.ndarray, np.ndarray]:
-    return predictor_examples(group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist()).values())
+    return StepTrees(runtime.store(workdir).read_step(run_id, step)).predictor_examples()
 
 
 @task(name="refit-predictor")

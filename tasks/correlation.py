@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
-import pyarrow as pa
-
 from tasks import runtime
 from trace_core import calibration
 from trace_core.allocators import Allocator
 from trace_rl.config import TrainConfig
-from trace_rl.rollout.treeio import group_trees, parent_array
+from trace_rl.rollout.treeio import StepTrees
 
 
 def outcome_correlation(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str,
@@ -51,18 +48,15 @@ def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calib
     predictions the allocation used (roots: the node's Stage 1 score; prefixes: the Stage 2
     score in the allocations table)."""
     store = runtime.store(workdir)
-    scores = {r["node_id"]: r["predicted_v"] for r in store.query(
-        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step >= $a AND "
-        "step < $b AND level = 1", {"r": run_id, "a": first, "b": stop}).to_pylist()}
+    scores = store.query("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND "
+                         "step >= $a AND step < $b AND level = 1",
+                         {"r": run_id, "a": first, "b": stop})
     terms = []
     for s in range(first, stop):
-        for tree in group_trees(store.read_step(run_id, s).to_pylist()).values():
-            parent = parent_array(pa.Table.from_pylist(tree))
-            reward = [np.nan if not r["is_leaf"] or r["reward"] is None else r["reward"] for r in tree]
-            predicted = [tree[0]["predicted_v"] if r["depth"] == 0 else scores.get(r["node_id"])
-                         for r in tree]
-            terms += calibration.tree_terms(parent, np.asarray(reward, np.float64),
-                                            np.asarray([r["level"] for r in tree]),
-                                            np.asarray([np.nan if x is None else x for x in predicted],
-                                                       np.float64))
+        trees = StepTrees(store.read_step(run_id, s))
+        predicted = trees.allocation_scores(scores)
+        for k in range(len(trees)):
+            at = slice(trees.offsets[k], trees.offsets[k + 1])
+            terms += calibration.tree_terms(trees.parent[at], trees.reward[at], trees.level[at],
+                                            predicted[at])
     return terms

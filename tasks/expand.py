@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.react import Start, run_episodes
-from trace_rl.rollout.treeio import TreeRows, prefix_rows, to_table, turns_from_rows
+from trace_rl.rollout.treeio import LevelBatch, StepTrees
 from trace_rl.rollout.types import Ledger, SamplingSettings
 
 
@@ -40,6 +41,16 @@ def _ledger_dict(method: str, ledger: Ledger) -> dict[str, Any]:
             "tool_calls": ledger.tool_calls, "wall_seconds": ledger.wall_seconds}
 
 
+def _allocations(cfg: TrainConfig, tree_id: list[int], local_index: list[int], k: list[int],
+                 item_id: list[str], predicted_v: list[float | None]) -> pa.Table:
+    """One level's allocation decisions (tree, slot, k, item, prediction), as columns."""
+    return pa.table({"tree_id": pa.array(tree_id, pa.int64()),
+                     "local_index": pa.array(local_index, pa.int64()),
+                     "allocator": pa.array([cfg.allocator] * len(k), pa.string()),
+                     "k": pa.array(k, pa.int64()), "item_id": pa.array(item_id, pa.string()),
+                     "predicted_v": pa.array(predicted_v, pa.float64())})
+
+
 @task(name="expand-roots", cache_policy=runtime.PHASE_KEY, retries=1)
 def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_dir: str,
                  allocation: pa.Table, wave: int = 0) -> dict[str, Any]:
@@ -47,32 +58,32 @@ def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_di
     Trees of refill wave ``wave`` (DAPO) are numbered after the earlier waves' trees."""
     tree_offset = wave * cfg.pool_size
     items = runtime.items_for(cfg, cfg.train_split)
-    rows_ = allocation.to_pylist()
-    active = [(t, r) for t, r in enumerate(rows_) if r["m"] > 0]
-    starts = [Start(items[r["item_id"]], (), int(r["m"])) for _, r in active]
+    item_id = allocation.column("item_id").to_pylist()
+    m = allocation.column("m").to_pylist()
+    predicted = allocation.column("predicted_v").to_pylist()
+    active = [t for t in range(len(m)) if m[t] > 0]
+    starts = [Start(items[item_id[t]], (), int(m[t])) for t in active]
     episodes, ledger = _rollout(cfg, policy_dir, starts,
                                 seed=cfg.seed * 100_003 + step * 17 + level + 7919 * wave)
-    fmt_rows: list[dict[str, Any]] = []
-    allocs: list[dict[str, Any]] = []
+    batch = LevelBatch(cfg.family, cfg.allocator)
     pos = 0
-    for t, r in active:
-        tree = TreeRows(tree_id=tree_offset + t, item_id=r["item_id"], family=cfg.family,
-                        allocator=cfg.allocator, rows=[])
-        eps = episodes[pos:pos + r["m"]]
-        pos += r["m"]
-        tree.add_root(eps[0].prompt_ids, items[r["item_id"]].question, r["predicted_v"], int(r["m"]))
+    for t in active:
+        tree_id = tree_offset + t
+        eps = episodes[pos:pos + m[t]]
+        pos += m[t]
+        batch.open_tree(tree_id, item_id[t])
+        batch.add_root(tree_id, eps[0].prompt_ids, items[item_id[t]].question, predicted[t],
+                       int(m[t]))
         for ep in eps:
-            tree.add_episode(0, 0, ep)
-        fmt_rows += tree.rows
-        allocs.append({"tree_id": tree_offset + t, "local_index": 0, "allocator": cfg.allocator,
-                       "k": int(r["m"]), "item_id": r["item_id"], "predicted_v": r["predicted_v"]})
-    if wave == 0:  # the filtered candidates too (k = 0): the whole Stage 1 decision is stored
-        allocs += [{"tree_id": t, "local_index": 0, "allocator": cfg.allocator, "k": 0,
-                    "item_id": r["item_id"], "predicted_v": r["predicted_v"]}
-                   for t, r in enumerate(rows_) if r["m"] <= 0]
+            batch.add_episode(tree_id, 0, 0, ep)
+    # Wave 0 stores the filtered candidates too (k = 0): the whole Stage 1 decision is stored.
+    decided = active + ([t for t in range(len(m)) if m[t] <= 0] if wave == 0 else [])
+    allocs = _allocations(cfg, [tree_offset + t for t in decided],
+                          [0] * len(decided), [max(int(m[t]), 0) for t in decided],
+                          [item_id[t] for t in decided], [predicted[t] for t in decided])
     # The ledger is keyed by (run, step, level, method): a refill wave is its own row.
     method = cfg.allocator if wave == 0 else f"{cfg.allocator}:refill{wave}"
-    return {"nodes": to_table(fmt_rows), "allocations": allocs, "ledger": _ledger_dict(method, ledger)}
+    return {"nodes": batch.table(), "allocations": allocs, "ledger": _ledger_dict(method, ledger)}
 
 
 @task(name="expand-prefixes", cache_policy=runtime.PHASE_KEY, retries=1)
@@ -80,27 +91,29 @@ def expand_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int, leve
                     policy_dir: str, chosen: pa.Table) -> dict[str, Any]:
     """Continuations: K_ijt episodes from each chosen stored prefix, appended to its tree."""
     items = runtime.items_for(cfg, cfg.train_split)
-    store = runtime.store(workdir)
-    picks = [r for r in chosen.to_pylist() if r["k"] > 0]
-    trees = {t: store.read_tree(run_id, step, t).to_pylist() for t in sorted({r["tree_id"] for r in picks})}
-    starts = []
-    for r in picks:
-        prefix = turns_from_rows(prefix_rows(trees[r["tree_id"]], r["local_index"]))
-        starts.append(Start(items[r["item_id"]], tuple(prefix), int(r["k"])))
+    trees = StepTrees(runtime.store(workdir).read_step(run_id, step))
+    tree_id = chosen.column("tree_id").to_numpy()
+    local = chosen.column("local_index").to_numpy()
+    depth = chosen.column("depth").to_numpy()
+    k = chosen.column("k").to_numpy()
+    item_id = chosen.column("item_id").to_pylist()
+    picks = np.flatnonzero(k > 0)
+    position = trees.positions(tree_id[picks])  # each pick's tree among the step's
+    starts = [Start(items[item_id[p]], tuple(trees.turns(int(trees.offsets[at] + local[p]))),
+                    int(k[p])) for p, at in zip(picks, position)]
     episodes, ledger = _rollout(cfg, policy_dir, starts, seed=cfg.seed * 100_003 + step * 17 + level)
-    builders = {t: TreeRows(tree_id=t, item_id=rows[0]["item_id"], family=cfg.family,
-                            allocator=cfg.allocator, rows=[], first_index=len(rows))
-                for t, rows in trees.items()}
+    batch = LevelBatch(cfg.family, cfg.allocator)
+    for p in np.unique(position):  # trees continue after their stored rows
+        rows = trees.rows(int(p))
+        batch.open_tree(int(trees.tree_ids[p]), trees.column("item_id")[rows[0]], len(rows))
     pos = 0
-    for r in picks:
-        for ep in episodes[pos:pos + r["k"]]:
-            builders[r["tree_id"]].add_episode(r["local_index"], r["depth"], ep)
-        pos += r["k"]
-    allocs = [{"tree_id": r["tree_id"], "local_index": r["local_index"], "allocator": cfg.allocator,
-               "k": int(r["k"]), "item_id": r["item_id"], "predicted_v": r["predicted_v"]}
-              for r in chosen.to_pylist()]
-    rows_out = [row for b in builders.values() for row in b.rows]
-    return {"nodes": to_table(rows_out), "allocations": allocs,
+    for p in picks:
+        for ep in episodes[pos:pos + k[p]]:
+            batch.add_episode(int(tree_id[p]), int(local[p]), int(depth[p]), ep)
+        pos += int(k[p])
+    allocs = _allocations(cfg, tree_id.tolist(), local.tolist(), k.astype(int).tolist(), item_id,
+                          chosen.column("predicted_v").to_pylist())
+    return {"nodes": batch.table(), "allocations": allocs,
             "ledger": _ledger_dict(cfg.allocator, ledger)}
 
 
@@ -112,14 +125,11 @@ def persist_level(workdir: str, run_id: str, step: int, level: int, expansion: d
     DAPO's refill waves of level 0 apart (part of the cache key)."""
     allocs = expansion["allocations"]
     alloc_table = None
-    if allocs:
-        alloc_table = pa.table({
-            "node_id": [runtime.node_id(run_id, step, a["tree_id"], a["local_index"]) for a in allocs],
-            "allocator": [a["allocator"] for a in allocs],
-            "k": pa.array([a["k"] for a in allocs], pa.int64()),
-            "item_id": [a["item_id"] for a in allocs],
-            "predicted_v": pa.array([a["predicted_v"] for a in allocs], pa.float64()),
-        })
+    if allocs.num_rows:
+        node_ids = [runtime.node_id(run_id, step, t, i) for t, i in
+                    zip(allocs.column("tree_id").to_pylist(), allocs.column("local_index").to_pylist())]
+        alloc_table = allocs.drop_columns(["tree_id", "local_index"]).add_column(
+            0, "node_id", pa.array(node_ids, pa.string()))
     result = runtime.store(workdir).write_level(run_id, step, level, expansion["nodes"],
                                                 allocations=alloc_table, ledger=expansion["ledger"])
     return result.inserted_nodes

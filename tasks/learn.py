@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from prefect import task
 
@@ -19,43 +19,37 @@ from trace_core.tree import backup as tree_backup
 from trace_core.tree import root_to_leaf_paths
 from trace_rl.config import TrainConfig
 from trace_rl.policy.update import PathSample, PolicyTrainer, warmup_scale
-from trace_rl.rollout.treeio import group_trees, parent_array, predictor_examples
+from trace_rl.rollout.treeio import StepTrees
 
-def _trees(workdir: str, run_id: str, step: int) -> dict[int, list[dict[str, Any]]]:
-    """The step's trees, each as rows in local-index order (= trace_core.tree arrays)."""
-    return group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist())
-
-
-def _arrays(tree: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    parent = parent_array(pa.Table.from_pylist(tree))
-    reward = np.array([np.nan if r["reward"] is None or not r["is_leaf"] else r["reward"]
-                       for r in tree], dtype=np.float64)
-    return parent, reward
+def _trees(workdir: str, run_id: str, step: int) -> StepTrees:
+    """The step's stored nodes as columns, one slice per tree (trace_core's arrays)."""
+    return StepTrees(runtime.store(workdir).read_step(run_id, step))
 
 
 @task(name="backup", cache_policy=runtime.PHASE_KEY)
 def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None) -> dict[str, float]:
     """V^ and n for every node (success rate of the leaves below), stored on the nodes."""
-    ids, values, counts = [], [], []
-    mixed = roots = 0
-    for tree in _trees(workdir, run_id, step).values():
-        parent, reward = _arrays(tree)
-        value, n = tree_backup(parent, reward)
-        ids += [r["node_id"] for r in tree]
-        values += value.tolist()
-        counts += n.tolist()
-        roots += 1
-        mixed += int(0.0 < value[0] < 1.0)
+    trees = _trees(workdir, run_id, step)
+    values = np.empty(len(trees.parent), dtype=np.float64)
+    counts = np.empty(len(trees.parent), dtype=np.int64)
+    for k in range(len(trees)):
+        tree = trees.tree(k)
+        s = slice(trees.offsets[k], trees.offsets[k + 1])
+        values[s], counts[s] = tree_backup(tree.parent, tree.leaf_reward)
+    roots = values[trees.offsets[:-1]]
+    mixed = int(np.count_nonzero((roots > 0.0) & (roots < 1.0)))
     runtime.store(workdir).update_values(run_id, step, pa.table({
-        "node_id": ids, "value": pa.array(values, pa.float64()), "n_leaves": pa.array(counts, pa.int64())}))
-    return {"tree/effective_ratio": mixed / roots if roots else 0.0, "tree/trees": float(roots)}
+        "node_id": trees.table.column("node_id"), "value": pa.array(values, pa.float64()),
+        "n_leaves": pa.array(counts, pa.int64())}))
+    return {"tree/effective_ratio": mixed / len(trees) if len(trees) else 0.0,
+            "tree/trees": float(len(trees))}
 
 
 @task(name="fit-predictor", cache_policy=runtime.PHASE_KEY)
 def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> dict[str, float]:
     """Regress V~(H_y) onto V^(y) (weights n_y) on this step's roots and prefixes; the metrics
     are those of the predictions made BEFORE the fit (what allocation actually used)."""
-    histories, y, weights = predictor_examples(_trees(workdir, run_id, step).values())
+    histories, y, weights = _trees(workdir, run_id, step).predictor_examples()
     predictor = runtime.load_predictor(cfg, workdir, run_id, step - 1)
     before = predictor.predict(histories)
     stats = {"predictor/brier": brier(before, y), "predictor/examples": float(len(y))}
@@ -73,13 +67,16 @@ def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> p
     """Per root-to-leaf path: its node ids and the advantage of each turn (estimator from the
     config). Each node also stores the mean advantage over the paths through it."""
     estimator = adv.ESTIMATORS[cfg.advantage]
+    trees = _trees(workdir, run_id, step)
+    node_id = trees.column("node_id")
     leaf_ids, path_nodes, path_adv = [], [], []
-    node_sum: dict[str, float] = defaultdict(float)
-    node_cnt: dict[str, int] = defaultdict(int)
-    for tree in _trees(workdir, run_id, step).values():
-        parent, reward = _arrays(tree)
-        if len(parent) < 2:
+    node_sum = np.zeros(len(trees.parent), dtype=np.float64)  # per row: advantages summed
+    node_cnt = np.zeros(len(trees.parent), dtype=np.int64)  # per row: paths through it
+    for k in range(len(trees)):
+        if trees.offsets[k + 1] - trees.offsets[k] < 2:
             continue
+        tree = trees.tree(k)
+        parent, reward = tree.parent, tree.leaf_reward
         a = estimator(parent, reward)  # [L, D]
         if cfg.centre_advantages:
             a = adv.centred(a)
@@ -87,19 +84,20 @@ def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> p
             a = adv.per_node(parent, reward, a)
         paths = root_to_leaf_paths(parent)  # [L, D+1]
         for l in range(paths.shape[0]):
-            nodes = [tree[i]["node_id"] for i in paths[l] if i >= 0]
-            advs = [float(x) for x in a[l, : len(nodes) - 1]]
-            leaf_ids.append(nodes[-1])
-            path_nodes.append(nodes)
-            path_adv.append(advs)
-            for nid, x in zip(nodes[1:], advs):
-                node_sum[nid] += x
-                node_cnt[nid] += 1
-    if node_sum:
+            rows = trees.offsets[k] + paths[l][paths[l] >= 0]
+            advs = a[l, : len(rows) - 1]
+            leaf_ids.append(node_id[rows[-1]])
+            path_nodes.append([node_id[r] for r in rows])
+            path_adv.append(advs.tolist())
+            np.add.at(node_sum, rows[1:], advs)
+            node_cnt[rows[1:]] += 1
+    through = np.flatnonzero(node_cnt)
+    if through.size:
         runtime.store(workdir).update_values(run_id, step, pa.table({
-            "node_id": list(node_sum), "advantage": pa.array(
-                [node_sum[k] / node_cnt[k] for k in node_sum], pa.float64())}))
-    return pa.table({"leaf_id": leaf_ids, "path": path_nodes,
+            "node_id": trees.table.column("node_id").take(through),
+            "advantage": pa.array(node_sum[through] / node_cnt[through], pa.float64())}))
+    return pa.table({"leaf_id": pa.array(leaf_ids, pa.string()),
+                     "path": pa.array(path_nodes, pa.list_(pa.string())),
                      "advantages": pa.array(path_adv, pa.list_(pa.float64()))})
 
 
@@ -107,20 +105,30 @@ _LIVE: dict[str, PolicyTrainer] = {}
 
 
 def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[PathSample]:
-    rows = {r["node_id"]: r for r in runtime.store(workdir).read_step(run_id, step).to_pylist()}
+    """Each path's tokens, loss mask and per-token advantages, read from the step's columns."""
+    nodes = runtime.store(workdir).read_step(run_id, step)
+    flat = pc.list_flatten(paths.column("path"))
+    found = pc.index_in(flat, value_set=nodes.column("node_id"))
+    if found.null_count:
+        raise ValueError(f"policy_update: {found.null_count} path node(s) are not stored for run "
+                         f"{run_id} step {step}")
+    rows = found.to_numpy().astype(np.int64)
+    ends = np.cumsum(pc.list_value_length(paths.column("path")).to_numpy())
+    gen, obs = nodes.column("gen_token_ids").to_pylist(), nodes.column("obs_token_ids").to_pylist()
+    tree_id = nodes.column("tree_id").to_pylist()
     out = []
-    for nodes, advs in zip(paths.column("path").to_pylist(), paths.column("advantages").to_pylist()):
-        root = rows[nodes[0]]
-        ids, mask, a = list(root["obs_token_ids"]), [0] * len(root["obs_token_ids"]), [0.0] * len(root["obs_token_ids"])
-        for nid, x in zip(nodes[1:], advs):
-            r = rows[nid]
-            ids += r["gen_token_ids"]
-            mask += [1] * len(r["gen_token_ids"])
-            a += [x] * len(r["gen_token_ids"])
-            ids += r["obs_token_ids"]
-            mask += [0] * len(r["obs_token_ids"])
-            a += [0.0] * len(r["obs_token_ids"])
-        out.append(PathSample(ids, mask, a, group=int(root["tree_id"])))
+    for path, advs in zip(np.split(rows, ends[:-1]),
+                          paths.column("advantages").to_pylist()):
+        root = path[0]
+        ids, mask, a = list(obs[root]), [0] * len(obs[root]), [0.0] * len(obs[root])
+        for r, x in zip(path[1:], advs):
+            ids += gen[r]
+            mask += [1] * len(gen[r])
+            a += [x] * len(gen[r])
+            ids += obs[r]
+            mask += [0] * len(obs[r])
+            a += [0.0] * len(obs[r])
+        out.append(PathSample(ids, mask, a, group=int(tree_id[root])))
     return out
 
 

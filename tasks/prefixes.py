@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 import pyarrow as pa
 from prefect import task
@@ -15,7 +13,7 @@ from tasks.roots import with_counts
 from trace_core.allocators import Allocator, PrefixSet, RootPool, root_prefix
 from trace_core.waves import split_jointly
 from trace_rl.config import TrainConfig
-from trace_rl.rollout.treeio import group_trees, node_history
+from trace_rl.rollout.treeio import StepTrees
 
 
 @task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)
@@ -27,49 +25,42 @@ def score_prefixes(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id:
     had the observed outcome (1, or the bare rollouts of a root). When the allocator
     branches from the root (TRACE), the root of a tree whose bare rollouts agree is a candidate
     too (depth 0, observed = the shared outcome)."""
-    trees = group_trees(runtime.store(workdir).read_step(run_id, step).to_pylist())
+    trees = StepTrees(runtime.store(workdir).read_step(run_id, step))
     from_root = allocator.branches_from_root
     rho = outcome_correlation(cfg, allocator, workdir, run_id, step)
-    out: dict[str, list] = defaultdict(list)
-    histories = []
-
-    def add(tree: list[dict], t: int, node: dict, observed: float) -> None:
-        histories.append(node_history(tree, node["local_index"]))
-        seen = tree[0]["allocated_k"] if node["depth"] == 0 else 1  # rollouts below that agree
-        for k, v in (("tree_id", t), ("local_index", node["local_index"]), ("depth", node["depth"]),
-                     ("item_id", node["item_id"]), ("observed", observed),
-                     ("bare", tree[0]["allocated_k"]), ("seen", seen),
-                     ("correlation", rho.at(node["depth"]))):
-            out[k].append(v)
-
-    for t, tree in trees.items():
-        before = len(histories)
-        bare = [float(r["reward"]) for r in tree if r["is_leaf"] and r["level"] == 0]
-        for r in tree:
-            if r["depth"] == 0 or r["is_leaf"] or r["level"] != 0:
-                continue
-            leaf = r
-            while not leaf["is_leaf"]:  # follow the bare rollout down to its outcome
-                leaf = next(c for c in tree if c["parent_index"] == leaf["local_index"])
-            add(tree, t, r, float(leaf["reward"]))
-        shared = root_prefix(bare)
-        if len(histories) == before:
-            # Every bare rollout ended on its first turn: nothing to branch from, so the tree's
-            # continuation budget goes to more rollouts from the root (the ledger stays equal).
-            # Observed: the bare rollouts' shared outcome, NaN when they are mixed.
-            add(tree, t, tree[0], float("nan") if shared is None else shared)
-        elif from_root and shared is not None:
-            add(tree, t, tree[0], shared)
+    below = trees.leaf_below()  # a level-0 prefix's bare rollout ends at the leaf below it
+    bare_leaf = trees.is_leaf & (trees.level == 0)
+    prefix = (trees.depth > 0) & ~trees.is_leaf & (trees.level == 0)
+    rows: list[np.ndarray] = []
+    observed: list[np.ndarray] = []
+    for k in range(len(trees)):
+        s = slice(trees.offsets[k], trees.offsets[k + 1])
+        root = int(trees.offsets[k])
+        mine = root + np.flatnonzero(prefix[s])
+        shared = root_prefix(trees.reward[s][bare_leaf[s]].tolist())
+        # Every bare rollout ended on its first turn: nothing to branch from, so the tree's
+        # continuation budget goes to more rollouts from the root (the ledger stays equal),
+        # observed: the shared outcome, NaN when mixed. TRACE also offers an agreeing root.
+        with_root = not len(mine) or (from_root and shared is not None)
+        rows.append(np.r_[mine, [root] * with_root].astype(np.int64))
+        observed.append(np.r_[trees.reward[below[mine]],
+                              [np.nan if shared is None else shared] * with_root])
+    at = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    depth = trees.depth[at]
+    bare = trees.floats("allocated_k")[trees.offsets[trees.tree_of_row[at]]].astype(np.int64)
+    histories = [trees.history(int(r)) for r in at]
+    item = trees.column("item_id")
     predictor = runtime.load_predictor(cfg, workdir, run_id, step - 1)
     p = predictor.predict(histories) if histories else np.zeros(0)
-    return pa.table({"tree_id": pa.array(out["tree_id"], pa.int64()),
-                     "local_index": pa.array(out["local_index"], pa.int64()),
-                     "depth": pa.array(out["depth"], pa.int64()),
-                     "item_id": pa.array(out["item_id"], pa.string()),
-                     "observed": pa.array(out["observed"], pa.float64()),
-                     "bare": pa.array(out["bare"], pa.int64()),
-                     "seen": pa.array(out["seen"], pa.int64()),
-                     "correlation": pa.array(out["correlation"], pa.float64()),
+    return pa.table({"tree_id": pa.array(trees.tree_ids[trees.tree_of_row[at]], pa.int64()),
+                     "local_index": pa.array(at - trees.offsets[trees.tree_of_row[at]], pa.int64()),
+                     "depth": pa.array(depth, pa.int64()),
+                     "item_id": pa.array([item[r] for r in at], pa.string()),
+                     "observed": pa.array(np.concatenate(observed) if observed else at * 0.0,
+                                          pa.float64()),
+                     "bare": pa.array(bare, pa.int64()),
+                     "seen": pa.array(np.where(depth == 0, bare, 1), pa.int64()),
+                     "correlation": pa.array([rho.at(int(d)) for d in depth], pa.float64()),
                      "predicted_v": pa.array(np.asarray(p, dtype=np.float64))})
 
 
@@ -79,22 +70,21 @@ def allocate_prefixes(cfg: TrainConfig, allocator: Allocator, run_id: str, step:
     """K per prefix, tree by tree (no cross-prompt waiting): budget m_i * N for tree i."""
     budget = cfg.budget
     rng = np.random.default_rng([cfg.seed, step, 3])
-    rows = scored.to_pylist()
-    k = np.zeros(len(rows), dtype=np.int64)
-    by_tree: dict[int, list[int]] = defaultdict(list)
-    for i, r in enumerate(rows):
-        by_tree[r["tree_id"]].append(i)
-    for t, idx in sorted(by_tree.items()):
-        leaves = allocator.tree_leaves(rows[idx[0]]["bare"], budget)
+    col = {name: scored.column(name).to_numpy() for name in
+           ("tree_id", "depth", "bare", "predicted_v", "observed", "correlation", "seen")}
+    k = np.zeros(scored.num_rows, dtype=np.int64)
+    trees, first = np.unique(col["tree_id"], return_index=True)
+    for t, i in zip(trees, first):
+        idx = np.flatnonzero(col["tree_id"] == t)
+        leaves = allocator.tree_leaves(int(col["bare"][i]), budget)
         if leaves <= 0:
             continue
-        if len(idx) == 1 and rows[idx[0]]["depth"] == 0:  # root fallback of score_prefixes
-            k[idx[0]] = leaves
+        if len(idx) == 1 and col["depth"][i] == 0:  # root fallback of score_prefixes
+            k[idx] = leaves
             continue
-        prefixes = PrefixSet(predicted=np.asarray([rows[i]["predicted_v"] for i in idx]),
-                             observed=np.asarray([rows[i]["observed"] for i in idx]),
-                             correlation=np.asarray([rows[i]["correlation"] for i in idx]),
-                             seen=np.asarray([rows[i]["seen"] for i in idx], dtype=np.int64))
+        prefixes = PrefixSet(predicted=col["predicted_v"][idx], observed=col["observed"][idx],
+                             correlation=col["correlation"][idx],
+                             seen=col["seen"][idx].astype(np.int64))
         k[idx] = allocator.allocate_prefixes(prefixes, leaves, rng)
     return scored.append_column("k", pa.array(k))
 

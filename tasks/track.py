@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
@@ -16,7 +15,7 @@ from trace_core import calibration
 from trace_core.predictor import auc, brier
 from trace_core.stats import paired_gain, verdict
 from trace_rl.policy.update import OPTIMIZER_STATE
-from trace_rl.rollout.treeio import group_trees, parent_array
+from trace_rl.rollout.treeio import StepTrees
 from trace_rl.storage import plots
 from trace_rl.storage.tracking import Tracker
 from trace_rl.view.page import step_page
@@ -24,10 +23,15 @@ from trace_rl.view.page import step_page
 
 @task(name="tree-metrics", cache_policy=runtime.PHASE_KEY)
 def tree_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
-    """Contrast and cost figures of a finished step, read with the same SQL users run."""
-    store = runtime.store(workdir)
-    q = {"r": run_id, "s": step}
-    one = lambda sql: store.query(sql, q).to_pylist()[0]  # noqa: E731
+    """Contrast and cost figures of a finished step, read with the same SQL users run, on one
+    read-only snapshot (one connection instead of one per figure)."""
+    with runtime.store(workdir).snapshot() as con:
+        return _tree_metrics(lambda sql: con.sql(sql, params={"r": run_id, "s": step})
+                             .to_arrow_table().to_pylist()[0])
+
+
+def _tree_metrics(one: Any) -> dict[str, float]:
+    """The figures of ``tree_metrics``, ``one(sql)`` giving the first row of a query."""
     leaves = one("SELECT count(*) AS n, avg(reward) AS mean_reward, avg(depth) AS depth "
                  "FROM nodes WHERE run_id = $r AND step = $s AND is_leaf")
     internal = one("SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s "
@@ -62,22 +66,18 @@ def prediction_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]
     continuation of a prefix whose bare rollout ended in r flips with probability 1 - q, q the
     predicted chance of r, as independent draws) against realised. Read from the store."""
     store = runtime.store(workdir)
-    scores = {r["node_id"]: r["predicted_v"] for r in store.query(
-        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step = $s AND "
-        "level = 1", {"r": run_id, "s": step}).to_pylist()}
+    scores = store.query("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND "
+                         "step = $s AND level = 1", {"r": run_id, "s": step})
     pairs: list[list[np.ndarray]] = [[], [], [], []]
     flips: list[calibration.Term] = []
-    for tree in group_trees(store.read_step(run_id, step).to_pylist()).values():
-        parent = parent_array(pa.Table.from_pylist(tree))
-        reward = np.asarray([np.nan if not r["is_leaf"] or r["reward"] is None else r["reward"]
-                             for r in tree], np.float64)
-        level = np.asarray([r["level"] for r in tree], np.int64)
-        predicted = np.asarray([np.nan if x is None else x for x in
-                                (tree[0]["predicted_v"] if r["depth"] == 0 else
-                                 scores.get(r["node_id"]) for r in tree)], np.float64)
-        for acc, arr in zip(pairs, calibration.outcome_pairs(parent, reward, level, predicted)):
+    trees = StepTrees(store.read_step(run_id, step))
+    predicted = trees.allocation_scores(scores)
+    for k in range(len(trees)):
+        s = slice(trees.offsets[k], trees.offsets[k + 1])
+        args = (trees.parent[s], trees.reward[s], trees.level[s], predicted[s])
+        for acc, arr in zip(pairs, calibration.outcome_pairs(*args)):
             acc.append(arr)
-        flips += [t for t in calibration.tree_terms(parent, reward, level, predicted) if t.depth >= 1]
+        flips += [t for t in calibration.tree_terms(*args) if t.depth >= 1]
     out: dict[str, float] = {}
     for name, p, y in (("root", pairs[0], pairs[1]), ("prefix", pairs[2], pairs[3])):
         p, y = np.concatenate(p) if p else np.zeros(0), np.concatenate(y) if y else np.zeros(0)
@@ -159,18 +159,15 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
     _log_reward_curve(tracker, run_id, [before] if before else [],  # this step: not complete yet
                       [s for s in _complete_steps(store, run_id) if s["step"] < step]
                       + [{"step": step, "reward": metrics["rollout/reward_mean"]}])
-    step_nodes = store.read_step(run_id, step)
-    trees = step_nodes.column("tree_id").to_pylist()
-    if trees:
+    trees = StepTrees(store.read_step(run_id, step))
+    if len(trees):
         # The most contrastive tree of the step: the root whose value is closest to 1/2.
-        roots = [r for r in step_nodes.to_pylist() if r["depth"] == 0]
-        best = min(roots, key=lambda r: abs((r["value"] if r["value"] is not None else 0) - 0.5))
-        tree = store.read_tree(run_id, step, best["tree_id"])
-        value = [np.nan if v is None else v for v in tree.column("value").to_pylist()]
-        reward = [np.nan if (r is None or not leaf) else r for r, leaf in
-                  zip(tree.column("reward").to_pylist(), tree.column("is_leaf").to_pylist())]
-        fig = plots.render_tree(parent_array(tree), value, reward,
-                                title=f"{run_id} step {step} item {best['item_id']}")
+        value = trees.floats("value")
+        roots = trees.offsets[:-1]
+        k = int(np.argmin(np.abs(np.nan_to_num(value[roots], nan=0.0) - 0.5)))
+        s = slice(trees.offsets[k], trees.offsets[k + 1])
+        fig = plots.render_tree(trees.parent[s], value[s], trees.reward[s],
+                                title=f"{run_id} step {step} item {trees.column('item_id')[roots[k]]}")
         tracker.log_step_figure(fig, "tree", step)
     scored = store.query("SELECT predicted_v, value FROM nodes WHERE run_id = $r AND step = $s "
                          "AND NOT is_leaf AND predicted_v IS NOT NULL AND value IS NOT NULL",
@@ -280,7 +277,7 @@ def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
     gain = None
     if before and last and len(before["per_item"]) >= 2:
         g = paired_gain(before["per_item"], last["per_item"])
-        gain = {"mean": g.mean, "low": g.low, "high": g.high, "excludes_zero": g.excludes_zero}
+        gain = {"mean": g.mean, "low": g.low, "high": g.high, "excludes_zero": bool(g.excludes_zero)}
 
     def brief(e: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None if e is None else {k: e[k] for k in ("step", "accuracy", "ci_low", "ci_high",

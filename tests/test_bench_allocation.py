@@ -40,7 +40,11 @@ def test_small_bench_spends_equal_budgets_and_ranks_oracle_first(one_thread):
             assert fig["leaves_per_step"] <= cfg.budget.total
         else:
             assert fig["leaves_per_step"] == cfg.budget.total, name
-        assert 0 <= fig["effective_ratio"] <= 1 and 0 <= fig["mixed_anchor_share"] <= 1
+        # The effective ratio is mixed roots over roots: a whole number of mixed roots, at least
+        # one over the run for every method, and mixed roots are mixed anchors too.
+        mixed_roots = fig["effective_ratio"] * fig["roots_per_step"] * cfg.steps
+        assert mixed_roots == pytest.approx(round(mixed_roots)) and round(mixed_roots) >= 1, name
+        assert fig["mixed_anchor_share"] > 0, name
     fig = result.figures
     # Uniform sampling sits near the simulator's 25-35% design point; the oracle is far above.
     assert fig["oracle"]["effective_ratio"] > 2 * fig["grpo"]["effective_ratio"]

@@ -15,8 +15,19 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     out = main(["--quick", "--workdir", str(tmp_path / "wd"), "--plot", str(tmp_path / "curve.png"),
                 "--train-items", "12"])
     printed = capsys.readouterr().out.strip().splitlines()
-    assert re.fullmatch(r"TRACE vs best baseline: [+-]\d+\.\d points held-out accuracy; "
+    line = re.fullmatch(r"TRACE vs best baseline: ([+-]\d+\.\d) points held-out accuracy; "
                         r"effective ratio (\d+\.\d+|nan)x GRPO", printed[-1])
+    assert line, printed[-1]
+    # The headline is the table's: TRACE's final accuracy against the best other method's, and
+    # the effective ratios' quotient (nan only when GRPO had no mixed prompt at all).
+    table = out["table"]
+    best = max(table[m]["final"][0] for m in table if m != "trace")
+    assert float(line.group(1)) == pytest.approx(100 * (table["trace"]["final"][0] - best), abs=0.051)
+    grpo = table["grpo"]["effective_ratio"]
+    assert (line.group(2) == "nan") == (grpo == 0)
+    if grpo:
+        assert float(line.group(2)) == pytest.approx(table["trace"]["effective_ratio"] / grpo,
+                                                     abs=0.0051)
     assert set(out["table"]) == set(METHODS)
     budget = out["table"]["grpo"]["leaves"]
     for method, t in out["table"].items():
@@ -26,7 +37,9 @@ def test_quick_learning_benchmark(tmp_path, capsys):
             assert 0 < t["leaves"] <= budget
         else:
             assert t["leaves"] == budget > 0
-        assert 0.0 <= t["final"][0] <= 1.0
+        # The final accuracy is the mean over the method's seeds of its last evaluation.
+        last = [r["accuracy"][-1] for r in out["results"] if r["method"] == method]
+        assert last and t["final"][0] == pytest.approx(sum(last) / len(last))
     assert (tmp_path / "curve.png").stat().st_size > 0
     # Tokens per evaluation: recorded, rising, and read back alike from the stored steps.
     from bench.learning import RunResult, fill_eval_tokens

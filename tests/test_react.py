@@ -20,7 +20,7 @@ from scripted_engine import ScriptedEngine
 from trace_rl.envs.base import StepResult
 from trace_rl.envs.registry import families, make_env, register
 from trace_rl.envs.synthetic import SynthArith, SynthConfig
-from trace_rl.rollout.format import (PLAIN_GLUE, STOP, TurnFormat, derive_glue, parse_action,
+from trace_rl.rollout.format import (PLAIN_GLUE, STOP, Glue, TurnFormat, derive_glue, parse_action,
                                      render_action)
 from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,
                                     expert_episode, run_episodes, run_steps)
@@ -141,7 +141,9 @@ def test_plain_fallbacks(tok, plain_tok):
     # A template that rejects the tool role falls back too.
     strict = with_template(tok, tok.chat_template.replace("'assistant', 'tool'", "'assistant'"))
     assert strict.chat_template != tok.chat_template and derive_glue(strict) is None
-    assert derive_glue(tok) is not None
+    # The tiny tokenizer's own ChatML template: the tool message sits between two im_end marks.
+    assert derive_glue(tok) == Glue("<|im_end|>\n<|im_start|>tool\n",
+                                    "<|im_end|>\n<|im_start|>assistant\n")
 
 
 # ---------------------------------------------------------------------------------- the loop

@@ -239,8 +239,12 @@ def test_update_values_sets_the_backup_and_agrees_with_the_leaves(store):
     with pytest.raises(StoreError, match="'node_id'"):
         store.update_values("run1", 0, pa.table({"node_id": [nid(0), "run1/s0/t0/n99"],
                                                  "value": [0.1, 0.2]}))
-    with pytest.raises(StoreError, match="'value'"):
-        store.update_values("run1", 0, pa.table({"node_id": [nid(0)], "value": [2.0]}))
+    with pytest.raises(StoreError, match=f"'value' must lie in \\[0, 1\\]; row {nid(1)} has 2.0"):
+        store.update_values("run1", 0, pa.table({"node_id": [nid(0), nid(1)],
+                                                 "value": [0.5, 2.0]}))
+    with pytest.raises(StoreError, match="'node_id' repeats an id"):
+        store.update_values("run1", 0, pa.table({"node_id": [nid(1), nid(1)],
+                                                 "value": [0.5, 0.5]}))
     with pytest.raises(StoreError, match="reward"):
         store.update_values("run1", 0, pa.table({"node_id": [nid(0)], "reward": [1.0]}))
     assert snapshot(store) == before

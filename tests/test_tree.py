@@ -10,6 +10,7 @@ from trace_core.tree import (
     backup,
     extend,
     is_leaf,
+    leaf_below,
     root_to_leaf_paths,
 )
 
@@ -144,3 +145,21 @@ def _depths(parent: np.ndarray) -> np.ndarray:
     for i in range(1, len(parent)):
         depth[i] = depth[parent[i]] + 1
     return depth
+
+
+def test_leaf_below_follows_first_children_to_a_leaf():
+    # root 0 with chains 0-1-2 and 0-3-4-5, and node 1 branching again: 1-6
+    parent = np.array([NO_PARENT, 0, 1, 0, 3, 4, 1])
+    assert leaf_below(parent).tolist() == [2, 2, 2, 5, 5, 5, 6]
+
+
+def test_leaf_below_matches_a_search_for_children_on_random_trees():
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 40):
+        parent, _ = random_tree(rng, n)
+        want = []
+        for i in range(n):
+            while (kids := np.flatnonzero(parent == i)).size:
+                i = int(kids[0])
+            want.append(i)
+        assert leaf_below(parent).tolist() == want

@@ -202,9 +202,7 @@ def root_to_leaf_paths(parent: np.ndarray) -> np.ndarray:
     Rows follow increasing leaf id; column d holds the node at depth d.
     """
     parent = np.asarray(parent, dtype=np.int64)
-    depth = np.zeros(len(parent), dtype=np.int64)
-    for i in range(1, len(parent)):
-        depth[i] = depth[parent[i]] + 1
+    depth = depths(parent)
     leaves = np.flatnonzero(is_leaf(parent))
     out = np.full((len(leaves), int(depth[leaves].max()) + 1), -1, dtype=np.int64)
     node = leaves.copy()  # [L] walks up one level per iteration
@@ -213,3 +211,27 @@ def root_to_leaf_paths(parent: np.ndarray) -> np.ndarray:
         out[here, d] = node[here]
         node = np.where(here, parent[node], node)  # the root steps to NO_PARENT, never read again
     return out
+
+
+def leaf_below(parent: np.ndarray) -> np.ndarray:
+    """int64 [N]: per node, the leaf reached by always stepping to the first (lowest-id) child;
+    a leaf maps to itself. On a chain (a bare rollout below its root, a continuation below its
+    branch point) that is the chain's one leaf, found from the parent array in one pass per depth
+    level instead of a search for children.
+    """
+    parent = np.asarray(parent, dtype=np.int64)
+    depth = depths(parent)
+    out = np.arange(len(parent), dtype=np.int64)
+    for d in range(int(depth.max(initial=0)), 0, -1):
+        nodes = np.flatnonzero(depth == d)[::-1]  # lowest id written last: the first child wins
+        out[parent[nodes]] = out[nodes]
+    return out
+
+
+def depths(parent: np.ndarray) -> np.ndarray:
+    """int64 [N]: each node's depth from the parent array (``parent[i] < i``, one forward pass)."""
+    parent = np.asarray(parent, dtype=np.int64)
+    depth = np.zeros(len(parent), dtype=np.int64)
+    for i in range(1, len(parent)):
+        depth[i] = depth[parent[i]] + 1
+    return depth

@@ -1,153 +1,251 @@
-"""Episodes <-> rows of the ``nodes`` table, one rollout tree per root prompt.
+"""Episodes <-> the ``nodes`` table, one rollout tree per root prompt, as columns end to end.
 
 A tree's nodes get local indices in the order they are created: the root (the prompt) is 0, the
 bare rollouts' turns follow at level 0, continuations' turns are appended at level 1. Because
 ``parent[i] < i`` holds by construction, the local indices are exactly the struct-of-arrays index
-of ``trace_core.tree`` and a table of a tree maps one-to-one onto its arrays.
+of ``trace_core.tree`` and a tree's rows map one-to-one onto its arrays.
+
+Writing: ``LevelBatch`` appends a level's new nodes column by column (``storage.schema.NODE_INPUT``)
+and hands the store one Arrow table. Reading: ``StepTrees`` wraps a step's Arrow table (the
+store's ``read_step``, ordered by tree and slot) as numpy columns with each tree a contiguous
+slice, and builds ``trace_core.tree.Tree``s, paths and histories from the parent array. Neither
+turns a node into a Python dict: at a few thousand leaves per step the per-node dicts were the
+bookkeeping that dominated a step's overhead.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from trace_core.tree import NO_PARENT
+from trace_core.tree import NO_PARENT, Tree, leaf_below
 from trace_rl.rollout.types import Action, Episode, Turn
-from trace_rl.storage.schema import NODE_INPUT
+from trace_rl.storage.schema import NODE_INPUT, NODE_INPUT_SCHEMA
 
-@dataclass
-class TreeRows:
-    """Rows of one tree being built, in ``storage.schema.NODE_INPUT`` form (the store derives
-    node ids from ``(run_id, step, tree_id, local_index)``). The root keeps the prompt's token ids
-    in ``obs_token_ids``: they are context, never trained on."""
 
-    tree_id: int
-    item_id: str
-    family: str
-    allocator: str
-    rows: list[dict[str, Any]]
-    first_index: int = 0
-    """Local index of the first row added here (continuations append after stored nodes)."""
+class LevelBatch:
+    """The new nodes of one tree level, as columns in ``storage.schema.NODE_INPUT`` form (the
+    store derives node ids from ``(run_id, step, tree_id, local_index)``). Trees are opened with
+    ``open_tree`` (a new tree, or a stored one whose rows continue after ``first_index``); the
+    root keeps the prompt's token ids in ``obs_token_ids``: they are context, never trained on."""
 
-    @property
-    def next_index(self) -> int:
-        return self.first_index + len(self.rows)
+    def __init__(self, family: str, allocator: str):
+        self.family = family
+        self.allocator = allocator
+        self.columns: dict[str, list[Any]] = {name: [] for name in NODE_INPUT}
+        self._next: dict[int, int] = {}
+        self._item: dict[int, str] = {}
 
-    def add_root(self, prompt_ids: Sequence[int], question: str, predicted_v: float | None,
-                 allocated_k: int) -> int:
-        assert self.next_index == 0, "the root is node 0"
-        return self._add(NO_PARENT, depth=0, text=question, action=None, observation=None,
-                         gen_ids=(), obs_ids=prompt_ids, logprobs=(), tool_called=False,
-                         error=False, predicted_v=predicted_v, allocated_k=allocated_k)
+    def __len__(self) -> int:
+        return len(self.columns["tree_id"])
 
-    def add_episode(self, start_index: int, start_depth: int, ep: Episode) -> int:
-        """Append the episode's new turns (after its replayed prefix) below node ``start_index``;
-        return the leaf's local index."""
+    def open_tree(self, tree_id: int, item_id: str, first_index: int = 0) -> None:
+        """Start appending to tree ``tree_id``: its next node gets local index ``first_index``."""
+        if tree_id in self._next:
+            raise ValueError(f"tree {tree_id} is already open in this batch")
+        self._next[tree_id] = first_index
+        self._item[tree_id] = item_id
+
+    def add_root(self, tree_id: int, prompt_ids: Sequence[int], question: str,
+                 predicted_v: float | None, allocated_k: int) -> int:
+        if self._next.get(tree_id) != 0:
+            raise ValueError(f"tree {tree_id}: the root is node 0 of a newly opened tree")
+        return self._add(tree_id, NO_PARENT, depth=0, text=question, action=None,
+                         observation=None, gen_ids=(), obs_ids=prompt_ids, logprobs=(),
+                         tool_called=False, error=False, predicted_v=predicted_v,
+                         allocated_k=allocated_k)
+
+    def add_episode(self, tree_id: int, start_index: int, start_depth: int, ep: Episode) -> int:
+        """Append the episode's new turns (after its replayed prefix) below node ``start_index``
+        of tree ``tree_id``; return the leaf's local index."""
         parent = start_index
         new_turns = ep.turns[ep.prefix_turns:]
         if not new_turns:
-            raise ValueError(f"episode of {ep.item_id} has no new turns below node {start_index}")
+            raise ValueError(f"episode of {ep.item_id} has no new turns below node {start_index} "
+                             f"of tree {tree_id}")
         for t, turn in enumerate(new_turns):
             is_last = t == len(new_turns) - 1
-            parent = self._add(parent, depth=start_depth + t + 1, text=turn.text,
-                               action=turn.action, observation=turn.obs_text, gen_ids=turn.gen_ids,
-                               obs_ids=turn.obs_ids, logprobs=turn.gen_logprobs,
-                               tool_called=turn.tool_called, error=turn.error, predicted_v=None,
-                               allocated_k=0, reward=(float(ep.reward or 0.0) if is_last else None))
+            parent = self._add(tree_id, parent, depth=start_depth + t + 1, text=turn.text,
+                               action=turn.action, observation=turn.obs_text,
+                               gen_ids=turn.gen_ids, obs_ids=turn.obs_ids,
+                               logprobs=turn.gen_logprobs, tool_called=turn.tool_called,
+                               error=turn.error, predicted_v=None, allocated_k=0,
+                               reward=(float(ep.reward or 0.0) if is_last else None))
         return parent
 
-    def _add(self, parent: int, *, depth: int, text: str, action: Action | None,
+    def _add(self, tree_id: int, parent: int, *, depth: int, text: str, action: Action | None,
              observation: str | None, gen_ids: Sequence[int], obs_ids: Sequence[int],
-             logprobs: Sequence[float], tool_called: bool, error: bool, predicted_v: float | None,
-             allocated_k: int, reward: float | None = None) -> int:
-        index = self.next_index
-        self.rows.append(dict(
-            tree_id=self.tree_id, local_index=index, parent_index=parent, depth=depth,
-            item_id=self.item_id, is_leaf=reward is not None, family=self.family, text=text,
-            action_json=json.dumps(action.to_json()) if action is not None else None,
+             logprobs: Sequence[float], tool_called: bool, error: bool,
+             predicted_v: float | None, allocated_k: int, reward: float | None = None) -> int:
+        if tree_id not in self._next:
+            raise ValueError(f"tree {tree_id} is not open in this batch (call open_tree first)")
+        index = self._next[tree_id]
+        self._next[tree_id] = index + 1
+        values = dict(
+            tree_id=tree_id, local_index=index, parent_index=parent, depth=depth,
+            item_id=self._item[tree_id], is_leaf=reward is not None, family=self.family,
+            text=text, action_json=json.dumps(action.to_json()) if action is not None else None,
             observation=observation, gen_token_ids=[int(x) for x in gen_ids],
             obs_token_ids=[int(x) for x in obs_ids], gen_logprobs=[float(x) for x in logprobs],
             tool_called=tool_called, error=error, predicted_v=predicted_v,
             allocated_k=allocated_k, reward=reward, value=None, n_leaves=None, advantage=None,
-            allocator=self.allocator,
-        ))
+            allocator=self.allocator)
+        for name, column in self.columns.items():
+            column.append(values[name])
         return index
 
-
-def to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
-    schema = pa.schema([(name, typ) for name, (typ, _) in NODE_INPUT.items()])
-    return pa.Table.from_pylist(list(rows), schema=schema)
-
-
-def turns_from_rows(rows: Sequence[dict[str, Any]]) -> list[Turn]:
-    """Rebuild the stored turns of a prefix (rows ordered root-first, root excluded)."""
-    turns = []
-    for r in rows:
-        turns.append(Turn(
-            gen_ids=list(r["gen_token_ids"]), gen_logprobs=list(r["gen_logprobs"]), text=r["text"],
-            action=Action.from_json(json.loads(r["action_json"])), obs_text=r["observation"],
-            obs_ids=list(r["obs_token_ids"]), tool_called=bool(r["tool_called"]),
-            error=bool(r["error"]),
-        ))
-    return turns
+    def table(self) -> pa.Table:
+        """The batch as the store's node input, ordered by tree and slot."""
+        t = pa.table({name: pa.array(col, NODE_INPUT[name][0])
+                      for name, col in self.columns.items()}, schema=NODE_INPUT_SCHEMA)
+        return t.sort_by([("tree_id", "ascending"), ("local_index", "ascending")])
 
 
 def history_text(question: str, turns: Sequence[Turn]) -> str:
     """The predictor's view of a prefix: the question, then each turn's text and observation."""
+    return _history(question, [(t.text, t.obs_text) for t in turns])
+
+
+def _history(question: str, turns: Sequence[tuple[str, str | None]]) -> str:
     parts = [f"Q: {question}"]
-    for t in turns:
-        parts.append(t.text)
-        if t.obs_text:
-            parts.append(f"Obs: {t.obs_text}")
+    for text, obs in turns:
+        parts.append(text)
+        if obs:
+            parts.append(f"Obs: {obs}")
     return "\n".join(parts)
 
 
-def parent_array(table: pa.Table) -> np.ndarray:
-    """``parent`` of ``trace_core.tree`` for ONE tree's rows ordered by local index."""
-    idx = np.asarray(table.column("local_index").to_pylist(), dtype=np.int64)
-    if not np.array_equal(idx, np.arange(len(idx))):
-        raise ValueError(f"tree {table.column('tree_id')[0]}: rows must be ordered by local_index "
-                         "without gaps")
-    return np.asarray(table.column("parent_index").to_pylist(), dtype=np.int64)
+class StepTrees:
+    """A step's stored nodes (``TreeStore.read_step``: ordered by tree, then slot) as columns.
+
+    Tree ``k`` (``k``-th tree of the step, id ``tree_ids[k]``) is rows ``offsets[k]`` to
+    ``offsets[k + 1]``; its local index is the row minus ``offsets[k]``, so ``parent`` of the
+    tree is the ``parent_index`` slice as it is. Text columns are converted once, when first used.
+    """
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+        n = table.num_rows
+        tree_id = _ints(table, "tree_id")
+        local = _ints(table, "local_index")
+        starts = np.flatnonzero(np.r_[True, tree_id[1:] != tree_id[:-1]]) if n else np.zeros(0, int)
+        self.offsets = np.r_[starts, n].astype(np.int64)
+        """int64 [T + 1]: first row of each tree, then the row count."""
+        self.tree_ids = tree_id[starts]
+        """int64 [T]: the trees' ids, increasing."""
+        sizes = np.diff(self.offsets)
+        if np.any(np.diff(self.tree_ids) <= 0) or not np.array_equal(
+                local, np.arange(n) - np.repeat(starts, sizes)):
+            raise ValueError("StepTrees: rows must be ordered by tree_id, then local_index "
+                             "without gaps (TreeStore.read_step's order)")
+        self.tree_of_row = np.repeat(np.arange(len(starts)), sizes)
+        """int64 [R]: which tree (position k) each row belongs to."""
+        self.parent = _ints(table, "parent_index")
+        """int64 [R]: parent slot within the row's tree (-1 at roots)."""
+        self.depth = _ints(table, "depth")
+        self.level = _ints(table, "level") if "level" in table.column_names else np.zeros(n, int)
+        self.is_leaf = table.column("is_leaf").to_numpy(zero_copy_only=False).astype(bool)
+        self.reward = np.where(self.is_leaf, _floats(table, "reward"), np.nan)
+        """float64 [R]: the outcome at leaves, NaN elsewhere (``Tree.leaf_reward``)."""
+        self._lists: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.tree_ids)
+
+    def positions(self, tree_ids: np.ndarray) -> np.ndarray:
+        """int64: the position k of each of ``tree_ids`` among this step's trees."""
+        tree_ids = np.asarray(tree_ids, dtype=np.int64)
+        at = np.searchsorted(self.tree_ids, tree_ids)
+        found = at < len(self.tree_ids)
+        found[found] = self.tree_ids[at[found]] == tree_ids[found]
+        if not found.all():
+            raise ValueError(f"no stored tree has id {sorted(set(tree_ids[~found].tolist()))} in "
+                             f"this step (its trees: {len(self)})")
+        return at
+
+    def rows(self, k: int) -> np.ndarray:
+        """int64: the rows of tree ``k``, root first."""
+        return np.arange(self.offsets[k], self.offsets[k + 1])
+
+    def tree(self, k: int) -> Tree:
+        """Tree ``k`` as trace_core's struct of arrays."""
+        s = slice(self.offsets[k], self.offsets[k + 1])
+        return Tree(self.parent[s], self.depth[s], self.reward[s])
+
+    def column(self, name: str) -> list[Any]:
+        """A column as a Python list (converted once)."""
+        if name not in self._lists:
+            self._lists[name] = self.table.column(name).to_pylist()
+        return self._lists[name]
+
+    def floats(self, name: str) -> np.ndarray:
+        """A numeric column as float64, NaN where null."""
+        return _floats(self.table, name)
+
+    def path_rows(self, row: int) -> list[int]:
+        """The rows from the root of ``row``'s tree down to ``row`` (both included)."""
+        base = int(self.offsets[self.tree_of_row[row]])
+        out = [int(row)]
+        while self.parent[out[-1]] != NO_PARENT:
+            out.append(base + int(self.parent[out[-1]]))
+        return out[::-1]
+
+    def leaf_below(self) -> np.ndarray:
+        """int64 [R]: per row, the row of the leaf reached by following first children
+        (``trace_core.tree.leaf_below``); on a bare rollout's chain, the rollout's leaf."""
+        out = np.empty(self.table.num_rows, dtype=np.int64)
+        for k in range(len(self)):
+            s = slice(self.offsets[k], self.offsets[k + 1])
+            out[s] = self.offsets[k] + leaf_below(self.parent[s])
+        return out
+
+    def history(self, row: int) -> str:
+        """The predictor's input for node ``row``: the question and the turns down to it."""
+        path = self.path_rows(row)
+        text, obs = self.column("text"), self.column("observation")
+        return _history(text[path[0]], [(text[i], obs[i]) for i in path[1:]])
+
+    def turns(self, row: int) -> list[Turn]:
+        """The stored turns from below the root down to node ``row``, to replay as a prefix."""
+        c = {name: self.column(name) for name in ("gen_token_ids", "gen_logprobs", "text",
+                                                  "action_json", "observation", "obs_token_ids",
+                                                  "tool_called", "error")}
+        return [Turn(gen_ids=list(c["gen_token_ids"][i]), gen_logprobs=list(c["gen_logprobs"][i]),
+                     text=c["text"][i], action=Action.from_json(json.loads(c["action_json"][i])),
+                     obs_text=c["observation"][i], obs_ids=list(c["obs_token_ids"][i]),
+                     tool_called=bool(c["tool_called"][i]), error=bool(c["error"][i]))
+                for i in self.path_rows(row)[1:]]
+
+    def allocation_scores(self, scores: pa.Table) -> np.ndarray:
+        """float64 [R]: the prediction each node's allocation used, NaN where none: a root's
+        Stage 1 score (its ``predicted_v``), a prefix's Stage 2 score (``scores``: node_id,
+        predicted_v, the allocations table's level-1 rows)."""
+        at = pc.index_in(self.table.column("node_id"), value_set=scores.column("node_id"))
+        stage2 = pc.take(scores.column("predicted_v").cast(pa.float64()), at)
+        out = stage2.fill_null(np.nan).to_numpy(zero_copy_only=False).astype(np.float64)
+        roots = self.offsets[:-1]
+        out[self.depth == 0] = self.floats("predicted_v")[roots][self.tree_of_row[self.depth == 0]]
+        return out
+
+    def predictor_examples(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(histories, targets V^, weights n) of every backed-up internal node (roots and
+        prefixes): what the predictor is fit on."""
+        value = self.floats("value")
+        rows = np.flatnonzero(~self.is_leaf & ~np.isnan(value))
+        return ([self.history(int(r)) for r in rows], value[rows],
+                self.floats("n_leaves")[rows])
 
 
-def group_trees(rows: Iterable[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
-    """A step's rows as trees: tree id -> rows in local-index order (trace_core's arrays)."""
-    trees: dict[int, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        trees.setdefault(r["tree_id"], []).append(r)
-    for tree in trees.values():
-        tree.sort(key=lambda r: r["local_index"])
-    return dict(sorted(trees.items()))
+def _ints(table: pa.Table, name: str) -> np.ndarray:
+    col = table.column(name)
+    if col.null_count:
+        raise ValueError(f"column {name!r} has {col.null_count} null(s)")
+    return col.to_numpy().astype(np.int64)
 
 
-def prefix_rows(tree: Sequence[Mapping[str, Any]], index: int) -> list[Mapping[str, Any]]:
-    """The turn rows from below the root down to node ``index``, root first."""
-    path = []
-    while tree[index]["parent_index"] != NO_PARENT:
-        path.append(tree[index])
-        index = tree[index]["parent_index"]
-    return path[::-1]
-
-
-def node_history(tree: Sequence[Mapping[str, Any]], index: int) -> str:
-    """The predictor's input for node ``index``: the question and the turns up to it."""
-    return history_text(tree[0]["text"], turns_from_rows(prefix_rows(tree, index)))
-
-
-def predictor_examples(trees: Iterable[Sequence[Mapping[str, Any]]]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(histories, targets V^, weights n) of every backed-up internal node (roots and prefixes):
-    what the predictor is fit on."""
-    hist, y, w = [], [], []
-    for tree in trees:
-        for r in tree:
-            if r["is_leaf"] or r["value"] is None:
-                continue
-            hist.append(node_history(tree, r["local_index"]))
-            y.append(r["value"])
-            w.append(r["n_leaves"])
-    return hist, np.asarray(y, dtype=np.float64), np.asarray(w, dtype=np.float64)
+def _floats(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).cast(pa.float64()).fill_null(np.nan).to_numpy()

@@ -1,0 +1,229 @@
+"""Where a training step's wall time goes: ``python -m bench.overhead``.
+
+Runs the real ``train`` flow (Prefect server, DuckDB store, MLflow tracking, the tiny policy
+bootstrapped as ``trace train`` does) in a new work dir and a new ``PREFECT_HOME``, then reads the
+timers the run itself recorded:
+
+* step wall: the ``steps`` table's ``started_at`` -> ``finished_at`` (the flow marks a step running
+  before its first task and complete after its last, MLflow logging included);
+* generation: the ``ledger`` table's ``wall_seconds`` (the engine and the environment rolling out
+  the step's episodes, summed over its levels and waves);
+* optimiser: the step's ``loss/seconds`` metric (``PolicyTrainer.update``: the PPO epochs);
+* per phase: Prefect's own task-run records (start and end of every task of the step).
+
+The overhead is what is neither generation nor the optimiser: Prefect (task orchestration,
+caching, result storage), DuckDB, MLflow, the predictor and every other bit of bookkeeping; it is
+printed as a share of the step's wall time, with the phases it is spent in. The rollout
+engine's start (once per process; vLLM's takes minutes on a busy CPU) is timed on its own and
+not counted in step 0's overhead. Two cases:
+
+* ``default``: ``trace train``'s defaults (48 leaves per step), held-out evaluation off (it is
+  not part of a step), ``--steps`` steps; step 0 also starts the engine and warms caches, so the
+  figure is the share over the later steps (all steps are listed);
+* ``4096``: one step of 4,096 leaves (1,024 bare rollouts from a pool of 512, multiplier 3), the
+  other fields at their defaults.
+
+    python -m bench.overhead --out bench_runs/overhead.json            # both cases
+    python -m bench.overhead --case default --steps 4
+    PREFECT_API_URL=http://127.0.0.1:PORT/api python -m bench.overhead --inspect WORKDIR/4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import timezone
+from pathlib import Path
+from typing import Any
+
+CASES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "4096": {"pool_size": 512, "root_budget": 1024, "multiplier": 3, "steps": 1},
+}
+"""Config overrides per case (on top of the defaults, ``eval_items=0`` and ``--steps``)."""
+
+
+def _task_runs(flow_run_id: str) -> list[Any]:
+    """Every task run of the flow run, from the Prefect server the flow reported to."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs, offset = [], 0
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+                offset=offset, limit=200)
+            runs += page
+            offset += len(page)
+            if len(page) < 200:
+                return runs
+
+
+def _phase(name: str) -> str:
+    """A task run's phase: its name without the suffix Prefect adds (``expand-roots-3f1``)."""
+    head, _, tail = name.rpartition("-")
+    return head if head and len(tail) == 3 and tail.isalnum() else name
+
+
+def measure(workdir: Path, run_id: str) -> list[dict[str, Any]]:
+    """Per step of the run: wall, generation, optimiser and phase seconds (from its records)."""
+    from trace_rl.storage.store import TreeStore
+
+    store = TreeStore(workdir, create=False)
+    q = {"r": run_id}
+    steps = store.query("SELECT step, started_at, finished_at, metrics_json FROM steps "
+                        "WHERE run_id = $r AND status = 'complete' ORDER BY step", q).to_pylist()
+    gen = {r["step"]: r["s"] for r in store.query(
+        "SELECT step, sum(wall_seconds) AS s FROM ledger WHERE run_id = $r GROUP BY step",
+        q).to_pylist()}
+    flow_run_id = store.get_run(run_id)["prefect_flow_run_id"]
+    tasks = [t for t in _task_runs(flow_run_id) if t.start_time and t.end_time]
+    out = []
+    for s in steps:
+        start = s["started_at"].replace(tzinfo=timezone.utc)
+        end = s["finished_at"].replace(tzinfo=timezone.utc)
+        phases: dict[str, float] = defaultdict(float)
+        for t in tasks:
+            if start <= t.start_time <= end:
+                phases[_phase(t.name)] += (t.end_time - t.start_time).total_seconds()
+        metrics = json.loads(s["metrics_json"])
+        wall = (end - start).total_seconds()
+        out.append({"step": s["step"], "wall_s": wall, "generation_s": float(gen.get(s["step"], 0)),
+                    "optimiser_s": float(metrics["loss/seconds"]),
+                    "leaves": int(metrics["rollout/leaves"]),
+                    "tasks_s": sum(phases.values()), "phases_s": dict(phases)})
+    for r in out:
+        r["overhead_s"] = r["wall_s"] - r["generation_s"] - r["optimiser_s"]
+        r["overhead_share"] = r["overhead_s"] / r["wall_s"]
+    return out
+
+
+ENGINE_STARTS: list[float] = []
+"""Seconds each rollout engine of this process took to start (``_timed_engines``)."""
+
+
+def _timed_engines() -> None:
+    """Time every rollout engine start (vLLM's takes minutes here): once per process, not a cost
+    of a step, so it is reported on its own and not counted as step overhead."""
+    import trace_rl.engines as engines
+
+    make = engines.make_engine
+    if getattr(make, "timed", False):
+        return
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return make(*args, **kwargs)
+        finally:
+            ENGINE_STARTS.append(time.perf_counter() - t0)
+
+    timed.timed = True  # type: ignore[attr-defined]
+    engines.make_engine = timed
+
+
+def inspect(workdir: Path) -> dict[str, Any]:
+    """A run's figures so far, also while its step is still running (a 4,096-leaf step spends
+    most of an hour in the optimiser here): generation per level from the ledger, seconds per
+    finished phase from Prefect's task runs (``PREFECT_API_URL`` set to the run's server)."""
+    from trace_rl.storage.store import TreeStore
+
+    store = TreeStore(workdir, create=False)
+    run = store.query("SELECT run_id, prefect_flow_run_id FROM runs").to_pylist()[0]
+    phases: dict[str, float] = defaultdict(float)
+    running = []
+    for t in _task_runs(run["prefect_flow_run_id"]):
+        if t.start_time and t.end_time:
+            phases[_phase(t.name)] += (t.end_time - t.start_time).total_seconds()
+        else:
+            running.append(_phase(t.name))
+    return {"run_id": run["run_id"], "phases_s": dict(phases), "running": running,
+            "ledger": store.query("SELECT step, level, method, trajectories, wall_seconds "
+                                  "FROM ledger ORDER BY step, level, method").to_pylist()}
+
+
+def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
+    """One real train run of the case in ``root``; its per-step figures."""
+    from flows.train import train
+    from trace_rl.config import TrainConfig
+
+    _timed_engines()
+    ENGINE_STARTS.clear()
+
+    overrides = {"steps": steps, **CASES[name], "eval_items": 0, "run_name": f"overhead-{name}"}
+    cfg = TrainConfig(**overrides)
+    workdir = root / name
+    t0 = time.perf_counter()
+    summary = train(config=cfg, workdir=str(workdir))
+    total = time.perf_counter() - t0
+    rows = measure(workdir, summary["run_id"])
+    rows[0]["engine_start_s"] = sum(ENGINE_STARTS)  # started by step 0's first rollout
+    rows[0]["overhead_s"] -= rows[0]["engine_start_s"]
+    rows[0]["overhead_share"] = rows[0]["overhead_s"] / rows[0]["wall_s"]
+    later = rows[1:] or rows  # step 0 also starts the engine (not counted) and warms caches
+    share = sum(r["overhead_s"] for r in later) / sum(r["wall_s"] for r in later)
+    return {"case": name, "overrides": overrides, "run_s": total, "steps": rows,
+            "overhead_share": share, "share_over": [r["step"] for r in later]}
+
+
+def report(result: dict[str, Any]) -> str:
+    """The case as text: per step, then the overhead's phases of the last step."""
+    lines = [f"case {result['case']} ({json.dumps(result['overrides'], sort_keys=True)}), "
+             f"run {result['run_s']:.1f} s"]
+    lines.append("  step  leaves   wall s  engine start s  generation s  optimiser s  overhead s"
+                 "  share")
+    for r in result["steps"]:
+        lines.append(f"  {r['step']:4d}  {r['leaves']:6d}  {r['wall_s']:7.1f}  "
+                     f"{r.get('engine_start_s', 0.0):14.1f}  {r['generation_s']:12.1f}  "
+                     f"{r['optimiser_s']:11.1f}  {r['overhead_s']:10.1f}  "
+                     f"{100 * r['overhead_share']:4.1f}%")
+    last = result["steps"][-1]
+    lines.append(f"  overhead share (steps {result['share_over']}): "
+                 f"{100 * result['overhead_share']:.1f}%")
+    lines.append(f"  step {last['step']} by phase (Prefect task runs, s; generation is inside "
+                 f"expand-*, the optimiser inside policy-update):")
+    for phase, s in sorted(last["phases_s"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {phase:20s} {s:7.2f}")
+    lines.append(f"    {'(outside tasks)':20s} {last['wall_s'] - last['tasks_s']:7.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--case", choices=sorted(CASES), action="append",
+                   help="case to run (repeatable; default: all)")
+    p.add_argument("--steps", type=int, default=3, help="steps of the default case")
+    p.add_argument("--out", type=Path, help="also write the figures here as JSON")
+    p.add_argument("--keep", type=Path, help="keep the work dirs under this folder (default: a "
+                                             "temporary one, removed at the end)")
+    p.add_argument("--inspect", type=Path, help="only print the figures so far of the run in "
+                                                "this work dir (with PREFECT_API_URL its server)")
+    args = p.parse_args(argv)
+    if args.inspect:
+        print(json.dumps(inspect(args.inspect), indent=1, default=str))
+        return
+    results = []
+    with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
+        for name in args.case or ["default", "4096"]:
+            results.append(run_case(name, args.steps, args.keep or Path(tmp)))
+            print(report(results[-1]), flush=True)
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    # A new Prefect home (its own database) per invocation, set before Prefect is imported.
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="trace-overhead-prefect-"))
+    from trace_rl import environ
+
+    environ.apply()
+    sys.exit(main())
