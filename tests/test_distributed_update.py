@@ -5,6 +5,8 @@ and the same weights after the update (issue 20's acceptance: within 1e-5). Plai
 
 from __future__ import annotations
 
+import gc
+
 import os
 import socket
 
@@ -56,6 +58,11 @@ def _rank(rank: int, world: int, port: int, model_dir: str, name: str, out: str)
     try:
         trainer = PolicyTrainer(model_dir, _settings(name), seed=0, ranks=Ranks(rank, world))
         torch.save(_run(trainer), f"{out}.{rank}")
+        # Drop the DDP model (its Reducer holds the gloo group) while the group is alive: freed
+        # at the function's return instead, the group's destructor joins a gloo thread that waits
+        # for the GIL this thread holds, and the rank hangs (seen once in a fresh-clone run).
+        del trainer
+        gc.collect()
     finally:
         dist.destroy_process_group()
 

@@ -43,6 +43,12 @@ DEFAULTS = {
     # step of a fresh-clone `trace train` took longer than that (2026-12-01): a slow step on a
     # busy shared CPU is not a hung worker, so the run waits for it.
     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(VLLM_STEP_TIMEOUT_S),
+    # vLLM's first LLM() in a process applies its own logging.config.dictConfig, which flushes
+    # every existing handler while holding the logging lock. Inside a Prefect task one of them is
+    # Prefect's API log handler, whose flush waits for a thread that needs that lock: the first
+    # vLLM engine of a `trace train` deadlocked there on a fresh clone (2026-12-01). vLLM's
+    # warnings and errors still reach stderr through Python's default handling.
+    "VLLM_CONFIGURE_LOGGING": "0",
 }
 
 
