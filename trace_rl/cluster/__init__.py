@@ -97,3 +97,14 @@ def accelerator() -> str:
     import ray
 
     return "GPU" if ray.cluster_resources().get("GPU", 0) >= 1 else "CPU"
+
+
+def kill_actors(actors: list[Any]) -> None:
+    """End each actor (a pool's engines, a group's ranks) at close; Ray may be down already."""
+    import ray
+
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001 -- closing at exit, Ray may be down already
+            pass

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import ray
 from ray.exceptions import OutOfMemoryError, RayActorError
 
-from trace_rl.cluster import accelerator
+from trace_rl.cluster import accelerator, kill_actors
 from trace_rl.cluster.sync import Layout, WeightGroup
 from trace_rl.engines import make_engine
 from trace_rl.rollout.types import Completion, GenRequest
@@ -198,9 +198,5 @@ class EnginePool:
         return ray.get([a.where.remote() for a in self.actors])
 
     def close(self) -> None:
-        for a in self.actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 -- closing at exit, Ray may be down already
-                pass
+        kill_actors(self.actors)
         self.actors = []

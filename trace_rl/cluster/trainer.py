@@ -22,7 +22,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from trace_rl.cluster import accelerator
+from trace_rl.cluster import accelerator, kill_actors
 from trace_rl.cluster.sync import Layout, WeightGroup, layout
 from trace_rl.policy.update import PathSample, PolicyTrainer, Ranks, UpdateSettings
 
@@ -155,11 +155,7 @@ class TrainerGroup:
         return ray.get([a.where.remote() for a in self.actors])
 
     def close(self) -> None:
-        for a in self.actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 -- closing at exit, Ray may be down already
-                pass
+        kill_actors(self.actors)
         try:
             remove_placement_group(self.pg)
         except Exception:  # noqa: BLE001
