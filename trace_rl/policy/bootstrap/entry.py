@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
