@@ -72,16 +72,13 @@ class StoreBusyError(TimeoutError):
     """Another process held the database file for longer than the retry budget."""
 
 
-
 def _exec(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[tuple]:
     """Execute and drain the result (DuckDB 2 refuses new work while a result is pending)."""
     return con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
 
 
-
 def _is_lock_error(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
-
 
 
 class PublishedDatabase:
