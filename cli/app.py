@@ -8,64 +8,21 @@ Prefect's embedded default (no server needed); set PREFECT_API_URL to use a serv
 from __future__ import annotations
 
 import json
-import os
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from trace_rl import environ
 
 environ.apply()  # Prefect's start-up limit and quiet defaults, before any flow imports prefect
 
+from cli.output import console, print_query, print_replay, print_summary, print_warmstart  # noqa: E402
+from cli.prepare import (WORKDIR_HELP, checked_eval_split, load_config_or_exit,  # noqa: E402
+                         prefect_ready, resolve_workdir, with_data, with_policy)
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="TRACE: tree rollout allocation for sample-efficient agentic RL.")
-console = Console(soft_wrap=True, highlight=False)  # commands it prints must stay copy-pastable
-WORKDIR_HELP = "Work dir holding trace.duckdb, the MLflow store and checkpoints."
-DEFAULT_WORKDIR = "trace_runs"
-
-
-def _workdir(workdir: Optional[str]) -> str:
-    return str(Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve())
-
-
-@contextmanager
-def prefect_ready() -> Iterator[None]:
-    """Import the flow modules (the body) and start Prefect's temporary server, saying so at least
-    every 10 s: on a loaded machine the imports (torch, Prefect, MLflow) and the first start of
-    the server on a new PREFECT_HOME (it creates its database) each take up to a minute, which
-    reads as a hang when nothing is printed. The flow then finds the server running (Prefect
-    keeps one per process). With PREFECT_API_URL set, a real server is used and nothing starts."""
-    from trace_rl.progress import Progress
-
-    with Progress("trace", 0, every_s=10) as progress:
-        progress.note("loading torch, Prefect and the flows")
-        yield
-        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
-
-        if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
-            return
-        from prefect.server.api.server import SubprocessASGIServer
-
-        progress.note("starting Prefect's temporary server (the first start on a new "
-                      "PREFECT_HOME creates its database)")
-        SubprocessASGIServer().start()
-
-
-def _load_config(config: Optional[Path], overrides: Optional[List[str]]):
-    """The validated config with its inputs checked; a bad value or file exits with status 2
-    and one line naming it, before anything slow is imported."""
-    from trace_rl.config import load_config
-
-    try:
-        return load_config(config, overrides or [])
-    except ValueError as exc:  # DatasetError included: it names the file and line
-        console.print(f"trace: {exc}", style="red", markup=False)
-        raise typer.Exit(2)
 
 
 @app.command()
@@ -82,8 +39,8 @@ def train(
 
     One run trains a work dir at a time: if another is running there, this exits at once
     (status 3) naming it, unless --wait."""
-    cfg = _load_config(config, _with_data(overrides, data, "train_split"))  # before Prefect, the flow or the bootstrap start
-    wd = _workdir(workdir)
+    cfg = load_config_or_exit(config, with_data(overrides, data, "train_split"))  # before Prefect, the flow or the bootstrap start
+    wd = resolve_workdir(workdir)
     console.print(f"[bold]trace train[/] run [cyan]{cfg.resolved_run_id}[/]: {cfg.family}, "
                   f"allocator {cfg.allocator}, {cfg.steps} steps, {cfg.leaf_budget} leaves/step; "
                   f"workdir {wd}")
@@ -106,32 +63,6 @@ def train(
                   "a snapshot, re-published as training writes, so re-open it to see new rows)")
 
 
-def print_summary(summary: dict) -> None:
-    """What the run achieved: held-out accuracy before/after with intervals, then per step."""
-    b, a, g = summary["before"], summary["after"], summary["gain"]
-    if b and a:
-        t = Table("held-out accuracy", "value", "95% CI", title=f"run {summary['run_id']}")
-        for name, e in ((f"before (step {b['step']})", b), (f"after (step {a['step']})", a)):
-            t.add_row(name, f"{e['accuracy']:.3f}", "-" if e["ci_low"] is None
-                      else f"[{e['ci_low']:.3f}, {e['ci_high']:.3f}]")
-        if g:
-            t.add_row(f"gain, paired over {b['items']} items x {b['samples']} samples",
-                      f"{g['mean']:+.3f}", f"[{g['low']:+.3f}, {g['high']:+.3f}]")
-        console.print(t)
-        if g:
-            from trace_core.stats import verdict
-
-            console.print(f"training changed held-out accuracy by {100 * g['mean']:+.1f} points: "
-                          f"{verdict(g['mean'], g['low'], g['high'])}")
-    t = Table("step", "reward", "effective ratio", "leaves", "generated tokens")
-    for st in summary["steps"]:
-        t.add_row(str(st["step"]), f"{st['reward']:.3f}", f"{st['effective_ratio']:.2f}",
-                  str(st["leaves"]), str(st["generated_tokens"]))
-    console.print(t)
-    console.print(f"spent {summary['leaves']} leaves and {summary['generated_tokens']} generated "
-                  "tokens in training")
-
-
 @app.command("eval")
 def evaluate(
     policy: str = typer.Argument(..., help="Policy directory (a checkpoint) to evaluate."),
@@ -150,44 +81,15 @@ def evaluate(
 ) -> None:
     """Evaluate a policy (a checkpoint directory, or a named policy: smollm2): accuracy, the
     verifier's metrics, contrast metrics, and a JSONL of per-item predictions."""
-    cfg = _load_config(config, _with_policy(overrides, policy))
-    split = _eval_split(cfg, str(data) if data else split)
+    cfg = load_config_or_exit(config, with_policy(overrides, policy))
+    split = checked_eval_split(cfg, str(data) if data else split)
     with prefect_ready():
         from flows.evaluate import evaluate as evaluate_flow
 
     result = evaluate_flow(policy_dir=policy, config=cfg, split=split,
                            limit=limit or None, samples=samples, temperature=temperature,
-                           workdir=_workdir(workdir), predictions=str(out) if out else None)
+                           workdir=resolve_workdir(workdir), predictions=str(out) if out else None)
     console.print_json(json.dumps(result))
-
-
-def _with_data(overrides: Optional[List[str]], data: Optional[Path], field: str) -> List[str]:
-    """``--data FILE`` as the override ``field=FILE`` (the file must exist)."""
-    if data is None:
-        return list(overrides or [])
-    if not data.is_file():
-        console.print(f"trace: --data {data}: no such file", style="red", markup=False)
-        raise typer.Exit(2)
-    return [*(overrides or []), f"{field}={data.resolve()}"]
-
-
-def _with_policy(overrides: Optional[List[str]], policy: str) -> List[str]:
-    """The evaluated policy as the config's ``policy``, so it is checked like train's."""
-    return [*(overrides or []), f"policy={policy}"]
-
-
-def _eval_split(cfg, split: Optional[str]) -> str:
-    """The split (or data file) ``trace eval`` reads, checked before anything slow starts: a
-    split the family lacks or a bad file gives one line and exit status 2."""
-    from trace_rl.config import check_split
-
-    split = split or cfg.eval_split
-    try:
-        check_split(cfg, split, "--data" if Path(split).suffix else "eval split")
-    except (ValueError, FileNotFoundError) as exc:  # DatasetError included: file and line
-        console.print(f"trace: {exc}", style="red", markup=False)
-        raise typer.Exit(2)
-    return split
 
 
 @app.command()
@@ -205,7 +107,7 @@ def bootstrap(
 
     chosen = {k: v for k, v in (("family", family), ("difficulty", difficulty), ("seed", seed))
               if v is not None}  # the rest: the flow's defaults, those of TrainConfig
-    console.print(bootstrap_flow(workdir=_workdir(workdir), **chosen))
+    console.print(bootstrap_flow(workdir=resolve_workdir(workdir), **chosen))
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -227,20 +129,8 @@ def warmstart(
     with prefect_ready():
         from flows.warmstart import warmstart as warmstart_flow
 
-    result = warmstart_flow(config=cfg.to_json(), workdir=_workdir(workdir), engine=engine)
-    record = result["record"] or {}
-    for stage in ("before", "after", "after_t1", "after_greedy"):
-        m = record.get(stage)
-        if m:
-            types = ", ".join(f"{k[8:]} {v:.3f} ({m['items_' + k[8:]]} items)"
-                              for k, v in m.items() if k.startswith("success_"))
-            console.print(f"{stage.split('_')[0]} SFT: success {m['success']:.3f} at temperature "
-                          f"{m['temperature']:g} on {m['items']} {record['eval_split']} items x "
-                          f"{record['eval_samples']}; {types}")
-    console.print(f"policy: {result['policy_dir']}")
-    extra = json.dumps(dict(cfg.env_args), separators=(",", ":"))
-    console.print(f"train it: trace train family={cfg.family} policy={result['policy_dir']} "
-                  f"extra='{extra}'")
+    result = warmstart_flow(config=cfg.to_json(), workdir=resolve_workdir(workdir), engine=engine)
+    print_warmstart(result, cfg)
 
 
 @app.command()
@@ -257,7 +147,7 @@ def sql(
     PRAGMA, SET and CHECKPOINT are refused."""
     from trace_rl.storage.store import TreeStore
 
-    db = Path(_workdir(workdir)) / "trace.duckdb"
+    db = Path(resolve_workdir(workdir)) / "trace.duckdb"
     if not db.exists():
         console.print(f"[red]no database at {db}[/]: run `trace train` first or pass --workdir")
         raise typer.Exit(2)
@@ -266,26 +156,7 @@ def sql(
     except Exception as exc:  # show DuckDB's own message (syntax, read-only refusal) plainly
         console.print(f"[red]query failed:[/] {exc}")
         raise typer.Exit(1)
-    if fmt == "json":
-        print(json.dumps(result.to_pylist(), default=str))
-    elif fmt == "csv":
-        import pyarrow.csv as pacsv
-
-        pacsv.write_csv(result, sys.stdout.buffer)
-    elif fmt == "table":
-        table = Table(*result.column_names)
-        for row in result.slice(0, max_rows).to_pylist():
-            table.add_row(*[_cell(v) for v in row.values()])
-        console.print(table)
-        if result.num_rows > max_rows:
-            console.print(f"... {result.num_rows - max_rows} more rows (use --max-rows or --format csv)")
-    else:
-        raise typer.BadParameter(f"--format {fmt!r}: choose table, csv or json")
-
-
-def _cell(v: object) -> str:
-    s = str(v)
-    return s if len(s) <= 60 else s[:57] + "..."
+    print_query(result, fmt, max_rows)
 
 
 @app.command()
@@ -307,11 +178,11 @@ def view(
         if out is not None:
             from trace_rl.view.page import write_page
 
-            console.print(f"trace view: wrote {write_page(_workdir(workdir), out, run, step)}")
+            console.print(f"trace view: wrote {write_page(resolve_workdir(workdir), out, run, step)}")
         else:
             from trace_rl.view.server import serve
 
-            serve(_workdir(workdir), port, run, step, say=console.print)
+            serve(resolve_workdir(workdir), port, run, step, say=console.print)
     except ViewError as exc:
         console.print(f"trace view: {exc}", style="red", markup=False)
         raise typer.Exit(2)
@@ -334,11 +205,11 @@ def replay(
     from trace_rl.view.data import ViewError, open_store
 
     try:
-        store = open_store(_workdir(workdir))
+        store = open_store(resolve_workdir(workdir))
         from trace_rl.storage.replay import stored_config
 
         base = stored_config(store, run)
-        cfg = _load_config(None, overrides)  # validates the overrides' names and values
+        cfg = load_config_or_exit(None, overrides)  # validates the overrides' names and values
         given = {o.split("=", 1)[0].strip() for o in overrides or []}
         from trace_rl.config import config_from_mapping
 
@@ -356,27 +227,6 @@ def replay(
         console.print(f"trace replay: {exc}", style="red", markup=False)
         raise typer.Exit(2)
     print_replay(run, budget, steps, env, replays)
-
-
-def print_replay(run: str, budget, steps: list[int], env, replays) -> None:
-    """Per step and overall: expected contrastive groups (effective ratio) per allocator."""
-    kappa = ", ".join(f"{d}: {k:.2f}" for d, k in sorted(env.kappa.items())) or "none stored"
-    console.print(f"replay of {run}: {len(steps)} steps, budget {budget.total} leaves per step "
-                  f"(M = {budget.roots}, N = {budget.multiplier}); prompt kappa "
-                  f"{env.root_kappa:.2f}, prefix kappa by depth {{{kappa}}}")
-    t = Table("step", *[f"{r.allocator}: groups (eff. ratio)" for r in replays])
-    for i, s in enumerate(steps):
-        t.add_row(str(s), *[f"{r.steps[i].groups:.2f} ± {r.steps[i].groups_se:.2f} "
-                            f"({r.steps[i].effective_ratio:.2f})" for r in replays])
-    overall = [r.overall() for r in replays]
-    t.add_row("mean per step [95% CI]", *[f"{o['groups']:.2f} [{o['groups_low']:.2f}, "
-                                          f"{o['groups_high']:.2f}] ({o['effective_ratio']:.2f})"
-                                          for o in overall])
-    t.add_row("leaves per step", *[f"{o['leaves']:.1f}" for o in overall])
-    console.print(t)
-    if not env.identified:
-        console.print("no continuation is stored in this run: prefix values are taken to scatter "
-                      "around their prompt's with kappa = 4 (not estimated)")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -397,7 +247,7 @@ def export(
     """Export a run's tables (runs, steps, nodes, allocations, ledger, evals) to Parquet."""
     from trace_rl.storage.store import TreeStore
 
-    written = TreeStore(Path(_workdir(workdir)) / "trace.duckdb", create=False).export_parquet(run_id, out)
+    written = TreeStore(Path(resolve_workdir(workdir)) / "trace.duckdb", create=False).export_parquet(run_id, out)
     for name, path in written.items():
         console.print(f"{name}: {path}")
 

@@ -270,19 +270,10 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
     watch = Progress("train", 0, every_s=15, quiet=True)
     held_out = _watched(bind(evaluate.evaluate_policy, workdir), watch, "held-out evaluation")
     try:
-        store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
-                       prefect_flow_run_id=str(flow_run.get_id() or ""))
-        _hold_reserve(workdir)
-        tracker.log_config(cfg.to_dict())
-        track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
+        _register_run(cfg, workdir, store, tracker, mlflow_run_id)
         done = store.last_complete_step(run_id)
         start = 0 if done is None else done + 1
-        if cfg.policy == "tiny":
-            from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
-        watch.note(None)  # the bootstrap reports its own progress
-        initial = (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
-                             options=cfg.family_options() or None)
-                   if cfg.policy == "tiny" else resolve_policy(cfg.policy))
+        initial = _initial_policy(cfg, workdir, watch)
         policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:
             logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)
@@ -300,9 +291,7 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
             running = None
             runtime.drop_optimizer_state(workdir, run_id, step - 1)  # only the newest resumes
             history.append(metrics)
-            logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
-                        metrics["rollout/reward_mean"], metrics["tree/effective_ratio"],
-                        metrics["rollout/leaves"], metrics["time/step_s"])
+            _say_step(logger, step, metrics)
         if cfg.eval_items:
             held_out(cfg, workdir, run_id, cfg.steps, policy_dir, skip)
         where = where_to_look(workdir, run_id)
@@ -318,6 +307,36 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
     return {"run_id": run_id, "workdir": workdir, "policy_dir": policy_dir,
             "mlflow_run_id": mlflow_run_id, "steps_run": len(history),
             "last_metrics": history[-1] if history else {}, "summary": summary, "where": where}
+
+
+def _register_run(cfg: TrainConfig, workdir: str, store: Any, tracker: Tracker,
+                  mlflow_run_id: str) -> None:
+    """Register the run in DuckDB (new, or set running again), set the disk reserve aside, and
+    log its config and data sets to MLflow."""
+    run_id = cfg.resolved_run_id
+    store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
+                   prefect_flow_run_id=str(flow_run.get_id() or ""))
+    _hold_reserve(workdir)
+    tracker.log_config(cfg.to_dict())
+    track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
+
+
+def _initial_policy(cfg: TrainConfig, workdir: str, watch: Progress) -> Any:
+    """The policy the run starts from: the tiny policy, bootstrapped by SFT on the family (once
+    per work dir, cached), or a named policy or model directory."""
+    if cfg.policy == "tiny":
+        from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
+    watch.note(None)  # the bootstrap reports its own progress
+    return (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
+                      options=cfg.family_options() or None)
+            if cfg.policy == "tiny" else resolve_policy(cfg.policy))
+
+
+def _say_step(logger: Any, step: int, metrics: dict[str, float]) -> None:
+    """The log line of a finished step."""
+    logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
+                metrics["rollout/reward_mean"], metrics["tree/effective_ratio"],
+                metrics["rollout/leaves"], metrics["time/step_s"])
 
 
 def where_to_look(workdir: str, run_id: str) -> dict[str, str]:

@@ -1,9 +1,9 @@
-"""Tracking phases: tree metrics from the store's views, and the one place metrics are logged."""
+"""Tracking phases: tree metrics from the store's views, and the one place metrics are logged
+(the summaries and Markdown they log: ``tasks.reports``)."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -11,9 +11,11 @@ import numpy as np
 from prefect import task
 
 from tasks import runtime
+from tasks.reports import (artifact_key, complete_steps, fmt_value, promotion_line,  # noqa: F401
+                           run_summary, step_markdown, summary_markdown)
+from tasks.reports import slug as _slug  # re-exported under its old name
 from trace_core import calibration
 from trace_core.predictor import auc, brier
-from trace_core.stats import paired_gain, verdict
 from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import StepTrees
 from trace_rl.storage import plots
@@ -157,7 +159,7 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
     store = runtime.store(workdir)
     before = store.get_eval(run_id, 0)
     _log_reward_curve(tracker, run_id, [before] if before else [],  # this step: not complete yet
-                      [s for s in _complete_steps(store, run_id) if s["step"] < step]
+                      [s for s in complete_steps(store, run_id) if s["step"] < step]
                       + [{"step": step, "reward": metrics["rollout/reward_mean"]}])
     trees = StepTrees(store.read_step(run_id, step))
     if len(trees):
@@ -200,44 +202,11 @@ def log_step_page(tracker: Tracker, workdir: str, run_id: str, step: int,
     if roots:
         create_table_artifact(
             key=f"allocation-{_slug(run_id)}-{step}",
-            table=[{"item": r["item_id"], "predicted V": _fmt(r["predicted_v"]),
-                    "realised V": _fmt(r["true_v"]), "bare rollouts": r["k"]} for r in roots],
+            table=[{"item": r["item_id"], "predicted V": fmt_value(r["predicted_v"]),
+                    "realised V": fmt_value(r["true_v"]), "bare rollouts": r["k"]} for r in roots],
             description=f"TRACE run {run_id}, step {step}: bare rollouts per prompt (root "
                         f"allocation), with the predicted and realised success rate")
     return uri
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
-
-
-def step_markdown(tracker: Tracker, workdir: str, run_id: str, step: int,
-                  metrics: Mapping[str, float], roots: list[Mapping[str, Any]], page: str) -> str:
-    """The Markdown of a step's Prefect artifact."""
-    run = tracker.client.get_run(tracker._run())
-    m = lambda k: metrics.get(k, float("nan"))  # noqa: E731
-    spent = [r["k"] for r in roots]
-    lines = [f"# {run_id}: step {step}", "",
-             "| reward | effective ratio | leaves | prefixes continued | refill waves |",
-             "|---|---|---|---|---|",
-             f"| {m('rollout/reward_mean'):.3f} | {m('tree/effective_ratio'):.2f} | "
-             f"{int(m('rollout/leaves')) if 'rollout/leaves' in metrics else '-'} | "
-             f"{int(m('alloc/prefixes_expanded')) if 'alloc/prefixes_expanded' in metrics else '-'}"
-             f" | {int(m('alloc/refill_waves')) if 'alloc/refill_waves' in metrics else '-'} |", ""]
-    if spent:
-        lines += [f"Root allocation: {sum(spent)} bare rollouts over {len(spent)} prompts "
-                  f"({sum(1 for k in spent if k > 0)} given any; most {max(spent)}, fewest "
-                  f"{min(spent)}); the table artifact `allocation-{_slug(run_id)}-{step}` lists "
-                  f"them.", ""]
-    lines += [f"* MLflow run: `{run.info.run_name}` (id `{run.info.run_id}`, experiment "
-              f"`{tracker.experiment}`); open with `{tracker.ui_command}`, then "
-              f"<http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/"
-              f"{run.info.run_id}>",
-              f"* Rollout trees of step {step}: [{page}]({page}) (MLflow artifact "
-              f"`view/step_{step:04d}.html`)",
-              f"* Live, while the run writes: `trace view {run_id} --step {step} --workdir "
-              f"{workdir}`"]
-    return "\n".join(lines) + "\n"
 
 
 TASK_RUN_FIELDS = ("step", "level", "wave")
@@ -258,75 +227,6 @@ def named(task: Any) -> Any:
                                        if parameters.get(f) is not None])
 
     return task.with_options(task_run_name=task_run_name)
-
-
-def run_summary(workdir: str, run_id: str) -> dict[str, Any]:
-    """What a run achieved, read from the store with the SQL a user would run: held-out accuracy
-    before and after with intervals, the paired gain, and per step the reward, effective ratio,
-    leaves and generated tokens (``trace sql`` on ``evals``, ``steps``, ``nodes``, ``ledger``)."""
-    store = runtime.store(workdir)
-    q = {"r": run_id}
-    steps = _complete_steps(store, run_id)
-    totals = store.query("SELECT count(*) AS leaves FROM nodes WHERE run_id = $r AND is_leaf",
-                         q).to_pylist()[0]
-    tokens = store.query("SELECT coalesce(sum(generated_tokens), 0) AS t FROM ledger "
-                         "WHERE run_id = $r", q).to_pylist()[0]["t"]
-    evals = store.query("SELECT * FROM evals WHERE run_id = $r ORDER BY step", q).to_pylist()
-    before = next((e for e in evals if e["step"] == 0), None)
-    last = max((e for e in evals if e["step"] > 0), key=lambda e: e["step"], default=None)
-    gain = None
-    if before and last and len(before["per_item"]) >= 2:
-        g = paired_gain(before["per_item"], last["per_item"])
-        gain = {"mean": g.mean, "low": g.low, "high": g.high, "excludes_zero": bool(g.excludes_zero)}
-
-    def brief(e: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        return None if e is None else {k: e[k] for k in ("step", "accuracy", "ci_low", "ci_high",
-                                                          "items", "samples")}
-
-    return {"run_id": run_id, "steps": steps, "leaves": int(totals["leaves"]),
-            "generated_tokens": int(tokens), "before": brief(before), "after": brief(last),
-            "gain": gain}
-
-
-def _complete_steps(store: Any, run_id: str) -> list[dict[str, Any]]:
-    """Per complete step: reward, effective ratio, leaves and generated tokens (``steps``)."""
-    steps = []
-    for row in store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r "
-                           "AND status = 'complete' ORDER BY step", {"r": run_id}).to_pylist():
-        m = json.loads(row["metrics_json"] or "{}")
-        steps.append({"step": row["step"], "reward": m.get("rollout/reward_mean"),
-                      "effective_ratio": m.get("tree/effective_ratio"),
-                      "leaves": int(m.get("rollout/leaves", 0)),
-                      "generated_tokens": int(m.get("ledger/generated_tokens", 0))})
-    return steps
-
-
-def summary_markdown(summary: Mapping[str, Any], where: Mapping[str, str]) -> str:
-    """The summary as the Markdown of the flow's Prefect artifact (the CLI prints the same)."""
-    lines = [f"# {summary['run_id']}", ""]
-    b, a, g = summary["before"], summary["after"], summary["gain"]
-    if b and a:
-        lines += ["| held-out accuracy | value | 95% CI |", "|---|---|---|",
-                  f"| before (step {b['step']}) | {b['accuracy']:.3f} | {_ci(b)} |",
-                  f"| after (step {a['step']}) | {a['accuracy']:.3f} | {_ci(a)} |"]
-        if g:
-            lines.append(f"| gain (paired over {b['items']} items) | {g['mean']:+.3f} | "
-                         f"[{g['low']:+.3f}, {g['high']:+.3f}] |")
-            lines += ["", f"Training changed held-out accuracy by {100 * g['mean']:+.1f} points: "
-                          f"{verdict(g['mean'], g['low'], g['high'])}."]
-        lines.append("")
-    lines += ["| step | reward | effective ratio | leaves | generated tokens |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {s['step']} | {s['reward']:.3f} | {s['effective_ratio']:.2f} | {s['leaves']} | "
-              f"{s['generated_tokens']} |" for s in summary["steps"]]
-    lines += ["", f"Spent: {summary['leaves']} leaves, {summary['generated_tokens']} generated "
-              "tokens in training.", ""]
-    lines += [f"* {name}: `{value}`" for name, value in where.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _ci(e: Mapping[str, Any]) -> str:
-    return "-" if e["ci_low"] is None else f"[{e['ci_low']:.3f}, {e['ci_high']:.3f}]"
 
 
 @task(name="log-summary")
@@ -355,7 +255,7 @@ def log_summary(workdir: str, mlflow_run_id: str, run_id: str, where: Mapping[st
                       summary["steps"])
     promotion = promote_policy(tracker, workdir, run_id, summary)
     where = {**where, **({"Registry": promotion_line(tracker, promotion)} if promotion else {})}
-    create_markdown_artifact(key=_artifact_key(run_id), markdown=summary_markdown(summary, where),
+    create_markdown_artifact(key=artifact_key(run_id), markdown=summary_markdown(summary, where),
                              description=f"TRACE run {run_id}: what training achieved")
     return summary
 
@@ -378,21 +278,6 @@ def promote_policy(tracker: Tracker, workdir: str, run_id: str,
         f"{after['accuracy']:.3f} on {split}."))
     get_run_logger().info("registry: %s", promotion_line(tracker, promotion))
     return promotion
-
-
-def promotion_line(tracker: Tracker, p: Mapping[str, Any]) -> str:
-    name = tracker.model_name("policy")
-    return (f"{name} v{p['version']} is {'now the' if p['champion'] else 'not the'} champion "
-            f"({p['reason']}); load it with mlflow.pyfunc.load_model('models:/{name}@champion')")
-
-
-def _artifact_key(run_id: str) -> str:
-    """Prefect artifact keys allow lower-case letters, digits and dashes only."""
-    return "summary-" + _slug(run_id)
-
-
-def _slug(run_id: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
 
 
 def _log_reward_curve(tracker: Tracker, run_id: str, evals: list[Mapping[str, Any]],

@@ -558,7 +558,7 @@ def test_a_deferred_publish_is_never_lost(store, monkeypatch):
     them once due, without any later write."""
     import duckdb
 
-    import trace_rl.storage.store as store_mod
+    import trace_rl.storage.published as store_mod  # where the publish rule lives
 
     def raw_count() -> int:  # a plain DuckDB reader: no flush on its behalf
         with duckdb.connect(str(store.path), read_only=True) as con:

@@ -56,8 +56,11 @@ Departures from the paper, both documented in docs/algorithm.md:
   the solver's input, never inside it.
 
 The module is longer than the project's 400-line guide on purpose: the optimality argument above
-covers the solvers below together and they share the objectives' helpers, so the proof and the
-code it proves stay in one file.
+covers the root and prefix solvers together, the joint split (``allocate_joint``) prices its
+shares with their internals (the prefix units, the posterior repeat probability, the
+certification tolerance), and all of them share the objectives' helpers, so the proof and the
+code it proves stay in one file. (``explore``, 20 lines, is the one part outside the argument; it
+stays beside the solver whose input it shapes.)
 """
 
 from __future__ import annotations

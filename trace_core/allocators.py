@@ -37,6 +37,9 @@ Methods (the registry ``ALLOCATORS`` maps a name to a factory taking ``Allocator
   step between prefixes and prompts not yet rolled out (``allocate_joint``).
 * ``oracle``: TRACE's two stages on the true V, without exploration (simulation only).
 
+The inputs (``Budget``, ``RootPool``, ``PrefixSet``, ``AllocatorConfig``, ``LeafLedger``) are
+declared in ``trace_core.allocator_inputs`` and importable from here.
+
 Departure from the paper: the exploration rule (trace_core.allocation.explore) is this project's
 addition; DESIGN.md does not say how the paper avoids starving prompts the predictor calls certain.
 """
@@ -44,143 +47,13 @@ addition; DESIGN.md does not say how the paper avoids starving prompts the predi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from trace_core.allocation import allocate_joint, allocate_prefixes, allocate_roots, explore
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The per-step sampling budget, in leaves (complete trajectories)."""
-
-    roots: int
-    """M: bare rollouts at the root for tree methods."""
-    multiplier: int
-    """N: continuations per bare rollout, spent inside the trees."""
-
-    def __post_init__(self) -> None:
-        if self.roots < 2 or self.multiplier < 0:
-            raise ValueError(f"Budget: roots must be >= 2 and multiplier >= 0, got {self.roots}, {self.multiplier}")
-
-    @property
-    def total(self) -> int:
-        """Leaves per step, the same for every method: M + M N."""
-        return self.roots * (1 + self.multiplier)
-
-
-@dataclass(frozen=True)
-class RootPool:
-    """The candidate prompts of one step."""
-
-    predicted: np.ndarray  # [P] V~(x_i)
-    staleness: np.ndarray  # [P] steps since the prompt was last sampled
-    true_value: np.ndarray | None = None  # [P] V(x_i), known only in simulation
-    correlation: float = 0.0
-    """rho of rollout outcomes given a root's prediction (``trace_core.calibration``); 0 = the
-    paper's independent Bernoulli(v) rollouts."""
-
-    def __post_init__(self) -> None:
-        if self.predicted.ndim != 1 or self.staleness.shape != self.predicted.shape:
-            raise ValueError("RootPool: predicted and staleness must be 1-D arrays of equal length")
-        if not 0.0 <= self.correlation < 1.0:
-            raise ValueError(f"RootPool: correlation must be in [0, 1), got {self.correlation}")
-        if self.true_value is not None and self.true_value.shape != self.predicted.shape:
-            raise ValueError("RootPool: true_value must match predicted in length")
-
-    @property
-    def size(self) -> int:
-        return self.predicted.shape[0]
-
-
-@dataclass(frozen=True)
-class PrefixSet:
-    """One tree's non-leaf prefixes on its bare rollouts."""
-
-    predicted: np.ndarray  # [K] V~(H_ijt)
-    observed: np.ndarray  # [K] r_ij of the bare rollout through the prefix, in {0, 1}
-    true_value: np.ndarray | None = None  # [K] V(H_ijt), known only in simulation
-    correlation: np.ndarray | None = None
-    """[K] rho of outcomes given each prefix's prediction (by its depth); None = 0 everywhere."""
-    seen: np.ndarray | None = None
-    """[K] rollouts below each prefix that had its observed outcome (a root offered for
-    branching: its bare rollouts); None = 1 everywhere."""
-
-    def __post_init__(self) -> None:
-        if self.predicted.ndim != 1 or self.observed.shape != self.predicted.shape:
-            raise ValueError("PrefixSet: predicted and observed must be 1-D arrays of equal length")
-        for name in ("correlation", "seen"):
-            x = getattr(self, name)
-            if x is not None and np.shape(x) != self.predicted.shape:
-                raise ValueError(f"PrefixSet: {name} must match predicted in length")
-        if self.true_value is not None and self.true_value.shape != self.predicted.shape:
-            raise ValueError("PrefixSet: true_value must match predicted in length")
-
-    @property
-    def size(self) -> int:
-        return self.predicted.shape[0]
-
-
-@dataclass(frozen=True, kw_only=True)
-class AllocatorConfig:
-    """Knobs of all allocators (each reads the ones it needs). No defaults for the knobs a
-    training run sets: they come from ``trace_rl.config.TrainConfig.allocator_config`` (or, in a
-    simulation, from the benchmark's own config), so no value is declared twice."""
-
-    group_size: int
-    """n: rollouts per prompt for grpo and dapo."""
-    tree_group: int
-    """Bare rollouts per prompt for random_prefix's uniform roots."""
-    min_per_root: int
-    """Stage 1: an active prompt gets at least this many bare rollouts (one can never be mixed)."""
-    max_per_root: int | None
-    """Stage 1: cap on bare rollouts per prompt; None = no cap."""
-    exploration: float
-    """Strength of the exploration rule applied to predictions before Stage 1 (0 disables it)."""
-    branch_from_root: bool
-    """Stage 2 (trace, oracle): besides the depth >= 1 prefixes, offer the root itself (the
-    depth-0 prefix, the prompt) of a tree whose bare rollouts all agree, with the shared outcome as
-    its observed outcome. A continuation from the root is one more bare rollout; it competes on
-    the same marginal gain q^K (1 - q). Without it, a prompt whose outcome is fixed by its first
-    turn can only spend its m_i N continuations on prefixes that repeat their outcome."""
-    joint_split: bool
-    """trace, oracle: after the bare rollouts, the continuation budget (M N leaves) is split
-    across the whole step between continuations of any tree's prefixes and bare rollouts of
-    prompts not yet rolled out (``allocate_joint``: each leaf goes where it buys the most
-    expected mixed groups), instead of m_i N continuations inside tree i. With independent
-    draws (rho 0) a continuation's predicted flip chance usually beats a fresh pair's gain per
-    leaf; with the calibrated rho of ``trace_core.calibration`` it often does not."""
-    max_per_prefix: int | None = None
-    """Stage 2: cap on continuations per prefix; None = no cap."""
-    dapo_batch_groups: int | None = None
-    """DAPO's target number of mixed groups (its first wave's size); None = half of the groups the
-    leaf budget affords, so the other half is left for refills (a full first wave would make DAPO
-    exactly GRPO at equal leaf budget)."""
-
-    def __post_init__(self) -> None:
-        if self.group_size < 2 or self.tree_group < 2 or self.min_per_root < 2:
-            raise ValueError("AllocatorConfig: group_size, tree_group and min_per_root must be >= 2")
-        if self.exploration < 0:
-            raise ValueError(f"AllocatorConfig.exploration must be >= 0, got {self.exploration}")
-
-
-class LeafLedger:
-    """Counts leaves spent in one step against the budget; overspending is an error."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.spent = 0
-
-    @property
-    def left(self) -> int:
-        return self.budget - self.spent
-
-    def spend(self, leaves: int, what: str) -> None:
-        if leaves < 0 or leaves > self.left:
-            raise ValueError(f"ledger: {what} asks for {leaves} leaves but {self.left} of {self.budget} are left")
-        self.spent += leaves
+from trace_core.allocator_inputs import (AllocatorConfig, Budget, LeafLedger,  # noqa: F401 (re-exported)
+                                         PrefixSet, RootPool)
 
 
 class Allocator(ABC):

@@ -1,4 +1,4 @@
-"""The one typed, frozen configuration of a training run, and its loading from YAML + overrides.
+"""The one typed, frozen configuration of a training run.
 
 ``TrainConfig`` is a pydantic model: every field has a type, a range and a docstring (its
 description in the Prefect UI's run form, whose JSON schema comes from this model), names are
@@ -7,36 +7,28 @@ The CLI, YAML files, the flows' parameters, deployments and benchmarks all build
 the settings below it (``AllocatorConfig``, ``UpdateSettings``, ``Budget``) are derived from it,
 so no default is declared twice. A bad config raises ``ConfigError``, one line per problem.
 
-Over 400 lines because every run parameter is documented where it is declared (the docstrings
-are the UI form's help and carry the measurements behind each default); the logic is ~150 lines.
+This module is the declaration; around it: ``trace_rl.config_load`` builds it from mappings, YAML
+files and ``key=value`` overrides (``load_config``, ``config_from_mapping``; also importable from
+here), ``trace_rl.config_checks`` checks the files it names (``check_inputs``), and
+``trace_rl.config_hash`` makes the hash in its run id.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, get_origin
+from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trace_core.advantages import ESTIMATORS
 from trace_core.allocators import ALLOCATORS, AllocatorConfig, Budget
+from trace_rl.config_hash import config_hash as _config_hash
 from trace_rl.engines import ENGINES
 from trace_rl.envs.registry import families
 
 if TYPE_CHECKING:
     from trace_rl.policy.update import UpdateSettings
 
-_HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a", "chain_hazard_b",
-                         "chain_alias_share", "chain_train_items")
-"""Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
-_NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "weight_sync")
-"""Where a run executes, not what it computes: never in ``config_hash`` (the run id), so a run
-resumes on a cluster of another size (docs/cluster.md)."""
 _CLUSTER = r"^$|^local:[1-9][0-9]*$|^auto$|^(ray://)?[A-Za-z0-9_.-]+:[0-9]{1,5}$"
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 """``trace_core.loss.AGGREGATIONS``' names (a test checks they agree; not imported: that module
@@ -353,18 +345,9 @@ class TrainConfig(BaseModel):
 
     @property
     def config_hash(self) -> str:
-        """Stable hash of everything that changes results (not the run name or id). Options in
-        ``_HASHED_UNLESS_DEFAULT`` enter it only when set, so adding one keeps the ids of runs
-        made before it."""
-        d = self.to_dict()
-        d.pop("run_name")
-        d.pop("run_id")
-        for name in _NEVER_HASHED:
-            del d[name]
-        for name in _HASHED_UNLESS_DEFAULT:
-            if d[name] == type(self).model_fields[name].default:
-                del d[name]
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+        """Stable hash of everything that changes results (not the run name or id; rules and
+        reasons: ``trace_rl.config_hash``)."""
+        return _config_hash(self)
 
     def family_options(self) -> dict[str, Any]:
         """The fields the family registered as its options (``trace_rl.envs.registry.options``),
@@ -392,150 +375,16 @@ class TrainConfig(BaseModel):
 _FLOAT_LITERAL = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
-def _explain(exc: ValidationError, where: str) -> ConfigError:
-    """One line per error of ``exc``: the field, the value and type given, what it may be."""
-    lines = []
-    for e in exc.errors():
-        field = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            lines.append(f"config: unknown field {field!r} in {where}; known: "
-                         f"{', '.join(TrainConfig.model_fields)}")
-        elif not field:  # the model validator: already names its fields
-            msg = e["msg"].removeprefix("Value error, ")
-            lines += [f"config: {m} (in {where})" for m in msg.splitlines()]
-        else:
-            v = e["input"]
-            lines.append(f"config: {field}={v!r} ({type(v).__name__}) in {where}: {e['msg']}")
-    return ConfigError("\n".join(lines))
+_MOVED = {"config_from_mapping": "trace_rl.config_load", "load_config": "trace_rl.config_load",
+          "check_inputs": "trace_rl.config_checks", "check_policy": "trace_rl.config_checks",
+          "check_split": "trace_rl.config_checks"}
+"""Names that moved to their own modules, still importable from here. Looked up on first use
+(PEP 562) rather than imported: those modules import ``TrainConfig`` from this one."""
 
 
-def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "config") -> TrainConfig:
-    """Defaults updated by ``data``; every unknown key or bad value is reported at once, naming
-    ``where`` it came from."""
-    if isinstance(data, TrainConfig):
-        return data
-    values = dict(data)
-    family = values.get("family", TrainConfig.model_fields["family"].default)
-    for k, v in _family_defaults(family).items():
-        values.setdefault(k, v)  # splits and token caps that suit the family, unless given
-    try:
-        return TrainConfig.model_validate(values)
-    except ValidationError as exc:
-        raise _explain(exc, where) from None
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
 
-
-def _family_defaults(family: Any) -> dict[str, Any]:
-    from trace_rl.envs.registry import family_defaults
-
-    return family_defaults(family) if isinstance(family, str) else {}
-
-
-def _coerce(name: str, raw: str) -> Any:
-    """A command-line override string as the field's type; left as it is when it does not
-    parse, so that validation reports it with the other problems."""
-    kind = TrainConfig.model_fields[name].annotation if name in TrainConfig.model_fields else str
-    try:
-        if kind is bool:
-            return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
-                    "no": False, "off": False}.get(raw.lower(), raw)
-        if kind is int:
-            return int(raw)
-        if kind is float:
-            return float(raw)
-        if get_origin(kind) is dict:
-            return json.loads(raw)
-    except ValueError:
-        return raw
-    return raw
-
-
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Defaults, then a YAML file, then ``key=value`` overrides, validated once (every problem
-    reported at once), then its inputs checked (``check_inputs``)."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"config: cannot read {path} as a YAML mapping: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config: {path} must hold a mapping of field: value")
-        values.update(data)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"config: override {item!r} must look like key=value")
-        k, raw = item.split("=", 1)
-        values[k.strip()] = _coerce(k.strip(), raw)
-    where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
-    return check_inputs(config_from_mapping(values, where))
-
-
-def check_inputs(cfg: TrainConfig) -> TrainConfig:
-    """Check the files a run reads before any work starts: the policy directory (unless
-    ``tiny``) and the training split, which must load through its family (a data file: UTF-8
-    text whose every row parses; errors name the file and line) and hold at least
-    ``pool_size`` items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix."""
-    from trace_rl.envs.registry import make_env
-
-    check_policy(cfg)
-    try:
-        env = make_env(cfg.family, **cfg.env_kwargs())
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"config: family={cfg.family!r} with extra={dict(cfg.extra)!r}: {exc}") from exc
-    # Only the training split: the train flow reads nothing else, and a family's default
-    # eval_split ("test") need not exist (hotpotqa names its splits differently).
-    split = cfg.train_split
-    items = check_split(cfg, split, "train_split", env)
-    if len(items) < cfg.pool_size:
-        raise ValueError(f"config: train_split={split!r} of family {cfg.family!r} holds "
-                         f"{len(items)} items; pool_size={cfg.pool_size} needs as many")
-    caps = [c for c in (env.turn_cap(it) for it in items) if c is not None]
-    if caps and cfg.max_turns < max(caps):
-        raise ValueError(f"config: max_turns={cfg.max_turns} is below the turn cap of some "
-                         f"{cfg.family} items ({max(caps)}: hops + 3); set max_turns={max(caps)} "
-                         f"or more (each item keeps its own cap)")
-    return cfg
-
-
-def check_policy(cfg: TrainConfig) -> None:
-    """The policy must be ``tiny`` on a synthetic family, a named policy
-    (``trace_rl.policy.named``: ``smollm2``) or a Hugging Face model directory; ``ValueError``
-    says which to give otherwise."""
-    from trace_rl.policy.named import NAMED, check_named
-
-    names = ", ".join(f"{k} ({v[0]})" for k, v in NAMED.items())
-    if cfg.policy == "tiny":
-        if not cfg.family.startswith("synth_"):
-            raise ValueError(f"config: policy=tiny is bootstrapped on the synthetic families only, "
-                             f"not on family={cfg.family!r}; give policy=<Hugging Face model "
-                             f"directory>, a named policy ({names}), or warm-start one with "
-                             f"`trace warmstart family={cfg.family}`")
-        return
-    if cfg.policy in NAMED:
-        check_named(cfg.policy)
-        return
-    policy = Path(cfg.policy)
-    if not (policy / "config.json").is_file():
-        raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
-                         f"(no {policy / 'config.json'}); give one, a named policy ({names}), or "
-                         f"'tiny' for the bootstrapped CPU policy of a synthetic family")
-
-
-def check_split(cfg: TrainConfig, split: str, what: str, env: Any = None) -> list[Any]:
-    """The items of ``split`` (a split name or a data file) of ``cfg``'s family; raises
-    ``ValueError`` in one line naming ``what`` (``train_split``, ``eval_split``, ``--data``) and,
-    for a split the family lacks, its valid splits (``DatasetError`` for a bad row)."""
-    from trace_rl.envs.base import DatasetError
-    from trace_rl.envs.io import check_text_file
-    from trace_rl.envs.registry import make_env
-
-    if env is None:
-        env = make_env(cfg.family, **cfg.env_kwargs())
-    if Path(split).suffix or Path(split).is_file():  # a data file rather than a split name
-        check_text_file(split)
-    try:
-        return env.load(split)
-    except DatasetError:
-        raise  # names the file and line already
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        raise ValueError(f"config: {what}={split!r} of family {cfg.family!r}: {exc}") from exc
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,109 +9,34 @@ transaction: if a tree already has rows at a level, the new rows for that tree a
 skipped as a whole, so a retried task leaves exactly one copy and never mixes two samplings of
 the same branch. Allocations and ledger rows are keyed too (first write wins).
 
-Readers never block the writer (issue 24). DuckDB lets one process hold a file read-write, and
-while any other process holds it, even read-only, nobody can open it read-write. So the writer
-keeps a private file, ``.trace.writer.duckdb``, that only TRACE's own store opens, and after its
-transactions publishes ``trace.duckdb`` for readers: a copy of the private file written under a
-temporary name and moved into place with ``os.replace`` (run and step changes always publish;
-level writes and value updates publish at once unless that would spend more than
-``PUBLISH_SHARE`` of the wall time on copies, and are then published shortly after, see
-``_publish_due``). A reader (``trace sql``, ``duckdb
--readonly trace.duckdb``, a notebook) holding the published file keeps the inode it opened, a
-consistent snapshot as of one transaction, for as long as it likes; the next publish swaps a new
-inode in under it and the writer never waits. Each snapshot is whole because the private file is
-checkpointed on close (no WAL) and the copy happens under the writer's lock file.
-
-Why a published copy rather than immutable per-level Parquet files behind views: the private
-file keeps one ACID database with in-place ``update_values`` (backup, advantages, late scores)
-and transactional idempotence; per-level files would need an overlay for every update and rename
-tricks for idempotence. The price is one file copy per publish, linear in the file size
-(measured in docs/schema.md: 10 ms at 6 MB, 0.16 s at 118 MB on the 2-core machine).
-
-Between TRACE processes (a train flow, a retrain or evaluate flow of the same work dir) an flock
-on ``.trace.writer.duckdb.lock`` serialises every open of the private file, so they queue for
-each other's short transactions instead of failing; one ``train`` per work dir is enforced
-separately (``locks.train_lock``). Within one process a lock per file serialises connections,
-since DuckDB refuses two connections of different modes to one file side by side in one process.
-
-Reads are locked down: ``query`` runs one SELECT (or EXPLAIN) on a read-only connection with
-DuckDB's external access disabled and its configuration locked, so SQL given to ``trace sql``
-can neither write nor read anything outside the store (no COPY, ATTACH, EXPORT, read_csv/
-read_text, PRAGMA, SET, CHECKPOINT, INSTALL/LOAD).
+Readers never block the writer: the writer works on a private file and publishes a copy for
+readers after its transactions, and reads are locked down to one SELECT on a read-only connection
+(the protocol, and why a published copy rather than per-level Parquet files:
+``trace_rl.storage.published``). Input is checked and staged column-wise before a transaction
+opens (``trace_rl.storage.staging``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import random
 import re
-import shutil
-import threading
-import time
-from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import duckdb
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from trace_rl.storage.locks import LockTimeout, file_lock, holders
-from trace_rl.storage.schema import (
-    ALLOCATION_INPUT,
-    DERIVED_NODE_COLUMNS,
-    LEDGER_FIELDS,
-    NODE_INPUT,
-    SCHEMA_VERSION,
-    TABLES_DDL,
-    UPDATABLE,
-    VIEWS_DDL,
-)
+from trace_rl.storage.published import (DB_FILENAME, PUBLISH_SHARE, READ_CONFIG,  # noqa: F401
+                                        PublishedDatabase, StoreBusyError, StoreError, _exec)
+from trace_rl.storage.schema import SCHEMA_VERSION, TABLES_DDL, VIEWS_DDL
+from trace_rl.storage.staging import (ALLOCATION_COLUMNS, NODE_COLUMNS, ledger_row,
+                                      stage_allocations, stage_nodes, stage_updates)
+from trace_rl.storage.staging import utc_now as _now
 
-DB_FILENAME = "trace.duckdb"
 STEP_STATUSES = ("running", "complete", "failed")
 RUN_STATUSES = ("running", "complete", "failed", "killed")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_log = logging.getLogger(__name__)
-READ_CONFIG = {
-    "enable_external_access": False,  # no COPY/EXPORT/ATTACH, read_csv/read_text, extensions
-    "autoload_known_extensions": False,
-    "autoinstall_known_extensions": False,
-    "python_enable_replacements": False,  # a query cannot scan Python variables by name
-    "lock_configuration": True,  # last: no SET/PRAGMA can undo the above on this connection
-}
-"""DuckDB config of every read-only connection (``query``, ``trace sql``)."""
-_READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
-PUBLISH_SHARE = 0.1
-"""Most of a writer's wall time that publishing level writes may take (see ``_publish_due``)."""
-
-# Column order of the nodes table, as created by TABLES_DDL.
-NODE_COLUMNS = (
-    "node_id", "parent_id", "tree_id", "root_id", "run_id", "step", "level", "depth",
-    "local_index", "parent_index", "item_id", "family", "text", "action_json", "observation",
-    "gen_token_ids", "obs_token_ids", "gen_logprobs", "gen_tokens", "obs_tokens", "tool_called",
-    "error", "predicted_v", "allocated_k", "reward", "value", "n_leaves", "advantage", "allocator",
-    "is_leaf", "created_at",
-)
-ALLOCATION_COLUMNS = ("run_id", "step", "level", "node_id", "allocator", "item_id", "predicted_v",
-                      "true_v", "k", "gain")
-_UNIT_INTERVAL = ("predicted_v", "value", "reward")
-_NON_NEGATIVE = ("allocated_k", "n_leaves", "depth", "local_index", "tree_id")
-
-
-class StoreError(ValueError):
-    """Input that the store refuses; the message names the column and what to fix."""
-
-
-class StoreBusyError(TimeoutError):
-    """Another process held the database file for longer than the retry budget."""
 
 
 def make_node_id(run_id: str, step: int, tree_id: int, local_index: int) -> str:
@@ -132,19 +57,6 @@ def _check_run_id(run_id: str) -> None:
         raise StoreError(f"run_id {run_id!r} must match {_RUN_ID.pattern} (letters, digits, _ . -)")
 
 
-def _exec(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[tuple]:
-    """Execute and drain the result (DuckDB 2 refuses new work while a result is pending)."""
-    return con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def _is_lock_error(exc: BaseException) -> bool:
-    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
-
-
 @dataclass(frozen=True)
 class WriteResult:
     """What one write_level call did."""
@@ -159,7 +71,7 @@ class WriteResult:
     """False when a ledger row for (run, step, level, method) already existed."""
 
 
-class TreeStore:
+class TreeStore(PublishedDatabase):
     """The tree store of one work dir. Every method opens and closes its own connection.
 
     ``path`` is the work dir (the file is ``<path>/trace.duckdb``) or a ``.duckdb`` / ``.db`` file:
@@ -174,189 +86,16 @@ class TreeStore:
     missing file is an error.
     """
 
-    _locks: dict[Path, threading.RLock] = {}
-    _locks_guard = threading.Lock()
-    _pending: dict[Path, "TreeStore"] = {}
-    """Published path -> the writer of this process whose last writes are not published yet."""
-
     def __init__(self, path: str | Path, *, create: bool = True, read_timeout_s: float = 30.0,
                  write_timeout_s: float = 120.0):
-        path = Path(path)
-        if path.suffix not in (".duckdb", ".db"):  # a work dir
-            path = path / DB_FILENAME
-        self.path = path.resolve()
-        """The published file: what readers open."""
-        self.writer = create
-        self.private = self.path.with_name(f".{self.path.stem}.writer{self.path.suffix}")
-        """The writer's own file; nothing but a writing TreeStore opens it."""
-        self.read_timeout_s = read_timeout_s
-        self.write_timeout_s = write_timeout_s
-        self.lock_seconds: deque[float] = deque(maxlen=10_000)
-        """How long each read-write connection of this object held the file (the lock window)."""
-        self.publish_seconds: deque[float] = deque(maxlen=10_000)
-        """How long each publish (copy + rename of the private file) took."""
-        self._published_at = 0.0
-        self._timer: threading.Timer | None = None
-        self._file = self.private if create else self.path
-        with TreeStore._locks_guard:
-            self._lock = TreeStore._locks.setdefault(self._file, threading.RLock())
+        super().__init__(path, create=create, read_timeout_s=read_timeout_s,
+                         write_timeout_s=write_timeout_s)
         if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._writer_lock():
-                self._adopt_old_layout()
             with self._connect(read_only=False) as con:
                 _exec(con, TABLES_DDL)
                 _exec(con, VIEWS_DDL)
                 _exec(con, "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                       [str(SCHEMA_VERSION)])
-        elif not self.path.exists():
-            hint = (" (only the writer's private file is there: open a writing TreeStore once to "
-                    "publish it)") if self.private.exists() else " (has a run written to this work dir yet?)"
-            raise FileNotFoundError(f"no TRACE database at {self.path}{hint}")
-
-    # ---------------------------------------------------------------- connections
-
-    @contextmanager
-    def _writer_lock(self) -> Iterator[None]:
-        """This thread's turn, then (writers) this process's turn, on the file it opens."""
-        with self._lock:
-            if not self.writer:
-                yield
-                return
-            try:
-                with file_lock(self.private.with_name(self.private.name + ".lock"),
-                               self.write_timeout_s, "TreeStore writer"):
-                    yield
-            except LockTimeout as exc:
-                raise StoreBusyError(str(exc)) from exc
-
-    def _adopt_old_layout(self) -> None:
-        """Remove half-written publishes; adopt a work dir from before the private file: start the
-        private file from ``trace.duckdb``.
-
-        A WAL left next to it (a writer killed mid-transaction) is replayed first by opening the
-        file read-write once, so the copy holds every committed transaction."""
-        for stale in self.path.parent.glob(f".{self.path.name}.publish-*"):
-            stale.unlink(missing_ok=True)  # a publish killed mid-copy (publishes hold our lock)
-        if self.private.exists() or not self.path.exists():
-            return
-        wal = self.path.with_name(self.path.name + ".wal")
-        if wal.exists():
-            con = self._open(self.path, read_only=False)
-            con.close()
-        tmp = self.private.with_name(f"{self.private.name}.adopt-{os.getpid()}")
-        shutil.copyfile(self.path, tmp)
-        os.replace(tmp, self.private)
-
-    def _open(self, file: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
-        """Connect, retrying with backoff while a process outside TRACE's locks holds the file
-        (someone opened the private file by hand); a long wait names that process."""
-        timeout = self.read_timeout_s if read_only else self.write_timeout_s
-        config = READ_CONFIG if read_only else {}
-        deadline = time.monotonic() + timeout
-        delay, warned_at = 0.005, time.monotonic() + 5
-        while True:
-            try:
-                return duckdb.connect(str(file), read_only=read_only, config=config)
-            except duckdb.Error as exc:
-                if not _is_lock_error(exc):
-                    raise
-                now = time.monotonic()
-                if now >= deadline:
-                    raise StoreBusyError(
-                        f"{file} stayed locked for {timeout:.0f} s "
-                        f"({'read' if read_only else 'write'} open) by {holders(file, str(exc))}. "
-                        f"Only TRACE's store should open it; readers open {self.path.name}, "
-                        f"which never blocks the writer: {exc}") from exc
-                if now >= warned_at:
-                    _log.warning("%s is locked by %s; retrying", file, holders(file, str(exc)))
-                    warned_at = float("inf")
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.05)
-
-    @contextmanager
-    def _connect(self, read_only: bool,
-                 publish: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection to this store's file. A writer's read-write one publishes on success:
-        always with ``publish``, else when due (``_publish_due``)."""
-        if not read_only and not self.writer:
-            raise StoreError(f"this TreeStore of {self.path} was opened with create=False "
-                             f"(a reader); open TreeStore(path) to write")
-        pending = None if self.writer else TreeStore._pending.get(self.path)
-        if pending is not None:  # a reader in the writer's own process reads its writes
-            pending.flush()
-        with self._writer_lock():
-            opened = time.perf_counter()
-            con = self._open(self._file, read_only)
-            try:
-                yield con
-            except BaseException:
-                con.close()
-                raise
-            con.close()  # DuckDB checkpoints on close: the file holds everything, no WAL
-            if not read_only:
-                self.lock_seconds.append(time.perf_counter() - opened)
-                if publish or self._publish_due():
-                    self._publish()
-                else:
-                    self._defer_publish()
-
-    def _publish(self) -> None:
-        """Copy the private file to a temporary name and rename it onto the published file
-        (atomic: a reader sees the old snapshot or the new one, never a torn file)."""
-        t0 = time.perf_counter()
-        tmp = self.path.with_name(f".{self.path.name}.publish-{os.getpid()}")
-        shutil.copyfile(self.private, tmp)
-        os.replace(tmp, self.path)
-        self._published_at = time.perf_counter()
-        self.publish_seconds.append(self._published_at - t0)
-        with TreeStore._locks_guard:
-            if TreeStore._pending.get(self.path) is self:
-                del TreeStore._pending[self.path]
-        if self._timer is not None:
-            if self._timer is not threading.current_thread():
-                self._timer.cancel()
-            self._timer = None
-
-    def _defer_publish(self) -> None:
-        """Leave this write unpublished for now, and make sure it is published soon: by a timer
-        at the time the next publish is due (a non-daemon thread, so a process that exits in
-        between still publishes), by the next write, or by a reader of this process first."""
-        with TreeStore._locks_guard:
-            TreeStore._pending[self.path] = self
-        if self._timer is None:
-            wait = self.publish_seconds[-1] * (1 - PUBLISH_SHARE) / PUBLISH_SHARE
-            self._timer = threading.Timer(wait, self.flush)
-            self._timer.start()
-
-    def flush(self) -> None:
-        """Publish now if this writer's last writes are not published yet."""
-        with self._writer_lock():
-            if TreeStore._pending.get(self.path) is self:
-                self._publish()
-
-    def _publish_due(self) -> bool:
-        """Whether a level write or value update publishes: yes unless the last publish was so
-        recent that publishing again would spend more than ``PUBLISH_SHARE`` of the wall time on
-        copies. A copy is linear in the file size (~10 ms at 6 MB, ~160 ms at 120 MB here), so a
-        small store publishes every write and a large one at most every ~1.5 s; run, step and
-        schema changes always publish, and a deferred publish happens by then at the latest
-        (``_defer_publish``), so no write stays unpublished longer than that."""
-        if not self.publish_seconds:
-            return True
-        since = time.perf_counter() - self._published_at
-        return since * PUBLISH_SHARE >= self.publish_seconds[-1] * (1 - PUBLISH_SHARE)
-
-    @contextmanager
-    def _transaction(self, publish: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
-        with self._connect(read_only=False, publish=publish) as con:
-            _exec(con, "BEGIN TRANSACTION")
-            try:
-                yield con
-            except BaseException:
-                _exec(con, "ROLLBACK")
-                raise
-            _exec(con, "COMMIT")
 
     # ---------------------------------------------------------------- runs and steps
 
@@ -465,9 +204,9 @@ class TreeStore:
         for name, v in (("step", step), ("level", level)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise StoreError(f"write_level: {name} must be a non-negative int, got {v!r}")
-        staged = _stage_nodes(run_id, step, level, nodes)
-        alloc = None if allocations is None else _stage_allocations(run_id, step, level, allocations)
-        ledger_row = None if ledger is None else _ledger_row(run_id, step, level, ledger)
+        staged = stage_nodes(run_id, step, level, nodes)
+        alloc = None if allocations is None else stage_allocations(run_id, step, level, allocations)
+        ledger_values = None if ledger is None else ledger_row(run_id, step, level, ledger)
         with self._transaction(publish=False) as con:
             con.register("staged_nodes", staged)
             done = con.execute(
@@ -501,16 +240,16 @@ class TreeStore:
                 n_alloc = _exec(con, f"INSERT OR IGNORE INTO allocations ({acols}) "
                                      f"SELECT {acols} FROM staged_alloc")[0][0]
             ledger_written = False
-            if ledger_row is not None:
+            if ledger_values is not None:
                 ledger_written = _exec(con, "INSERT OR IGNORE INTO ledger VALUES "
-                                            "(?, ?, ?, ?, ?, ?, ?, ?, ?)", ledger_row)[0][0] > 0
+                                            "(?, ?, ?, ?, ?, ?, ?, ?, ?)", ledger_values)[0][0] > 0
         return WriteResult(int(inserted), skipped, int(n_alloc), ledger_written)
 
     def update_values(self, run_id: str, step: int, updates: pa.Table) -> int:
         """Set backup results (value, n_leaves, advantage) or later scores (predicted_v,
         allocated_k) on stored nodes of one step, in one transaction. Returns rows updated."""
         _check_run_id(run_id)
-        staged = _stage_updates(updates)
+        staged = stage_updates(updates)
         cols = [c for c in staged.column_names if c != "node_id"]
         with self._transaction(publish=False) as con:
             con.register("staged_updates", staged)
@@ -527,34 +266,6 @@ class TreeStore:
         return staged.num_rows
 
     # ---------------------------------------------------------------- reading
-
-    def query(self, sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None) -> pa.Table:
-        """Run one SELECT (or EXPLAIN) and return Arrow.
-
-        The connection is read-only with external access disabled and its configuration locked
-        (``READ_CONFIG``), and any other kind of statement is refused before it runs: the SQL can
-        read the store's tables and views, nothing else, and change nothing."""
-        with self._connect(read_only=True) as con:
-            try:
-                statements = con.extract_statements(sql)
-            except duckdb.Error as exc:
-                raise StoreError(f"query: {exc}") from exc
-            if len(statements) != 1:
-                raise StoreError(f"query: give exactly one statement, got {len(statements)}")
-            kind = statements[0].type
-            if kind not in _READ_STATEMENTS:
-                raise StoreError(f"query: only SELECT (and DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) may "
-                                 f"run on the store; this is a {kind.name} statement (the store "
-                                 f"is read-only)")
-            return con.sql(sql, params=params).to_arrow_table()
-
-    @contextmanager
-    def snapshot(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One read-only connection (``READ_CONFIG``) for several reads that must agree: they all
-        see the same snapshot. Closed on exit, so nothing stays held between uses (``trace
-        view`` opens one per page). Run only SELECTs on it; the connection refuses writes."""
-        with self._connect(read_only=True) as con:
-            yield con
 
     def read_step(self, run_id: str, step: int) -> pa.Table:
         """All nodes of one step, ordered by tree and slot."""
@@ -615,185 +326,3 @@ class TreeStore:
 
 
 # -------------------------------------------------------------------- input validation
-
-def _conform(t: pa.Table, spec: Mapping[str, tuple[pa.DataType, bool]], what: str,
-             allowed_extra: Sequence[str] = ()) -> dict[str, pa.ChunkedArray]:
-    """Check names, required columns, nulls and types of an input table; return cast columns."""
-    if not isinstance(t, pa.Table):
-        raise StoreError(f"{what}: expected a pyarrow.Table, got {type(t).__name__}")
-    unknown = [c for c in t.column_names if c not in spec and c not in allowed_extra]
-    if unknown:
-        raise StoreError(f"{what}: unknown column(s) {unknown}; allowed: {sorted(spec)} "
-                         f"plus derived {list(allowed_extra)}")
-    if len(set(t.column_names)) != len(t.column_names):
-        raise StoreError(f"{what}: duplicate column names in {t.column_names}")
-    missing = [c for c, (_, req) in spec.items() if req and c not in t.column_names]
-    if missing:
-        raise StoreError(f"{what}: missing required column(s) {missing}")
-    out = {}
-    for name, (typ, required) in spec.items():
-        if name not in t.column_names:
-            out[name] = pa.chunked_array([pa.nulls(t.num_rows, typ)])
-            continue
-        col = t.column(name)
-        try:
-            out[name] = col.cast(typ)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise StoreError(f"{what}: column {name!r} has type {col.type}, expected {typ} "
-                             f"({exc})") from exc
-        if required and out[name].null_count:
-            raise StoreError(f"{what}: column {name!r} has {out[name].null_count} null(s); it is "
-                             f"required on every row")
-    return out
-
-
-def _first_bad(mask: pa.ChunkedArray, col: pa.ChunkedArray, labels: list[Any]) -> str:
-    i = pc.index(pc.fill_null(mask, False), True).as_py()
-    return f"row {labels[i]} has {col[i].as_py()!r}"
-
-
-def _check_ranges(cols: Mapping[str, pa.ChunkedArray], what: str, labels: list[Any],
-                  unit: Sequence[str] = _UNIT_INTERVAL, nonneg: Sequence[str] = _NON_NEGATIVE) -> None:
-    for name in (*unit, *nonneg):
-        if name not in cols:
-            continue
-        c = cols[name]
-        bad = pc.or_(pc.less(c, 0), pc.greater(c, 1)) if name in unit else pc.less(c, 0)
-        if pc.any(bad).as_py():
-            rule = "lie in [0, 1]" if name in unit else "be >= 0"
-            raise StoreError(f"{what}: column {name!r} must {rule}; {_first_bad(bad, c, labels)}")
-
-
-def _stage_nodes(run_id: str, step: int, level: int, t: pa.Table) -> pa.Table:
-    """Check a level's node input and add the derived columns, column by column (a level of a
-    4,096-leaf step has ~10^4 rows: no per-row Python on this path except to name a bad row)."""
-    what = f"write_level(run={run_id}, step={step}, level={level}) nodes"
-    cols = _conform(t, NODE_INPUT, what, allowed_extra=DERIVED_NODE_COLUMNS)
-    n = t.num_rows
-    if n == 0:
-        raise StoreError(f"{what}: no rows")
-    tree = cols["tree_id"].to_numpy()
-    local = cols["local_index"].to_numpy()
-    parent = cols["parent_index"].to_numpy()
-    depth = cols["depth"].to_numpy()
-    labels = _SlotLabels(tree, local)
-    _check_ranges(cols, what, labels)
-    if len(np.unique(np.stack([tree, local]), axis=1)[0]) != n:
-        raise StoreError(f"{what}: columns 'tree_id', 'local_index' repeat a (tree, slot) pair")
-    root = parent == -1
-    bad = np.flatnonzero((root != (local == 0)) | (root != (depth == 0))
-                         | (~root & ~((0 <= parent) & (parent < local))))
-    if len(bad):
-        i = int(bad[0])
-        raise StoreError(
-            f"{what}: column 'parent_index' at {labels[i]}: the root is slot 0 with "
-            f"parent_index -1 and depth 0, every other node has 0 <= parent_index < "
-            f"local_index and depth >= 1 (got parent_index {parent[i]}, depth {depth[i]})")
-    leaf = cols["is_leaf"].to_numpy()
-    bad = np.flatnonzero(leaf & cols["reward"].is_null().to_numpy(zero_copy_only=False))
-    if len(bad):
-        raise StoreError(f"{what}: column 'reward' is null at leaf {labels[int(bad[0])]}; leaves "
-                         f"are written after their reward")
-    prefix = f"{run_id}/s{step}/t"
-    tree_s = pc.cast(cols["tree_id"], pa.string())
-
-    def node_ids(slot: pa.ChunkedArray) -> pa.ChunkedArray:
-        return pc.binary_join_element_wise(prefix, tree_s, "/n", pc.cast(slot, pa.string()), "")
-
-    derived: dict[str, Any] = {
-        "node_id": node_ids(cols["local_index"]),
-        "parent_id": node_ids(pc.if_else(pc.equal(cols["parent_index"], -1), None,
-                                         cols["parent_index"])),
-        "root_id": node_ids(pc.multiply(cols["local_index"], 0)),
-        "run_id": pa.repeat(run_id, n), "step": pa.repeat(step, n), "level": pa.repeat(level, n),
-        "gen_tokens": pc.fill_null(pc.list_value_length(cols["gen_token_ids"]), 0).cast(pa.int64()),
-        "obs_tokens": pc.fill_null(pc.list_value_length(cols["obs_token_ids"]), 0).cast(pa.int64()),
-    }
-    for name in DERIVED_NODE_COLUMNS:
-        if name in t.column_names:
-            given, want = t.column(name), derived[name]
-            same = pc.fill_null(pc.equal(given.cast(want.type), want), False) if \
-                given.type != pa.null() else pa.repeat(False, n)
-            same = pc.or_(same, pc.and_(pc.is_null(given), pc.is_null(want)))
-            if not pc.all(same).as_py():
-                i = pc.index(same, False).as_py()
-                raise StoreError(f"{what}: column {name!r} at {labels[i]} is {given[i].as_py()!r} "
-                                 f"but the store derives {want[i].as_py()!r}; omit the column or "
-                                 f"fix it")
-    lp_len = pc.list_value_length(cols["gen_logprobs"])
-    gen_len = pc.fill_null(pc.list_value_length(cols["gen_token_ids"]), 0)
-    bad = pc.fill_null(pc.not_equal(lp_len, gen_len), False)
-    if pc.any(bad).as_py():
-        i = pc.index(bad, True).as_py()
-        raise StoreError(f"{what}: column 'gen_logprobs' at {labels[i]} has {lp_len[i].as_py()} "
-                         f"entries for {gen_len[i].as_py()} gen_token_ids")
-    data = {name: derived[name] if name in derived else cols.get(name) for name in NODE_COLUMNS}
-    data["created_at"] = pa.array([_now()] * n, pa.timestamp("us"))
-    return pa.table(data)
-
-
-class _ColumnLabels:
-    """Row labels for error messages: the row's value of a column (e.g. its node id)."""
-
-    def __init__(self, column: pa.ChunkedArray):
-        self.column = column
-
-    def __getitem__(self, i: int) -> Any:
-        return self.column[i].as_py()
-
-
-class _SlotLabels:
-    """Row labels ``(tree T, slot S)`` for error messages, made only for the row named."""
-
-    def __init__(self, tree: np.ndarray, local: np.ndarray):
-        self.tree, self.local = tree, local
-
-    def __getitem__(self, i: int) -> str:
-        return f"(tree {self.tree[i]}, slot {self.local[i]})"
-
-
-def _stage_allocations(run_id: str, step: int, level: int, t: pa.Table) -> pa.Table:
-    what = f"write_level(run={run_id}, step={step}, level={level}) allocations"
-    cols = _conform(t, ALLOCATION_INPUT, what)
-    labels = cols["node_id"].to_pylist()
-    _check_ranges(cols, what, labels, unit=("predicted_v", "true_v"), nonneg=("k",))
-    keys = list(zip(labels, cols["allocator"].to_pylist()))
-    if len(set(keys)) != len(keys):
-        raise StoreError(f"{what}: columns 'node_id', 'allocator' repeat a pair")
-    n = t.num_rows
-    data = {"run_id": [run_id] * n, "step": [step] * n, "level": [level] * n}
-    return pa.table({c: data.get(c, cols.get(c)) for c in ALLOCATION_COLUMNS})
-
-
-def _ledger_row(run_id: str, step: int, level: int, ledger: Mapping[str, Any]) -> list[Any]:
-    what = f"write_level(run={run_id}, step={step}, level={level}) ledger"
-    expected = ("method",) + LEDGER_FIELDS
-    unknown = sorted(set(ledger) - set(expected))
-    missing = [k for k in expected if k not in ledger]
-    if unknown or missing:
-        raise StoreError(f"{what}: keys must be {list(expected)}; missing {missing}, "
-                         f"unknown {unknown}")
-    if not isinstance(ledger["method"], str) or not ledger["method"]:
-        raise StoreError(f"{what}: 'method' must be a non-empty string")
-    row: list[Any] = [run_id, step, level, ledger["method"]]
-    for k in LEDGER_FIELDS:
-        v = ledger[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or \
-                (k != "wall_seconds" and int(v) != v):
-            raise StoreError(f"{what}: {k!r} must be a non-negative "
-                             f"{'number' if k == 'wall_seconds' else 'integer'}, got {v!r}")
-        row.append(float(v) if k == "wall_seconds" else int(v))
-    return row
-
-
-def _stage_updates(t: pa.Table) -> pa.Table:
-    what = "update_values"
-    spec = {"node_id": (pa.string(), True)} | {c: (typ, False) for c, typ in UPDATABLE.items()}
-    cols = _conform(t, spec, what)
-    present = [c for c in UPDATABLE if c in t.column_names]
-    if not present:
-        raise StoreError(f"{what}: give node_id and at least one of {list(UPDATABLE)}")
-    if pc.count_distinct(cols["node_id"]).as_py() != t.num_rows:
-        raise StoreError(f"{what}: column 'node_id' repeats an id")
-    _check_ranges({c: cols[c] for c in present}, what, _ColumnLabels(cols["node_id"]))
-    return pa.table({"node_id": cols["node_id"], **{c: cols[c] for c in present}})

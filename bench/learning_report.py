@@ -1,0 +1,236 @@
+"""The learning benchmark's report: per method, held-out accuracy (final, best, area under the
+curve, at equal generated tokens) over seeds, TRACE minus each baseline paired by seed with
+Student-t intervals and Holm-corrected p values, and the plot (``bench.learning``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bench.learning_runs import VARIANTS, RunResult
+
+def area_under_curve(budget: Sequence[float], accuracy: Sequence[float]) -> float:
+    """Trapezoid area under accuracy vs cumulative budget, divided by the budget span: the mean
+    accuracy over the budget, in [0, 1]."""
+    x, y = np.asarray(budget, dtype=float), np.asarray(accuracy, dtype=float)
+    return float(np.trapezoid(y, x) / (x[-1] - x[0])) if x[-1] > x[0] else float(y[-1])
+
+
+def _final(r: RunResult) -> float:
+    return r.accuracy[-1]
+
+
+def _auc(r: RunResult) -> float:
+    """Area under accuracy vs cumulative budget; the budget is proportional to the steps and the
+    area is normalised by its span, so steps stand in for leaves."""
+    return area_under_curve([e + 1 for e in r.eval_steps], r.accuracy)
+
+
+def token_budget(results: Sequence[RunResult]) -> float:
+    """The generated-token budget every run reached: the smallest total any run spent (nan when
+    no run recorded its tokens per evaluation)."""
+    totals = [r.eval_tokens[-1] for r in results if r.eval_tokens]
+    return float(min(totals)) if totals else float("nan")
+
+
+def accuracy_at_tokens(r: RunResult, tokens: float) -> float:
+    """Held-out accuracy of run ``r`` after ``tokens`` generated tokens: linear between its
+    evaluations on the cumulative-token axis (the start at 0 tokens). nan beyond the run's total
+    (no extrapolation) or without the run's tokens per evaluation."""
+    if not r.eval_tokens:
+        return float("nan")
+    if len(r.eval_tokens) != len(r.accuracy) or np.any(np.diff(r.eval_tokens) < 0):
+        raise ValueError(f"{r.method} seed {r.seed}: eval_tokens {r.eval_tokens} must rise with "
+                         f"the {len(r.accuracy)} evaluations")
+    if not 0 <= tokens <= r.eval_tokens[-1]:
+        return float("nan")
+    return float(np.interp(tokens, r.eval_tokens, r.accuracy))
+
+
+def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    budget_tokens = token_budget(results)
+    for method in dict.fromkeys(r.method for r in results):
+        rs = [r for r in results if r.method == method]
+        budget = [(s + 1) * leaves_per_step for s in rs[0].eval_steps]
+        final = [_final(r) for r in rs]
+        best = [max(r.accuracy[1:]) for r in rs]
+        auc = [_auc(r) for r in rs]
+        at_tokens = [accuracy_at_tokens(r, budget_tokens) for r in rs]
+        table[method] = {
+            "final": (float(np.mean(final)), float(np.std(final))),
+            "best": (float(np.mean(best)), float(np.std(best))),
+            "auc": (float(np.mean(auc)), float(np.std(auc))),
+            "at_tokens": (float(np.mean(at_tokens)), float(np.std(at_tokens))),
+            "token_budget": budget_tokens,
+            "effective_ratio": float(np.mean([np.mean(r.effective_ratio) for r in rs])),
+            "generated_tokens": float(np.mean([r.generated_tokens for r in rs])),
+            "tool_calls": float(np.mean([r.tool_calls for r in rs])),
+            "wall_s": float(np.mean([r.wall_s for r in rs])),
+            "leaves": float(np.mean([sum(r.leaves) for r in rs])),
+            "curve_budget": budget,
+            "curve": np.mean([r.accuracy for r in rs], axis=0).tolist(),
+            "curve_tokens": (np.mean([r.eval_tokens for r in rs], axis=0).tolist()
+                             if all(r.eval_tokens for r in rs) else []),
+        }
+    return table
+
+
+def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[str, Any]]:
+    """``method`` minus each other method, per seed both ran (same starting policy, same seed of
+    the train flow): mean and standard error of the seed-wise differences in final accuracy and
+    AUC. Seeds share the pool draws and the held-out items, so the paired difference is less noisy
+    than the difference of two means; with 3 seeds its s.e. is still rough."""
+    def by_seed(m: str) -> dict[int, RunResult]:
+        return {r.seed: r for r in results if r.method == m}
+
+    mine, out = by_seed(method), {}
+    budget_tokens = token_budget(results)
+    at_tokens = lambda r: accuracy_at_tokens(r, budget_tokens)  # noqa: E731
+    for other in dict.fromkeys(r.method for r in results if r.method != method):
+        theirs = by_seed(other)
+        seeds = sorted(set(mine) & set(theirs))
+        if not seeds:
+            continue
+        row: dict[str, Any] = {"seeds": seeds}
+        for key, get in (("final", _final), ("auc", _auc), ("at_tokens", at_tokens)):
+            d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
+            se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+            row[key] = (float(d.mean()), se)
+        out[other] = row
+    return out
+
+
+def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at_tokens",
+                 level: float = 0.95) -> dict[str, dict[str, Any]]:
+    """``method`` minus each other method on ``key`` (``at_tokens``: held-out accuracy at equal
+    generated tokens, the primary comparison; ``final``: at equal leaves), paired by seed: mean,
+    its ``level`` Student-t interval, the paired t-test's two-sided p and the p after Holm's
+    correction over the baselines (``trace_core.stats.holm``; the allocators of ``METHODS``: the
+    ``VARIANTS`` of TRACE get their own p and no correction, nan). A baseline with fewer than two
+    shared seeds has no interval or p (nan) and takes no part in the correction."""
+    from scipy import stats as st
+
+    from trace_core.stats import holm
+
+    budget_tokens = token_budget(results)
+    get = {"at_tokens": lambda r: accuracy_at_tokens(r, budget_tokens), "final": _final,
+           "auc": _auc}[key]
+    mine = {r.seed: r for r in results if r.method == method}
+    out: dict[str, dict[str, Any]] = {}
+    for other in dict.fromkeys(r.method for r in results if r.method != method):
+        theirs = {r.seed: r for r in results if r.method == other}
+        seeds = sorted(set(mine) & set(theirs))
+        d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
+        d = d[np.isfinite(d)]
+        row: dict[str, Any] = {"seeds": seeds, "n": int(d.size),
+                               "mean": float(d.mean()) if d.size else float("nan"),
+                               "low": float("nan"), "high": float("nan"), "p": float("nan")}
+        if d.size >= 2:
+            se = float(d.std(ddof=1) / np.sqrt(d.size))
+            half = float(st.t.ppf(0.5 + level / 2, d.size - 1)) * se
+            row.update(low=row["mean"] - half, high=row["mean"] + half,
+                       p=float(st.ttest_1samp(d, 0.0).pvalue) if se > 0 else
+                       (0.0 if row["mean"] != 0 else 1.0))
+        out[other] = row
+    tested = [m for m, row in out.items() if np.isfinite(row["p"]) and m not in VARIANTS]
+    adjusted = holm([out[m]["p"] for m in tested]) if tested else []
+    for m in out:
+        out[m]["p_holm"] = float("nan")
+    for m, p in zip(tested, adjusted):
+        out[m]["p_holm"] = float(p)
+    return out
+
+
+def print_tests(tests: dict[str, dict[str, Any]], key: str, method: str = "trace") -> None:
+    what = {"at_tokens": "at equal generated tokens", "final": "at equal leaves (final)",
+            "auc": "area under accuracy vs leaves"}[key]
+    for other, t in tests.items():
+        print(f"{method} - {other:<14} {what}: {100 * t['mean']:+5.1f} points (95% CI "
+              f"{100 * t['low']:+.1f}, {100 * t['high']:+.1f}), p {t['p']:.3f}, Holm-adjusted "
+              f"{t['p_holm']:.3f} over {t['n']} seeds")
+
+
+def print_paired(diffs: dict[str, dict[str, Any]], method: str = "trace") -> None:
+    for other, row in diffs.items():
+        f, a, t = row["final"], row["auc"], row["at_tokens"]
+        print(f"{method} - {other:<14} final {100 * f[0]:+5.1f} ± {100 * f[1]:3.1f}   "
+              f"AUC {100 * a[0]:+5.1f} ± {100 * a[1]:3.1f}   "
+              f"@tokens {100 * t[0]:+5.1f} ± {100 * t[1]:3.1f}   (paired over seeds "
+              f"{','.join(map(str, row['seeds']))}; ± = s.e.)")
+
+
+def print_table(table: dict[str, dict[str, Any]], seeds: int) -> None:
+    head = (f"{'method':<14}{'final acc':>14}{'best acc':>14}{'AUC':>14}{'@tokens':>14}{'eff.ratio':>10}"
+            f"{'leaves':>8}{'gen tokens':>12}{'tool calls':>11}{'wall s':>8}")
+    print(f"held-out accuracy: mean ± std over {seeds} seed(s)")
+    print(head)
+    print("-" * len(head))
+    for m, t in table.items():
+        pm = lambda v: f"{100 * v[0]:5.1f} ± {100 * v[1]:4.1f}"  # noqa: E731
+        print(f"{m:<14}{pm(t['final']):>14}{pm(t['best']):>14}{pm(t['auc']):>14}"
+              f"{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}"
+              f"{t['tool_calls']:>11.0f}{t['wall_s']:>8.0f}")
+    budget = next(iter(table.values()), {}).get("token_budget", float("nan"))
+    print(f"@tokens: held-out accuracy at {budget:.0f} generated tokens (the smallest total of any "
+          "run), linear between evaluations; AUC, final, best: at equal leaves")
+
+
+def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens = all(t.get("curve_tokens") for t in table.values())
+    fig, axes = plt.subplots(1, 2 if tokens else 1, figsize=(11 if tokens else 6, 4), squeeze=False)
+    for i, (key, label) in enumerate([("curve_budget", "cumulative budget (trajectories)"),
+                                      ("curve_tokens", "cumulative generated tokens")][:1 + tokens]):
+        ax = axes[0, i]
+        for m, t in table.items():
+            ax.plot(t[key], [100 * a for a in t["curve"]], marker="o", label=m,
+                    linewidth=2.5 if m == "trace" else 1.2)
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.legend()
+    axes[0, 0].set_title("accuracy vs sampling budget (mean over seeds)")
+    if tokens:
+        axes[0, 1].set_title("the same runs against generated tokens")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def report(results: list[RunResult], args: dict[str, Any], start: float,
+           record: Path) -> dict[str, Any]:
+    """Print the table, the paired differences and the last line; save the plot."""
+    leaves_per_step = args["root_budget"] * (1 + args["multiplier"])
+    table = summarise(results, leaves_per_step)
+    print(f"\nfamily {args['family']} (difficulty {args.get('mix') or args['difficulty']}), {args['steps']} "
+          f"steps x {leaves_per_step} leaves, starting accuracy {100 * start:.1f}% "
+          f"({args['eval_items']} held-out items x {args['eval_samples']} samples at temperature "
+          f"{args['eval_temperature']}), workdir {args['workdir']} (per-run curves: {record})")
+    print_table(table, len({r.seed for r in results}))
+    diffs = paired(results)
+    print_paired(diffs)
+    tests = {}
+    if any(r.method == "trace" for r in results):
+        for key in ("at_tokens", "final"):
+            tests[key] = paired_tests(results, key=key)
+            print_tests(tests[key], key)
+    if args["plot"]:
+        plot(table, Path(args["plot"]))
+        print(f"plot: {args['plot']}")
+    if "trace" in table and len(table) > 1:
+        others = {m: t for m, t in table.items() if m != "trace"}
+        best = max(others, key=lambda m: others[m]["final"][0])
+        delta = 100 * (table["trace"]["final"][0] - others[best]["final"][0])
+        ratio = (table["trace"]["effective_ratio"] / table["grpo"]["effective_ratio"]
+                 if table.get("grpo", {}).get("effective_ratio") else float("nan"))
+        print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
+              f"effective ratio {ratio:.2f}x GRPO")
+    return {"table": table, "paired": diffs, "tests": tests,
+            "results": [r.__dict__ for r in results]}

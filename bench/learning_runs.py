@@ -1,0 +1,200 @@
+"""The learning benchmark's runs: one (method, seed) run of the train flow from the shared
+starting policy, its held-out evaluations, and its record under ``<workdir>/runs/`` (kept per
+settings, so seeds accumulate across invocations); in this process or on worker processes, each
+with a work dir of its own (``bench.learning``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+METHODS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
+VARIANTS: dict[str, dict[str, Any]] = {
+    "trace_oracle": {"allocator": "trace", "root_oracle": True},
+    "trace_posterior": {"allocator": "trace", "root_posterior": 4.0},
+}
+"""Methods beyond the allocators: TRACE with Stage 1 scored by the family's oracle
+(``TrainConfig.root_oracle``: on synth_chain 0.5 per homonym, scaled to the policy's success so
+far; what a predictor ranking prompts by their hidden hazards would give), and TRACE with the
+per-prompt posterior (``root_posterior`` 4)."""
+
+
+@dataclass
+class RunResult:
+    method: str
+    seed: int
+    eval_steps: list[int]  # -1 = the starting policy
+    accuracy: list[float]
+    effective_ratio: list[float]
+    leaves: list[float]
+    generated_tokens: float
+    tool_calls: float
+    wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+    eval_tokens: list[float] = field(default_factory=list)  # generated tokens spent before each evaluation
+
+
+def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int, skip: int, samples: int,
+          temperature: float) -> float:
+    """Mean reward of ``samples`` rollouts per item at ``temperature`` on test items the bootstrap
+    never saw: it picks its SFT epoch by success on the first ``eval_items`` test items and reports
+    on the next ``report_items``, so accuracy on those is biased upward (measured: 27% there vs 16%
+    on train items for the same policy)."""
+    from flows.evaluate import evaluate_rollouts
+    from trace_rl.config import config_from_mapping
+
+    cfg = config_from_mapping(cfg_dict, "bench.learning")
+    out = evaluate_rollouts.fn(cfg, policy_dir, cfg.eval_split, items, samples,
+                               temperature, skip=skip)
+    return out["accuracy"]
+
+
+def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
+            eval_steps: Sequence[int], eval_items: int, start_accuracy: float,
+            eval_skip: int, eval_samples: int, eval_temperature: float) -> RunResult:
+    from flows.train import train
+    from tasks.runtime import Paths
+    from trace_rl.config import config_from_mapping
+    from trace_rl.storage.store import TreeStore
+
+    config = {**base, **VARIANTS.get(method, {"allocator": method}), "seed": seed,
+              "policy": policy, "run_name": f"learn-{method}-s{seed}"}
+    t0 = time.perf_counter()
+    summary = train(config=config_from_mapping(config, "bench.learning"), workdir=str(workdir))
+    wall = time.perf_counter() - t0
+    run_id = summary["run_id"]
+    store = TreeStore(workdir / "trace.duckdb", create=False)
+    steps = store.query("SELECT step, metrics_json FROM steps WHERE run_id = $r AND status = 'complete' "
+                        "ORDER BY step", {"r": run_id}).to_pylist()
+    metrics = [json.loads(s["metrics_json"]) for s in steps]
+    acc = [start_accuracy]
+    eval_cfg = {**config, "run_id": "learn-eval"}  # one evaluation engine, weights reloaded
+    for s in eval_steps:
+        acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), eval_items, eval_skip,
+                         eval_samples, eval_temperature))
+    return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
+                     effective_ratio=[m["tree/effective_ratio"] for m in metrics],
+                     leaves=[m["rollout/leaves"] for m in metrics],
+                     generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
+                     tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
+                     extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics]))},
+                     eval_tokens=tokens_at_evals(metrics, eval_steps))
+
+
+def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]) -> list[float]:
+    """Generated tokens spent before each evaluation: 0 before the first step, then the sum
+    through each evaluated step, from the per-step metrics (step order)."""
+    spent = np.cumsum([m["ledger/generated_tokens"] for m in metrics])
+    if eval_steps and max(eval_steps) >= len(spent):
+        raise ValueError(f"{len(spent)} steps stored, evaluations at steps {list(eval_steps)}")
+    return [0.0, *(float(spent[s]) for s in eval_steps)]
+
+
+def fill_eval_tokens(workdir: Path, r: RunResult) -> RunResult:
+    """``r`` with its tokens per evaluation read back from the run's stored steps, for a results
+    file written before they were recorded (the job's own work dir, else the shared one)."""
+    if r.eval_tokens:
+        return r
+    from trace_rl.storage.store import TreeStore
+
+    db = workdir / f"job-{r.method}-s{r.seed}" / "trace.duckdb"
+    db = db if db.exists() else workdir / "trace.duckdb"
+    if not db.exists():
+        raise FileNotFoundError(f"{r.method} seed {r.seed}: no trace.duckdb under {workdir} to read "
+                                "its generated tokens from")
+    rows = TreeStore(db, create=False).query(
+        "SELECT run_id, step, metrics_json FROM steps WHERE status = 'complete' AND run_id LIKE $p "
+        "ORDER BY step", {"p": f"learn-{r.method}-s{r.seed}-%"}).to_pylist()
+    runs = {row["run_id"] for row in rows}
+    if len(runs) != 1:
+        raise ValueError(f"{r.method} seed {r.seed}: {len(runs)} matching runs in {db} "
+                         f"({sorted(runs)[:3]}); expected one")
+    try:
+        tokens = tokens_at_evals([json.loads(row["metrics_json"]) for row in rows], r.eval_steps[1:])
+    except ValueError as exc:
+        raise ValueError(f"{r.method} seed {r.seed}, {db}: {exc}") from exc
+    return RunResult(**{**r.__dict__, "eval_tokens": tokens})
+
+
+def parse_seeds(text: str, start: int = 0) -> list[int]:
+    """``--seeds``: ``"3"`` = three seeds from ``start``; ``"3-5"`` = seeds 3, 4 and 5."""
+    first, sep, last = str(text).partition("-")
+    try:
+        seeds = list(range(int(first), int(last) + 1)) if sep else \
+            list(range(start, start + int(first)))
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: give a count (3) or a range (3-5)") from None
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"--seeds {text!r}: no seeds (a count >= 1, or a range low-high of seeds >= 0)")
+    return seeds
+
+
+def run_record(workdir: Path, method: str, seed: int) -> Path:
+    """Where the result of one (method, seed) run is kept, so that seeds accumulate across
+    invocations (``--seeds 3-5`` adds three to a benchmark of seeds 0-2)."""
+    return workdir / "runs" / f"{method}-s{seed}.json"
+
+
+def save_run(workdir: Path, signature: str, r: RunResult) -> Path:
+    path = run_record(workdir, r.method, r.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"signature": signature, "result": r.__dict__}, indent=1) + "\n")
+    tmp.rename(path)
+    return path
+
+
+def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult | None:
+    """The recorded run of (method, seed) made with the same settings (``signature``), or None."""
+    path = run_record(workdir, method, seed)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return RunResult(**data["result"]) if data.get("signature") == signature else None
+
+
+def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any], policy: str) -> str:
+    """What makes two runs of one method and seed the same run: the train config (every field
+    but the method and seed), the evaluation settings and the starting policy's record."""
+    import hashlib
+
+    record = Path(policy) / "bootstrap.json"
+    policy_id = json.loads(record.read_text()).get("input_hash", "") if record.exists() else policy
+    blob = json.dumps({"base": base, "eval_steps": list(eval_steps), "ev": ev, "policy": policy_id},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
+             eval_steps: Sequence[int], start: float, ev: dict[str, Any], sig: str) -> RunResult:
+    """One (method, seed) run in a worker process, in a work dir of its own: a DuckDB file has
+    one writer process, and each worker runs its own flows (and temporary Prefect server)."""
+    from tasks.runtime import configure_threads
+
+    configure_threads()
+    method, seed = job
+    r = run_one(method, seed, base, policy, Path(workdir) / f"job-{method}-s{seed}", eval_steps,
+                start_accuracy=start, **ev)
+    save_run(Path(workdir), sig, r)
+    return r
+
+
+def run_parallel(jobs: Sequence[tuple[str, int]], workers: int, base: dict[str, Any], policy: str,
+                 workdir: Path, eval_steps: Sequence[int], start: float,
+                 ev: dict[str, Any], sig: str) -> list[RunResult]:
+    """The (method, seed) runs on ``workers`` processes (each one torch thread), results in job
+    order, each saved as it ends (``save_run``). Every run is still the same train flow from the
+    same policy; only the work dir differs (``<workdir>/job-<method>-s<seed>``)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")  # no forked torch / Prefect state
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_run_job, job, base, str(Path(policy).resolve()), str(workdir),
+                               list(eval_steps), start, ev, sig) for job in jobs]
+        return [f.result() for f in futures]

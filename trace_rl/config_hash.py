@@ -1,0 +1,36 @@
+"""The hash in a run's id: which ``TrainConfig`` fields enter it, and why the others do not.
+
+A run id is ``<run_name>-<config hash>`` (``TrainConfig.resolved_run_id``), so the hash must stay
+the same for a config that computes the same thing: re-running it resumes the run. It covers
+every field that changes results, not the run's name or id, not where it executes
+(``NEVER_HASHED``), and fields added after runs were made only when set
+(``HASHED_UNLESS_DEFAULT``), so adding one keeps the ids of the runs made before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel
+
+HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a",
+                         "chain_hazard_b", "chain_alias_share", "chain_train_items")
+"""Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
+NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "weight_sync")
+"""Where a run executes, not what it computes: never in ``config_hash`` (the run id), so a run
+resumes on a cluster of another size (docs/cluster.md)."""
+
+
+def config_hash(cfg: BaseModel) -> str:
+    """The first 10 hex digits of the SHA-256 of a ``TrainConfig``'s hashed fields as sorted
+    JSON (typed as its base class: this module sits below ``trace_rl.config``)."""
+    d = cfg.model_dump()
+    d.pop("run_name")
+    d.pop("run_id")
+    for name in NEVER_HASHED:
+        del d[name]
+    for name in HASHED_UNLESS_DEFAULT:
+        if d[name] == type(cfg).model_fields[name].default:
+            del d[name]
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

@@ -1,0 +1,97 @@
+"""Building a ``TrainConfig`` from a mapping, a YAML file and ``key=value`` overrides.
+
+Defaults, then the file, then the overrides, validated once; every problem is reported at once,
+one line each naming the field, the value given, where it came from and what it may be
+(``ConfigError``). The command line's override strings are read as their field's type here, so
+that a value that does not parse is reported with the others rather than on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence, get_origin
+
+import yaml
+from pydantic import ValidationError
+
+from trace_rl.config import ConfigError, TrainConfig
+from trace_rl.config_checks import check_inputs
+
+
+def _explain(exc: ValidationError, where: str) -> ConfigError:
+    """One line per error of ``exc``: the field, the value and type given, what it may be."""
+    lines = []
+    for e in exc.errors():
+        field = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"config: unknown field {field!r} in {where}; known: "
+                         f"{', '.join(TrainConfig.model_fields)}")
+        elif not field:  # the model validator: already names its fields
+            msg = e["msg"].removeprefix("Value error, ")
+            lines += [f"config: {m} (in {where})" for m in msg.splitlines()]
+        else:
+            v = e["input"]
+            lines.append(f"config: {field}={v!r} ({type(v).__name__}) in {where}: {e['msg']}")
+    return ConfigError("\n".join(lines))
+
+
+def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "config") -> TrainConfig:
+    """Defaults updated by ``data``; every unknown key or bad value is reported at once, naming
+    ``where`` it came from."""
+    if isinstance(data, TrainConfig):
+        return data
+    values = dict(data)
+    family = values.get("family", TrainConfig.model_fields["family"].default)
+    for k, v in _family_defaults(family).items():
+        values.setdefault(k, v)  # splits and token caps that suit the family, unless given
+    try:
+        return TrainConfig.model_validate(values)
+    except ValidationError as exc:
+        raise _explain(exc, where) from None
+
+
+def _family_defaults(family: Any) -> dict[str, Any]:
+    from trace_rl.envs.registry import family_defaults
+
+    return family_defaults(family) if isinstance(family, str) else {}
+
+
+def _coerce(name: str, raw: str) -> Any:
+    """A command-line override string as the field's type; left as it is when it does not
+    parse, so that validation reports it with the other problems."""
+    kind = TrainConfig.model_fields[name].annotation if name in TrainConfig.model_fields else str
+    try:
+        if kind is bool:
+            return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
+                    "no": False, "off": False}.get(raw.lower(), raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        if get_origin(kind) is dict:
+            return json.loads(raw)
+    except ValueError:
+        return raw
+    return raw
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Defaults, then a YAML file, then ``key=value`` overrides, validated once (every problem
+    reported at once), then its inputs checked (``check_inputs``)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"config: cannot read {path} as a YAML mapping: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config: {path} must hold a mapping of field: value")
+        values.update(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"config: override {item!r} must look like key=value")
+        k, raw = item.split("=", 1)
+        values[k.strip()] = _coerce(k.strip(), raw)
+    where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
+    return check_inputs(config_from_mapping(values, where))
