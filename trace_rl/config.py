@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 _HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a", "chain_hazard_b",
                          "chain_alias_share", "chain_train_items")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
-_NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "weight_sync")
+_NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy", "weight_sync")
 """Where a run executes, not what it computes: never in ``config_hash`` (the run id), so a run
 resumes on a cluster of another size (docs/cluster.md)."""
 _CLUSTER = r"^$|^local:[1-9][0-9]*$|^auto$|^(ray://)?[A-Za-z0-9_.-]+:[0-9]{1,5}$"
@@ -275,6 +275,12 @@ class TrainConfig(BaseModel):
     """Trainer actors (torch.distributed DDP ranks, gloo on CPU, NCCL on GPU) of the policy
     update when ``cluster`` is set; the loss normaliser is summed over ranks, so R ranks compute
     one process's update. Not part of the run id."""
+    trainer_strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """How the trainer ranks share the update when ``trainer_ranks`` > 1: ``ddp`` = every rank
+    holds the whole model and optimiser, gradients all-reduced; ``fsdp2`` = parameters, gradients
+    and AdamW state sharded over the ranks (``torch.distributed.fsdp.fully_shard``;
+    trace_rl/cluster/fsdp.py). Both compute one process's update and write the same checkpoint.
+    Not part of the run id."""
     weight_sync: Literal["disk", "broadcast"] = "disk"
     """How new weights reach the engine actors after an update when ``cluster`` is set: ``disk``
     = each engine loads the checkpoint directory (a file system every node sees); ``broadcast`` =
