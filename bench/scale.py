@@ -96,18 +96,28 @@ def prefix_hits(pool: Any, env: Any, starts: list[Start], sampling: SamplingSett
             for i, (req, cs) in enumerate(zip(level0, outs)) for j, c in enumerate(cs)]
     pool.generate(cont)
     q1, h1 = pool.prefix_cache_stats()
-    held: list[list[tuple[int, ...]]] = [[] for _ in range(pool.n)]
-    for req, e, cs in zip(level0, owners0, outs):
-        held[e] += [req.prompt_ids + tuple(c.token_ids) for c in cs]
-    routed = 0
-    for req, e in zip(cont, pool.last_owners):
-        routed += max((_common_prefix(req.prompt_ids, seq) for seq in held[e]), default=0)
-        held[e].append(req.prompt_ids)
+    routed = routed_prefix_tokens(pool.n, level0, owners0, outs, cont, pool.last_owners)
     queried = sum(len(r.prompt_ids) for r in cont)
     return {"queried_tokens": q1 - q0, "hit_tokens": h1 - h0,
             "hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else float("nan"),
             "prompt_tokens": queried, "routed_prefix_tokens": routed,
             "routed_prefix_rate": routed / queried if queried else float("nan")}
+
+
+def routed_prefix_tokens(n: int, level0: list[GenRequest], owners0: list[int],
+                         outs: list[list[Any]], cont: list[GenRequest],
+                         owners1: list[int]) -> int:
+    """Prompt tokens of the continuations ``cont`` (sent to engines ``owners1``) that are a
+    prefix of a sequence their engine computed before: a level-0 prompt with one of its
+    completions (``outs``, on engines ``owners0``), or an earlier continuation's prompt."""
+    held: list[list[tuple[int, ...]]] = [[] for _ in range(n)]
+    for req, e, cs in zip(level0, owners0, outs):
+        held[e] += [tuple(req.prompt_ids) + tuple(c.token_ids) for c in cs]
+    routed = 0
+    for req, e in zip(cont, owners1):
+        routed += max((_common_prefix(req.prompt_ids, seq) for seq in held[e]), default=0)
+        held[e].append(tuple(req.prompt_ids))
+    return routed
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -64,7 +64,8 @@ class FSDPTrainer(PolicyTrainer):
         super().__init__(model_dir, settings, seed=seed, reference_dir=reference_dir)
         self.ranks = ranks
         saved = self.optimizer.state_dict() if (Path(model_dir) / OPTIMIZER_STATE).exists() else None
-        mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (ranks.world,))
+        # The mesh on the device the trainer holds the model on (CPU here: gloo; GPU untested).
+        mesh = init_device_mesh(next(self.model.parameters()).device.type, (ranks.world,))
         for layer in _decoder_layers(self.model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=False)
         fully_shard(self.model, mesh=mesh, reshard_after_forward=False)
