@@ -200,6 +200,12 @@ class EnginePool:
         """(pid, node id) of each engine actor."""
         return ray.get([a.where.remote() for a in self.actors])
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Each engine shuts its own processes down (vLLM's engine core: killing the actor alone
+        can leave it behind, seen once after bench/scale.py), then the actors are ended."""
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=timeout_s)
+        except Exception:  # noqa: BLE001 -- a dead or stuck engine: the kill below ends it
+            pass
         kill_actors(self.actors)
         self.actors = []
