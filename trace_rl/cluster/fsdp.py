@@ -24,6 +24,7 @@ resumes with DDP or one process and the other way round.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
@@ -52,6 +53,15 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
 
 
+def _same_optimizer(old: torch.optim.Optimizer, params: Any) -> torch.optim.Optimizer:
+    """The optimiser ``PolicyTrainer`` made, again on ``params`` (the shards): same class, same
+    settings (those of its ``defaults`` its constructor takes: AdamW's ``defaults`` also hold
+    ``decoupled_weight_decay``, which its constructor sets itself)."""
+    cls = type(old)
+    takes = inspect.signature(cls).parameters
+    return cls(params, **{k: v for k, v in old.defaults.items() if k in takes})
+
+
 class FSDPTrainer(PolicyTrainer):
     """``PolicyTrainer`` on R ranks with FSDP2. Every rank must call ``update`` and ``save``."""
 
@@ -70,8 +80,7 @@ class FSDPTrainer(PolicyTrainer):
             fully_shard(layer, mesh=mesh, reshard_after_forward=False)
         fully_shard(self.model, mesh=mesh, reshard_after_forward=False)
         self.train_model = self.model
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
-                                           weight_decay=0.0)
+        self.optimizer = _same_optimizer(self.optimizer, self.model.parameters())
         if saved is not None:
             self.optimizer.load_state_dict(self._sharded_optimizer_state(saved))
         self.optimizer.register_step_post_hook(lambda *_: self._gather())
