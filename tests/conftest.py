@@ -48,3 +48,25 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+# scripts/test.sh runs the suite on two pytest-xdist workers (TRACE_TEST_WORKERS): most tests wait
+# on subprocesses, servers and start-ups, so a second worker nearly halves the wall time even on
+# two cores. Files whose tests must not overlap run on one worker, one after another:
+# - the sandbox tests look for leftover sandbox processes machine-wide, so another worker's live
+#   sandbox would read as a leak;
+# - the Ray and vLLM-actor tests hold several GB each; two at once brought Ray's memory monitor
+#   close to killing workers on the 23 GB machine.
+SERIAL_GROUPS = {
+    "sandbox": ("test_sandbox.py", "test_sandbox_hostile.py"),
+    "cluster": ("test_cluster.py", "test_cluster_train.py", "test_cluster_vllm.py",
+                "test_distributed_update.py"),
+}
+_GROUP_OF = {name: group for group, names in SERIAL_GROUPS.items() for name in names}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _GROUP_OF.get(item.path.name)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -43,44 +43,34 @@ write whatever the user running TRACE can.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import functools
 import json
 import os
 import platform
-import resource
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trace_rl.envs import sandbox_host as host
+from trace_rl.envs.sandbox_host import TOKEN_VAR, SandboxError
+
 UNSAFE_ENV = "TRACE_SANDBOX"
 UNSAFE_VALUE = "unsafe-no-namespaces"
-TOKEN_VAR = "TRACE_SANDBOX_TOKEN"
 _INIT = Path(__file__).with_name("sandbox_init.py")
-_PR_SET_PDEATHSIG = 1
-_CGROUP_BASES = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
-_MULTIARCH = sysconfig.get_config_var("MULTIARCH") or ""
-_SYSTEM_LIBS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache")
-"""Where the dynamic loader finds shared libraries; of ``/lib`` and ``/usr/lib`` only the
-platform's multiarch folder (e.g. ``x86_64-linux-gnu``) is bound when there is one."""
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
 _SETUP_FAILED = 125
+_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 class SandboxUnavailable(RuntimeError):
     """The machine cannot build the sandbox's namespaces, and no one opted out."""
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (not the code in it)."""
 
 
 @dataclass(frozen=True)
@@ -149,25 +139,10 @@ class Containment:
     """Why ``namespaces`` is False (the launcher's error), else empty."""
 
 
-def _probe_cgroup() -> Path | None:
-    for base in _CGROUP_BASES:
-        probe = base / f"trace-probe-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            probe.mkdir()
-        except OSError:
-            continue
-        try:
-            if (probe / "pids.max").exists() and (probe / "cgroup.procs").exists():
-                return base
-        finally:
-            probe.rmdir()
-    return None
-
-
 @functools.lru_cache(maxsize=1)
 def probe_containment(python: str = sys.executable) -> Containment:
     """Build one box with and, if that fails, without seccomp; report what worked."""
-    cgroup = _probe_cgroup()
+    cgroup = host.probe_cgroup()
     limits = SandboxLimits(wall_seconds=30)
     reason = ""
     for seccomp in ((True, False) if platform.machine() == "x86_64" else (False,)):
@@ -196,165 +171,36 @@ def require_sandbox(limits: SandboxLimits = SandboxLimits()) -> Containment:
     return box
 
 
-def _mounts(python: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Read-only binds (path inside, real path outside) and symlinks (path, target) of the box:
-    the interpreter's installation, the virtual environment, the system libraries."""
-    wanted = [(p, os.path.realpath(p)) for p in (sys.base_prefix, sys.prefix)]
-    exe_dir = os.path.dirname(os.path.realpath(python))
-    if not any(exe_dir.startswith(real + os.sep) for _, real in wanted):
-        wanted.append((exe_dir, exe_dir))
-    binds, links = [], []
-    for path in _SYSTEM_LIBS:
-        if os.path.islink(path):
-            links.append((path, os.readlink(path)))
-            continue
-        arch = os.path.join(path, _MULTIARCH)
-        if path in ("/lib", "/usr/lib") and _MULTIARCH and os.path.isdir(arch):
-            path = arch
-        if os.path.exists(path):
-            wanted.append((path, path))
-    for dst, src in sorted(set(wanted), key=lambda b: len(b[0])):
-        if not any(dst == d or dst.startswith(d.rstrip("/") + "/") for d, _ in binds):
-            binds.append((dst, src))
-    return binds, links
-
-
-def _child_setup(limits: SandboxLimits, cgroup: Path | None, nproc: int | None) -> None:
-    """Runs in the forked child before exec: join the cgroup, set limits, die with the parent."""
-    if cgroup is not None:
-        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    cpu = limits.cpu_seconds
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    if nproc is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _processes_with_token(token: str) -> list[int]:
-    """Pids whose environment carries ``token`` (the unconfined mode's marker)."""
-    needle = f"{TOKEN_VAR}={token}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:  # gone, a zombie, or not ours to read
-            continue
-    return found
-
-
-def _sweep(cgroup: Path | None, token: str | None) -> None:
-    """Kill what is left in the call's cgroup (and, unconfined, what carries its token)."""
-    deadline = time.monotonic() + 5.0
-    while True:
-        pids = set(_processes_with_token(token)) if token else set()
-        if cgroup is not None:
-            try:
-                pids |= {int(p) for p in (cgroup / "cgroup.procs").read_text().split()}
-            except OSError:
-                pass
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if time.monotonic() > deadline:
-            raise SandboxError(f"sandbox: processes {sorted(pids)} survived SIGKILL for 5 s")
-        time.sleep(0.01)
-    if cgroup is not None:
-        for _ in range(500):  # the kernel frees a killed cgroup's pids asynchronously
-            try:
-                cgroup.rmdir()
-                break
-            except OSError:
-                time.sleep(0.01)
-
-
-def _read(path: Path, limit: int) -> str:
-    with open(path, "rb") as f:
-        data = f.read(4 * limit + 4)
-    text = data.decode("utf-8", errors="replace")
-    if len(text) > limit or path.stat().st_size > len(data):
-        return text[:limit] + f"\n...[output truncated at {limit} characters]"
-    return text
-
-
-_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _new_cgroup(base: Path, token: str, pids_max: int) -> Path:
-    """A child cgroup of ``base`` for one call, with its process cap."""
-    cgroup = base / f"trace-sbx-{token}"
-    cgroup.mkdir()
-    (cgroup / "pids.max").write_text(str(pids_max))
-    return cgroup
-
-
-def _drop_cgroup(cgroup: Path | None) -> None:
-    """Remove a call's cgroup once empty (a busy one is left for the kernel to report)."""
-    if cgroup is not None and cgroup.exists():
-        try:
-            cgroup.rmdir()
-        except OSError:
-            pass
-
-
-def _wait_launcher(proc: subprocess.Popen, wall_seconds: float) -> bool:
-    """Wait for the launcher; past the wall limit ask it to stop (it kills the namespace's pid 1
-    and waits for it), and kill its process group if it does not within 5 s. True if timed out."""
-    try:
-        proc.wait(timeout=wall_seconds)
-        return False
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        return True
-
-
 def _run_boxed(code: str, limits: SandboxLimits, python: str, cgroup_base: Path | None,
                seccomp: bool) -> SandboxResult:
     """One call in its own namespaces (``sandbox_init.py``); raises ``SandboxError`` when the
     box could not be built."""
-    binds, links = _mounts(python)
-    host = Path(tempfile.mkdtemp(prefix="trace-sbx-"))
+    binds, links = host.mounts(python)
+    scratch = Path(tempfile.mkdtemp(prefix="trace-sbx-"))
     report_r, report_w = os.pipe()
     cgroup = None
     try:
-        (host / "main.py").write_text(code, encoding="utf-8")
-        (host / "root").mkdir()
+        (scratch / "main.py").write_text(code, encoding="utf-8")
+        (scratch / "root").mkdir()
         if cgroup_base is not None:
             # +2: the launcher and its helper are not the model's
-            cgroup = _new_cgroup(cgroup_base, secrets.token_hex(16), limits.max_processes + 2)
-        spec = {"code": str(host / "main.py"), "root": str(host / "root"), "binds": binds,
+            cgroup = host.new_cgroup(cgroup_base, secrets.token_hex(16), limits.max_processes + 2)
+        spec = {"code": str(scratch / "main.py"), "root": str(scratch / "root"), "binds": binds,
                 "symlinks": links, "python": python, "env": _ENV, "report_fd": report_w,
                 "as_root": os.geteuid() == 0, "inside_uid": 65534, "seccomp": seccomp,
                 "arch": platform.machine(), "scratch_bytes": limits.scratch_bytes,
                 "nproc": None if cgroup is not None else limits.max_processes}
         argv = [python, "-I", "-S", str(_INIT), json.dumps(spec)]
         t0 = time.monotonic()
-        with open(host / "stdout", "wb") as fo, open(host / "stderr", "wb") as fe:
+        with open(scratch / "stdout", "wb") as fo, open(scratch / "stderr", "wb") as fe:
             proc = subprocess.Popen(
                 argv, cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
                 start_new_session=True, close_fds=True, pass_fds=(report_w,),
-                preexec_fn=functools.partial(_child_setup, limits, cgroup, None))
+                preexec_fn=functools.partial(host.child_setup, limits, cgroup, None))
             os.close(report_w)
             report_w = -1
-            timed_out = _wait_launcher(proc, limits.wall_seconds)
-            _sweep(cgroup, None)
+            timed_out = host.wait_launcher(proc, limits.wall_seconds)
+            host.sweep(cgroup, None)
         wall = time.monotonic() - t0
         fcntl.fcntl(report_r, fcntl.F_SETFL, os.O_NONBLOCK)
         try:
@@ -363,16 +209,16 @@ def _run_boxed(code: str, limits: SandboxLimits, python: str, cgroup_base: Path 
             failure = ""
         if failure:
             raise SandboxError(f"sandbox set-up failed: {failure}")
-        return SandboxResult(stdout=_read(host / "stdout", limits.output_chars),
-                             stderr=_read(host / "stderr", limits.output_chars),
+        return SandboxResult(stdout=host.read_capped(scratch / "stdout", limits.output_chars),
+                             stderr=host.read_capped(scratch / "stderr", limits.output_chars),
                              returncode=None if timed_out else proc.returncode,
                              timed_out=timed_out, wall_seconds=wall)
     finally:
         os.close(report_r)
         if report_w >= 0:
             os.close(report_w)
-        shutil.rmtree(host, ignore_errors=True)
-        _drop_cgroup(cgroup)
+        shutil.rmtree(scratch, ignore_errors=True)
+        host.drop_cgroup(cgroup)
 
 
 def _run_unconfined(code: str, limits: SandboxLimits, python: str,
@@ -386,12 +232,12 @@ def _run_unconfined(code: str, limits: SandboxLimits, python: str,
     try:
         (work / "main.py").write_text(code, encoding="utf-8")
         if cgroup_base is not None:
-            cgroup = _new_cgroup(cgroup_base, token, limits.max_processes)
+            cgroup = host.new_cgroup(cgroup_base, token, limits.max_processes)
             nproc = None
         else:
             uid = os.getuid()
             mine = sum(1 for e in os.scandir("/proc") if e.name.isdigit()
-                       and _owner(e.path) == uid)
+                       and host.owner(e.path) == uid)
             nproc = mine + limits.max_processes
         env = {**_ENV, "HOME": str(work), "TMPDIR": str(work), TOKEN_VAR: token}
         t0 = time.monotonic()
@@ -399,7 +245,7 @@ def _run_unconfined(code: str, limits: SandboxLimits, python: str,
             proc = subprocess.Popen(
                 [python, "-I", "main.py"], cwd=work, env=env, stdin=subprocess.DEVNULL,
                 stdout=fo, stderr=fe, start_new_session=True, close_fds=True,
-                preexec_fn=functools.partial(_child_setup, limits, cgroup, nproc))
+                preexec_fn=functools.partial(host.child_setup, limits, cgroup, nproc))
             timed_out = False
             try:
                 proc.wait(timeout=limits.wall_seconds)
@@ -411,22 +257,15 @@ def _run_unconfined(code: str, limits: SandboxLimits, python: str,
                 except (ProcessLookupError, PermissionError):
                     pass
                 proc.wait()
-                _sweep(cgroup, token)
-        return SandboxResult(stdout=_read(out / "stdout", limits.output_chars),
-                             stderr=_read(out / "stderr", limits.output_chars),
+                host.sweep(cgroup, token)
+        return SandboxResult(stdout=host.read_capped(out / "stdout", limits.output_chars),
+                             stderr=host.read_capped(out / "stderr", limits.output_chars),
                              returncode=None if timed_out else proc.returncode,
                              timed_out=timed_out, wall_seconds=time.monotonic() - t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-        _drop_cgroup(cgroup)
-
-
-def _owner(path: str) -> int | None:
-    try:
-        return os.stat(path).st_uid
-    except OSError:
-        return None
+        host.drop_cgroup(cgroup)
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(),

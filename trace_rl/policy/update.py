@@ -21,7 +21,7 @@ import copy
 import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trace_core.loss import policy_loss
+from trace_rl.policy.logprobs import TOP_K, position_kl, token_logprobs, with_top  # noqa: F401 (re-exported)
 
 OPTIMIZER_STATE = "optimizer.pt"
 """File of a policy checkpoint that holds the AdamW state (what resuming a run needs)."""
@@ -129,63 +130,43 @@ def _whole_group_bins(samples: Sequence[PathSample], n: int, rng: torch.Generato
     return [b for b in bins if b]
 
 
-def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """[B, T] log-prob of each token given its prefix (position 0 gets 0: it has no prefix)."""
-    return _token_logprobs(_next_token_logprobs(model, ids, attn), ids)
-
-
-TOP_K = 16
-"""Tokens of the sampling policy's next-token distribution kept per position for the
-position-wise KL (``position_kl``): its top-k, the rest pooled into one outcome."""
-
-
-def _next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """[B, T-1, V] log-softmax of the logits at positions 0 .. T-2 (each predicts the next token)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
-    return torch.log_softmax(logits[:, :-1], dim=-1)
-
-
-def _token_logprobs(dist: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.pad(dist.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))  # [B, T]
-
-
-def _with_top(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-              keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(``token_logprobs``; ids [B, T, k] and their next-token log-probs [B, T, k] per token
-    position: the ids of ``keep``, or (None) the top ``TOP_K`` of the distribution). Used only
-    without gradient (the guard), so the training forward pays nothing for it."""
-    dist = _next_token_logprobs(model, ids, attn)  # [B, T-1, V]
-    if keep is None:
-        top = dist.topk(min(TOP_K, dist.shape[-1]), dim=-1).indices  # [B, T-1, k]
-    else:
-        top = keep[:, 1:]
-    part = torch.nn.functional.pad(dist.gather(-1, top), (0, 0, 1, 0))  # [B, T, k]; position 0: none
-    return _token_logprobs(dist, ids), torch.nn.functional.pad(top, (0, 0, 1, 0)), part
-
-
-def position_kl(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """[B, T] KL(old || new) of the next-token distribution at each position, on the partition
-    {the old distribution's top-k ids, everything else} (a lower bound of the full KL, exact
-    when the rest carries no mass). ``old``/``new``: [B, T, k] log-probs of the same ids.
-
-    Where the sampled-token k3 of ``policy_loss`` is largest when a rare sampled token gains
-    (ratio >> 1), this is largest when the mass of a likely token moves: a turn's first token
-    falling from 0.94 to 0.02 gives ~3.5 here and ~2.8 as k3, while a sampled 0.01 -> 0.3 gives
-    ~0.3 here and ~26 as k3. Hence a guard on this, not on k3, for a collapsing first token."""
-    p_old, p_new = old.exp(), new.exp()
-    rest_old = (1.0 - p_old.sum(-1)).clamp_min(0.0)  # [B, T]
-    rest_new = (1.0 - p_new.sum(-1)).clamp_min(1e-12)
-    top = (p_old * (old - new)).sum(-1)
-    rest = torch.where(rest_old > 1e-12, rest_old * (rest_old.clamp_min(1e-12).log() - rest_new.log()),
-                       torch.zeros_like(rest_old))
-    return (top + rest).clamp_min(0.0)
-
-
 def warmup_scale(warmup_steps: int, step: int) -> float:
     """Learning-rate factor of RL step ``step`` (0-based) under a linear warm-up over
     ``warmup_steps`` steps: (step + 1) / warmup_steps, then 1 (0 steps: always 1); what
     ``PolicyTrainer.update`` takes as ``lr_scale``."""
     return 1.0 if warmup_steps <= 0 else min(1.0, (step + 1) / warmup_steps)
+
+
+@dataclass
+class _Micro:
+    """One micro-batch of an update: padded tensors, and (on the rank that computes it) the
+    sampling policy's and the reference's token log-probs."""
+
+    index: int
+    """Its number over the update (micro-batch j belongs to rank j mod R)."""
+    batch: dict[str, torch.Tensor]
+    old: torch.Tensor | None
+    ref: torch.Tensor | None
+    units: float
+    """What ``agg`` averages over in it: policy tokens, or sequences with any."""
+
+
+@dataclass
+class _Tally:
+    """Running sums of one ``PolicyTrainer.update`` call."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+    """Per-micro-batch statistics of ``policy_loss`` (and the loss), summed."""
+    grad_norms: float = 0.0
+    n_micro: int = 0
+    n_updates: int = 0
+    stopped: bool = False
+    kl_max: float = 0.0
+    """Largest mini-batch KL after an optimiser step (with the guard on)."""
+    token_max: float = 0.0
+    """Largest single-token k3 among those mini-batches."""
+    position_max: float = 0.0
+    """Largest next-token-distribution KL at one position among them."""
 
 
 class PolicyTrainer:
@@ -235,85 +216,101 @@ class PolicyTrainer:
         if not trainable:
             return stats
         t0 = time.perf_counter()
-        # Mini-batches of whole groups (fixed for the call), each split into micro-batches.
+        minis, micros = self._micro_batches(trainable, rng)
+        tally = _Tally()
+        for _ in range(s.epochs):
+            if tally.stopped:
+                break
+            for m in torch.randperm(len(minis), generator=rng).tolist():
+                if self._optimiser_step([micros[j] for j in minis[m]], tally):
+                    break
+        if self.ranks is not None:  # every rank's sums
+            tally.totals, tally.n_micro = self._gather_totals(tally.totals, tally.n_micro)
+        tally.totals["grad_norm"] = tally.grad_norms
+        stats.update({k: v / tally.n_micro for k, v in tally.totals.items()})
+        if s.target_kl > 0 or s.target_position_kl > 0:
+            stats["kl_after_step_max"] = tally.kl_max
+            stats["kl_token_max"] = tally.token_max
+            stats["kl_position_max"] = tally.position_max
+            stats["kl_stopped"] = float(tally.stopped)
+        stats["updates"] = float(tally.n_updates)
+        stats["lr"] = s.learning_rate * lr_scale
+        stats["seconds"] = time.perf_counter() - t0
+        return stats
+
+    def _micro_batches(self, trainable: Sequence[PathSample], rng: torch.Generator
+                       ) -> tuple[list[list[int]], list[_Micro]]:
+        """(per mini-batch the indices of its micro-batches, the micro-batches): mini-batches of
+        whole groups (fixed for the call), each split into micro-batches of ``micro_batch`` paths,
+        numbered over the update. This rank's own micro-batches carry the sampling policy's
+        log-probs (and top-k next-token log-probs, for the position guard) and the reference's."""
+        s = self.settings
         n_mini = max(1, min(s.mini_batches, math.ceil(len(trainable) / s.micro_batch)))
-        minis: list[list[int]] = []  # per mini-batch: indices into `olds`
-        olds = []
+        minis: list[list[int]] = []
+        micros: list[_Micro] = []
         with torch.no_grad():
             for paths in _whole_group_bins(trainable, n_mini, rng):
                 minis.append([])
                 for i in range(0, len(paths), s.micro_batch):
                     b = _pad([trainable[j] for j in paths[i:i + s.micro_batch]], self.pad_id)
                     old = ref = None
-                    if self._owns(len(olds)):  # another rank's micro-batch: its units only
-                        # The sampling policy's top-k next-token log-probs, for the position guard.
-                        old, b["top_ids"], b["top_logp"] = _with_top(self.model, b["ids"], b["attn"])
+                    if self._owns(len(micros)):  # another rank's micro-batch: its units only
+                        old, b["top_ids"], b["top_logp"] = with_top(self.model, b["ids"], b["attn"])
                         ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
-                    minis[-1].append(len(olds))
-                    olds.append((b, old, ref))
-        # What the aggregation averages over, per micro-batch: tokens or sequences.
-        units = [float(b["mask"].sum()) if s.agg == "token-mean"
-                 else float((b["mask"].sum(dim=1) > 0).sum()) for b, _, _ in olds]
-        totals: dict[str, float] = {}
-        grad_norms = 0.0
-        n_micro = n_updates = 0
-        stopped = False
-        kl_max = 0.0  # largest mini-batch KL after an optimiser step (with the guard on)
-        token_max = 0.0  # largest single-token k3 among those mini-batches
-        position_max = 0.0  # largest next-token-distribution KL at one position among them
-        for _ in range(s.epochs):
-            if stopped:
-                break
-            for m in torch.randperm(len(minis), generator=rng).tolist():
-                chunk = minis[m]
-                guarded = s.target_kl > 0 or s.target_position_kl > 0
-                snapshot = self._snapshot() if guarded else None
-                self.optimizer.zero_grad(set_to_none=True)
-                total_units = sum(units[j] for j in chunk)  # over every rank's micro-batches
-                mine = [j for j in chunk if self._owns(j)]
-                for n, j in enumerate(mine):
-                    b, old, ref = olds[j]
-                    with self._sync(last=n == len(mine) - 1):
-                        logp = token_logprobs(self.train_model, b["ids"], b["attn"])
-                        loss, st = policy_loss(logp, old, b["adv"], b["mask"], clip_low=s.clip_low,
-                                               clip_high=s.clip_high, ref_logp=ref,
-                                               kl_coef=s.kl_coef, agg=s.agg)
-                        # DDP averages the ranks' gradients: scaled by R, they sum.
-                        (loss * (units[j] / total_units * self._world)).backward()
-                    st = dict(st)
-                    st["loss"] = float(loss.detach())
-                    for k, v in st.items():
-                        if isinstance(v, (int, float)) and math.isfinite(float(v)):
-                            totals[k] = totals.get(k, 0.0) + float(v)
-                    n_micro += 1
-                if not mine and self.ranks is not None:
-                    self._empty_backward(olds[chunk[0]][0])  # DDP's all-reduce needs every rank
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
-                self.optimizer.step()
-                grad_norms += float(gn) * len(chunk)
-                n_updates += 1
-                if snapshot is not None:
-                    kl, tok, pos = self._kl_after([olds[j] for j in mine])
-                    kl_max, token_max = max(kl_max, kl), max(token_max, tok)
-                    position_max = max(position_max, pos)
-                    if (0 < s.target_kl < kl) or (0 < s.target_position_kl < pos):
-                        self._restore(snapshot)
-                        n_updates -= 1
-                        stopped = True
-                        break
-        if self.ranks is not None:  # every rank's sums
-            totals, n_micro = self._gather_totals(totals, n_micro)
-        totals["grad_norm"] = grad_norms
-        stats.update({k: v / n_micro for k, v in totals.items()})
-        if s.target_kl > 0 or s.target_position_kl > 0:
-            stats["kl_after_step_max"] = kl_max
-            stats["kl_token_max"] = token_max
-            stats["kl_position_max"] = position_max
-            stats["kl_stopped"] = float(stopped)
-        stats["updates"] = float(n_updates)
-        stats["lr"] = s.learning_rate * lr_scale
-        stats["seconds"] = time.perf_counter() - t0
-        return stats
+                    minis[-1].append(len(micros))
+                    # What the aggregation averages over: tokens or sequences.
+                    units = float(b["mask"].sum()) if s.agg == "token-mean" \
+                        else float((b["mask"].sum(dim=1) > 0).sum())
+                    micros.append(_Micro(len(micros), b, old, ref, units))
+        return minis, micros
+
+    def _optimiser_step(self, chunk: Sequence[_Micro], tally: _Tally) -> bool:
+        """One clipped AdamW step on a mini-batch: the backward of this rank's micro-batches, each
+        weighted by its share of the mini-batch's units over all ranks; with a KL guard on, the
+        step is undone when it moved the policy too far. Returns whether the update stops."""
+        s = self.settings
+        guarded = s.target_kl > 0 or s.target_position_kl > 0
+        snapshot = self._snapshot() if guarded else None
+        self.optimizer.zero_grad(set_to_none=True)
+        total_units = sum(mb.units for mb in chunk)  # over every rank's micro-batches
+        mine = [mb for mb in chunk if self._owns(mb.index)]
+        for n, mb in enumerate(mine):
+            self._backward(mb, mb.units / total_units, n == len(mine) - 1, tally)
+        if not mine and self.ranks is not None:
+            self._empty_backward(chunk[0].batch)  # DDP's all-reduce needs every rank
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
+        self.optimizer.step()
+        tally.grad_norms += float(gn) * len(chunk)
+        tally.n_updates += 1
+        if snapshot is None:
+            return False
+        kl, tok, pos = self._kl_after(mine)
+        tally.kl_max, tally.token_max = max(tally.kl_max, kl), max(tally.token_max, tok)
+        tally.position_max = max(tally.position_max, pos)
+        if (0 < s.target_kl < kl) or (0 < s.target_position_kl < pos):
+            self._restore(snapshot)
+            tally.n_updates -= 1
+            tally.stopped = True
+        return tally.stopped
+
+    def _backward(self, mb: _Micro, share: float, last: bool, tally: _Tally) -> None:
+        """The policy loss of one micro-batch, its backward weighted by ``share`` of the
+        mini-batch (DDP's all-reduce on the ``last`` one), its statistics added to ``tally``."""
+        s = self.settings
+        b = mb.batch
+        with self._sync(last=last):
+            logp = token_logprobs(self.train_model, b["ids"], b["attn"])
+            loss, st = policy_loss(logp, mb.old, b["adv"], b["mask"], clip_low=s.clip_low,
+                                   clip_high=s.clip_high, ref_logp=mb.ref,
+                                   kl_coef=s.kl_coef, agg=s.agg)
+            # DDP averages the ranks' gradients: scaled by R, they sum.
+            (loss * (share * self._world)).backward()
+        st = dict(st)
+        st["loss"] = float(loss.detach())
+        for k, v in st.items():
+            if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                tally.totals[k] = tally.totals.get(k, 0.0) + float(v)
+        tally.n_micro += 1
 
     @property
     def _world(self) -> int:
@@ -350,17 +347,17 @@ class PolicyTrainer:
         self.optimizer.load_state_dict(optimizer)
 
     @torch.no_grad()
-    def _kl_after(self, batches: Sequence[tuple[dict[str, torch.Tensor], torch.Tensor, Any]]
-                  ) -> tuple[float, float, float]:
+    def _kl_after(self, batches: Sequence[_Micro]) -> tuple[float, float, float]:
         """(``policy_loss``'s approx_kl, k3 of the sampling policy from the current one, over the
         policy tokens of ``batches``; its approx_kl_max, the largest k3 of one token; the largest
         ``position_kl`` at a policy token's position). The mean is what ``target_kl`` reads;
         the position-wise KL is what ``target_position_kl`` reads: a move at one position that
         the mean dilutes (a turn's first token collapsing, seen in runs that lost the format)."""
         total = count = top = worst = 0.0
-        for b, old, _ in batches:
-            logp, _, new_top = _with_top(self.model, b["ids"], b["attn"], keep=b["top_ids"])
-            _, st = policy_loss(logp, old, b["adv"], b["mask"])
+        for mb in batches:
+            b = mb.batch
+            logp, _, new_top = with_top(self.model, b["ids"], b["attn"], keep=b["top_ids"])
+            _, st = policy_loss(logp, mb.old, b["adv"], b["mask"])
             total += st["approx_kl"] * st["n_tokens"]
             count += st["n_tokens"]
             top = max(top, st["approx_kl_max"])

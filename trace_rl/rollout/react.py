@@ -180,66 +180,98 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
     from (start, copy, depth). ``max_context`` caps prompt + all turns in tokens (the policy's
     context window); a turn's ``max_tokens`` shrinks to fit it.
     """
-    t0 = time.monotonic()
-    cap = max_turns if max_turns is not None else env.max_turns
-    fmt = TurnFormat(engine.tokenizer)
-    turn_sampling = replace(sampling, stop=tuple(dict.fromkeys((*sampling.stop, *STOP))))
-    prompts: dict[str, list[int]] = {}
-    episodes: list[Episode] = []
-    groups: list[list[_Live]] = []
-    for si, start in enumerate(starts):
-        if start.k < 1:
-            raise ValueError(f"start {si} (item {start.item.id}): k={start.k} must be >= 1")
-        item = start.item
-        item_cap = min(cap, env.turn_cap(item) or cap)
-        _check_prefix(item, start.prefix, item_cap)
-        if item.id not in prompts:
-            prompts[item.id] = fmt.prompt_ids(env.system_prompt(), env.user_prompt(item))
-        state, prefix, calls = _materialise_prefix(env, item, start.prefix, fmt, tool_timeout_s)
-        group = []
-        for j in range(start.k):
-            if j > 0:
-                state = _restore(env, item, prefix)
-                calls = sum(map(_replayable, prefix)) if env.stateful else 0
-            ep = Episode(item_id=item.id, prompt_ids=list(prompts[item.id]),
-                         turns=copy.deepcopy(prefix), prefix_turns=len(prefix),
-                         ledger=Ledger(tool_calls=calls, trajectories=1))
-            episodes.append(ep)
-            group.append(_Live(ep, item, state, ep.token_ids(), si, j, item_cap))
-        groups.append(group)
-
-    def finish(live: _Live, reward: float, metrics: Mapping[str, float]) -> None:
-        ep = live.episode
-        ep.done, ep.reward, ep.metrics = True, float(reward), dict(metrics)
-        ep.ledger.wall_seconds = time.monotonic() - t0
-
-    def room(live: _Live) -> int:
-        return turn_sampling.max_tokens if max_context is None else \
-            min(turn_sampling.max_tokens, max_context - len(live.ids))
-
+    loop = _Rollout(engine, env, sampling, tool_timeout_s, seed, max_context)
+    episodes, groups = loop.begin(starts, max_turns if max_turns is not None else env.max_turns)
     # The first round holds one group request per start (n = K); later rounds one per episode.
     rounds: list[list[_Live]] = groups
     while rounds:
-        batch = []
-        for target in rounds:
-            if room(target[0]) <= 0:  # the context window is full: no answer can follow
-                for live in target:
-                    finish(live, 0.0, {"truncated": 1.0})
-                continue
-            first = target[0]
-            depth = len(first.episode.turns)
-            req_seed = _request_seed(seed, first.start_index,
-                                     -1 if len(target) > 1 else first.copy_index, depth)
-            s = replace(turn_sampling, max_tokens=room(first),
-                        seed=req_seed if seed is not None else turn_sampling.seed)
-            batch.append((target, GenRequest(prompt_ids=tuple(first.ids), n=len(target), sampling=s,
-                                             affinity=first.item.id)))
+        batch = loop.requests(rounds)
         if not batch:
             break
         outputs = engine.generate([req for _, req in batch])
         if len(outputs) != len(batch) or any(len(o) != req.n for o, (_, req) in zip(outputs, batch)):
             raise RuntimeError(f"engine {engine.name} returned {[len(o) for o in outputs]} "
                                f"completions for requests with n={[r.n for _, r in batch]}")
+        pending = loop.take_turns(batch, outputs)
+        loop.run_tools(pending)
+        rounds = [[live] for live, _ in pending]
+    return episodes
+
+
+class _Rollout:
+    """The state of one ``run_episodes`` call: its engine, environment, turn format, sampling
+    settings and clock, and the steps of a round (requests, turns taken, tools run)."""
+
+    def __init__(self, engine: Engine, env: Environment, sampling: SamplingSettings,
+                 tool_timeout_s: float, seed: int | None, max_context: int | None):
+        self.t0 = time.monotonic()
+        self.env, self.tool_timeout_s, self.seed, self.max_context = env, tool_timeout_s, seed, max_context
+        self.fmt = TurnFormat(engine.tokenizer)
+        self.sampling = replace(sampling, stop=tuple(dict.fromkeys((*sampling.stop, *STOP))))
+
+    def begin(self, starts: Sequence[Start], cap: int) -> tuple[list[Episode], list[list[_Live]]]:
+        """(the episodes, start by start, K each; per start its K live episodes): each start's
+        prefix checked and materialised, its state rebuilt once per further copy."""
+        env = self.env
+        prompts: dict[str, list[int]] = {}
+        episodes: list[Episode] = []
+        groups: list[list[_Live]] = []
+        for si, start in enumerate(starts):
+            if start.k < 1:
+                raise ValueError(f"start {si} (item {start.item.id}): k={start.k} must be >= 1")
+            item = start.item
+            item_cap = min(cap, env.turn_cap(item) or cap)
+            _check_prefix(item, start.prefix, item_cap)
+            if item.id not in prompts:
+                prompts[item.id] = self.fmt.prompt_ids(env.system_prompt(), env.user_prompt(item))
+            state, prefix, calls = _materialise_prefix(env, item, start.prefix, self.fmt,
+                                                       self.tool_timeout_s)
+            group = []
+            for j in range(start.k):
+                if j > 0:
+                    state = _restore(env, item, prefix)
+                    calls = sum(map(_replayable, prefix)) if env.stateful else 0
+                ep = Episode(item_id=item.id, prompt_ids=list(prompts[item.id]),
+                             turns=copy.deepcopy(prefix), prefix_turns=len(prefix),
+                             ledger=Ledger(tool_calls=calls, trajectories=1))
+                episodes.append(ep)
+                group.append(_Live(ep, item, state, ep.token_ids(), si, j, item_cap))
+            groups.append(group)
+        return episodes, groups
+
+    def finish(self, live: _Live, reward: float, metrics: Mapping[str, float]) -> None:
+        ep = live.episode
+        ep.done, ep.reward, ep.metrics = True, float(reward), dict(metrics)
+        ep.ledger.wall_seconds = time.monotonic() - self.t0
+
+    def room(self, live: _Live) -> int:
+        """Tokens the next turn of ``live`` may take (its context window's room)."""
+        return self.sampling.max_tokens if self.max_context is None else \
+            min(self.sampling.max_tokens, self.max_context - len(live.ids))
+
+    def requests(self, rounds: list[list[_Live]]) -> list[tuple[list[_Live], GenRequest]]:
+        """One request per target (a start's K episodes, or one episode); a target whose context
+        window is full ends unanswered (``truncated``) instead."""
+        batch = []
+        for target in rounds:
+            if self.room(target[0]) <= 0:  # the context window is full: no answer can follow
+                for live in target:
+                    self.finish(live, 0.0, {"truncated": 1.0})
+                continue
+            first = target[0]
+            depth = len(first.episode.turns)
+            req_seed = _request_seed(self.seed, first.start_index,
+                                     -1 if len(target) > 1 else first.copy_index, depth)
+            s = replace(self.sampling, max_tokens=self.room(first),
+                        seed=req_seed if self.seed is not None else self.sampling.seed)
+            batch.append((target, GenRequest(prompt_ids=tuple(first.ids), n=len(target), sampling=s,
+                                             affinity=first.item.id)))
+        return batch
+
+    def take_turns(self, batch: list[tuple[list[_Live], GenRequest]],
+                   outputs: Sequence[Sequence[Completion]]) -> list[tuple[_Live, Turn]]:
+        """Append each completion as a turn; grade an answer, end a turn cut at ``max_tokens`` or
+        an episode at its turn cap. Returns the (episode, turn) pairs whose tool is to run."""
         pending: list[tuple[_Live, Turn]] = []
         for (target, req), completions in zip(batch, outputs):
             for live, comp in zip(target, completions):
@@ -249,23 +281,29 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
                 live.episode.turns.append(turn)
                 live.ids += turn.gen_ids
                 if turn.action.kind == "answer":
-                    finish(live, *_grade(env, live, turn.action))
+                    self.finish(live, *_grade(self.env, live, turn.action))
                 elif comp.finish_reason == "length":
                     turn.action = Action(kind="invalid", error="turn hit max_tokens before its "
                                          "action closed")
                     turn.error = True
-                    finish(live, 0.0, {"truncated": 1.0})
+                    self.finish(live, 0.0, {"truncated": 1.0})
                 elif len(live.episode.turns) >= live.cap:
-                    finish(live, 0.0, {"turn_cap": 1.0})  # its tool is not run: nothing follows
+                    self.finish(live, 0.0, {"turn_cap": 1.0})  # its tool is not run: nothing follows
                 else:
                     pending.append((live, turn))
+        return pending
+
+    def run_tools(self, pending: list[tuple[_Live, Turn]]) -> None:
+        """Run the pending turns' tools concurrently and append their observations; a stateful
+        family's state is rebuilt by replay after a timed-out call."""
+        env, timeout_s = self.env, self.tool_timeout_s
         results = run_steps([lambda lv=lv, t=t: env.step(lv.state, t.action) for lv, t in pending],
-                            tool_timeout_s)
+                            timeout_s)
         for (live, turn), result in zip(pending, results):
             timed_out = result is None
-            result = result or _timed_out(tool_timeout_s)
+            result = result or _timed_out(timeout_s)
             turn.obs_text = result.observation or ""
-            turn.obs_ids = fmt.obs_ids(turn.obs_text, turn.gen_ids)
+            turn.obs_ids = self.fmt.obs_ids(turn.obs_text, turn.gen_ids)
             turn.tool_called, turn.error = result.tool_called, result.error
             live.episode.ledger.tool_calls += int(result.tool_called)
             live.ids += turn.obs_ids
@@ -273,8 +311,6 @@ def run_episodes(engine: Engine, env: Environment, starts: Sequence[Start], *,
                 # The abandoned call may still mutate the old state from its thread: start afresh.
                 live.state = _restore(env, live.item, live.episode.turns)
                 live.episode.ledger.tool_calls += sum(map(_replayable, live.episode.turns))
-        rounds = [[live] for live, _ in pending]
-    return episodes
 
 
 def _new_turn(comp: Completion) -> Turn:

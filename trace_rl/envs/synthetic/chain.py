@@ -125,6 +125,94 @@ def _hyphenate(name: str) -> str:
     return f"{name[:2]}-{name[2:]}"
 
 
+@dataclass(frozen=True)
+class _Cast:
+    """The people of one item: the chain (start to answer) and the distractors, the relation of
+    each hop, the hazard of each person, and how the text writes each name."""
+
+    names: list[str]
+    """The chain's people, then the distractors."""
+    chain: list[str]
+    distractors: list[str]
+    path: list[str]
+    """The relation followed at each hop."""
+    hazards: list[str]
+    """Per chain person (the answer included, who carries none): ``ALIAS``, ``HOMONYM`` or ""."""
+    kind: dict[str, str]
+    """Every person's hazard, distractors' decoys included."""
+    surface: dict[str, str]
+    """Name -> as the text writes it (an alias hyphenated)."""
+
+
+def _draw_cast(rng: random.Random, n_hops: int, rate: float, alias_share: float) -> _Cast:
+    """Names, the path of relations and the hazards (each person one with probability ``rate``,
+    an alias with probability ``alias_share``, else a homonym) of an item with ``n_hops`` hops."""
+    def draw() -> str:
+        if rng.random() >= rate:
+            return ""
+        return ALIAS if rng.random() < alias_share else HOMONYM
+
+    n_people = n_hops + 1 + DISTRACTORS
+    names = rng.sample([(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES], n_people)
+    chain, distractors = names[:n_hops + 1], names[n_hops + 1:]
+    path = [rng.choice(RELATIONS) for _ in range(n_hops)]
+    hazards = [draw() for _ in range(n_hops)] + [""]  # the answer carries none
+    decoys = [draw() for _ in distractors]
+    kind = dict(zip(chain, hazards)) | dict(zip(distractors, decoys))
+    surface = {n: _hyphenate(n) if kind[n] == ALIAS else n for n in names}
+    return _Cast(names, chain, distractors, path, hazards, kind, surface)
+
+
+def _draw_record(rng: random.Random, cast: _Cast, name: str,
+                 fixed: Mapping[str, str | None]) -> dict[str, Any]:
+    """Two facts: the relations of ``fixed`` (to their target, or to anyone when None), then
+    other relations to anyone."""
+    others = [r for r in RELATIONS if r not in fixed]
+    rels = list(fixed)[:2] + rng.sample(others, max(0, 2 - len(fixed)))
+    facts = {r: cast.surface[fixed.get(r) or rng.choice([p for p in cast.names if p != name])]
+             for r in rels}
+    return {"name": name, "facts": dict(rng.sample(sorted(facts.items()), len(facts)))}
+
+
+def _draw_twin(rng: random.Random, cast: _Cast, i: int, rec: Mapping[str, Any],
+               needs: dict[str, dict[str, str | None]]) -> dict[str, Any]:
+    """The second record of homonym ``cast.names[i]``: the same relations, other people. On the
+    chain, the hop's relation leads to a distractor, which then ``needs`` the next hop's relation,
+    so the wrong copy leads on through plausible records instead of stopping at once."""
+    name, n_hops = cast.names[i], len(cast.path)
+    twin = {}
+    for r in rec["facts"]:
+        if i < n_hops and r == cast.path[i]:
+            wrong = rng.choice(cast.distractors)
+            if i + 1 < n_hops:
+                needs[wrong].setdefault(cast.path[i + 1], None)
+        else:
+            wrong = rng.choice([p for p in cast.names if p != name])
+        twin[r] = cast.surface[wrong]
+    return {"name": name, "facts": twin}
+
+
+def _draw_records(rng: random.Random, cast: _Cast) -> tuple[list[dict[str, Any]], list[int]]:
+    """(the knowledge base's records in a shuffled order, per hop which record of the searched
+    name is the chain's): one record per person, two for a homonym (in a drawn order)."""
+    needs: dict[str, dict[str, str | None]] = {d: {} for d in cast.distractors}
+    groups: list[list[dict[str, Any]]] = []
+    gold_copy: list[int] = []
+    for i, name in enumerate(cast.names):
+        on_chain = i < len(cast.path)
+        rec = _draw_record(rng, cast, name,
+                           {cast.path[i]: cast.chain[i + 1]} if on_chain else needs.get(name, {}))
+        group = [rec]
+        if cast.kind[name] == HOMONYM:
+            group.append(_draw_twin(rng, cast, i, rec, needs))
+            rng.shuffle(group)
+        if on_chain:
+            gold_copy.append(group.index(rec))
+        groups.append(group)
+    rng.shuffle(groups)
+    return [r for group in groups for r in group], gold_copy
+
+
 class SynthChain(SyntheticEnv):
     family = "synth_chain"
     instructions = ("Find the person at the end of the chain with the search tool. Follow the "
@@ -147,63 +235,16 @@ class SynthChain(SyntheticEnv):
             n_hops = rng.choices(list(self.hops), weights=list(self.hops.values()))[0]
         rate = rng.betavariate(c.chain_hazard_a, c.chain_hazard_b)
         rate = min(1.0, rate * HARD_RATE) if hard else rate
-
-        def draw() -> str:
-            if rng.random() >= rate:
-                return ""
-            return ALIAS if rng.random() < c.chain_alias_share else HOMONYM
-
-        n_people = n_hops + 1 + DISTRACTORS
-        names = rng.sample([(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES], n_people)
-        chain, distractors = names[:n_hops + 1], names[n_hops + 1:]
-        path = [rng.choice(RELATIONS) for _ in range(n_hops)]
-        hazards = [draw() for _ in range(n_hops)] + [""]  # the answer carries none
-        decoys = [draw() for _ in distractors]
-        kind = dict(zip(chain, hazards)) | dict(zip(distractors, decoys))
-        surface = {n: _hyphenate(n) if kind[n] == ALIAS else n for n in names}
-
-        def record(name: str, fixed: dict[str, str | None]) -> dict[str, Any]:
-            """Two facts: the relations of ``fixed`` (to their target, or to anyone when None),
-            then other relations to anyone."""
-            others = [r for r in RELATIONS if r not in fixed]
-            rels = list(fixed)[:2] + rng.sample(others, max(0, 2 - len(fixed)))
-            facts = {r: surface[fixed.get(r) or rng.choice([p for p in names if p != name])]
-                     for r in rels}
-            return {"name": name, "facts": dict(rng.sample(sorted(facts.items()), len(facts)))}
-
-        # A homonym's twin sends the chain to a distractor that has the next hop's relation, so
-        # the wrong copy leads on through plausible records instead of stopping at once.
-        needs: dict[str, dict[str, str | None]] = {d: {} for d in distractors}
-        groups: list[list[dict[str, Any]]] = []
-        gold_copy: list[int] = []  # per hop: which record of the searched name is the chain's
-        for i, name in enumerate(names):
-            on_chain = i < n_hops
-            rec = record(name, {path[i]: chain[i + 1]} if on_chain else needs.get(name, {}))
-            group = [rec]
-            if kind[name] == HOMONYM:
-                twin = {}
-                for r in rec["facts"]:
-                    if on_chain and r == path[i]:
-                        wrong = rng.choice(distractors)
-                        if i + 1 < n_hops:
-                            needs[wrong].setdefault(path[i + 1], None)
-                    else:
-                        wrong = rng.choice([p for p in names if p != name])
-                    twin[r] = surface[wrong]
-                group.append({"name": name, "facts": twin})
-                rng.shuffle(group)
-            if on_chain:
-                gold_copy.append(group.index(rec))
-            groups.append(group)
-        rng.shuffle(groups)
-        records = [r for group in groups for r in group]
+        cast = _draw_cast(rng, n_hops, rate, c.chain_alias_share)
+        records, gold_copy = _draw_records(rng, cast)
+        surface = cast.surface
         directory = sorted(surface[r["name"]] for r in records)
-        question = (f"People: {', '.join(directory)}. Start from {surface[chain[0]]} and follow "
-                    f"{' > '.join(path)}. Who do you reach?")
-        return TaskItem(id=item_id, family=self.family, question=question, gold=chain[-1],
-                        meta={"records": records, "chain": chain, "path": path,
-                              "hazards": hazards[:n_hops], "copy": gold_copy,
-                              "surface": [surface[n] for n in chain], "hops": n_hops,
+        question = (f"People: {', '.join(directory)}. Start from {surface[cast.chain[0]]} and "
+                    f"follow {' > '.join(cast.path)}. Who do you reach?")
+        return TaskItem(id=item_id, family=self.family, question=question, gold=cast.chain[-1],
+                        meta={"records": records, "chain": cast.chain, "path": cast.path,
+                              "hazards": cast.hazards[:n_hops], "copy": gold_copy,
+                              "surface": [surface[n] for n in cast.chain], "hops": n_hops,
                               "rate": rate})
 
     def item_key(self, item: TaskItem) -> str:
