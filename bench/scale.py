@@ -1,7 +1,8 @@
 """Scale-out benchmark (issue 20): the engine pool and the trainer group on a Ray cluster.
 
     python -m bench.scale [--cluster local:2] [--engine hf|vllm] [--engines 1,2]
-                          [--ranks 1,2] [--items 16] [--k 4] [--max-tokens 48]
+                          [--ranks 1,2] [--strategy ddp|fsdp2] [--update-on ray|mp]
+                          [--items 16] [--k 4] [--max-tokens 48]
                           [--policy tiny|smollm2|DIR] [--out FILE.json] [--engine-opts JSON]
 
 Measured, each on the same requests (seeded per request, so every configuration generates the
@@ -9,14 +10,20 @@ same tokens):
 
 * **rollout**: the expansion of one tree level through ``run_episodes`` on a pool of 1, 2 (4)
   engine actors: wall seconds and generated tokens/s (after one warm-up batch per pool);
-* **prefix cache** (vLLM only: the transformers engine has none): level-0 requests (``k``
-  samples per item), then one continuation of every sampled first turn, as Stage 2 asks for;
-  the hit rate is vLLM's own counters over the continuations (hit tokens / queried tokens), with
-  sticky routing (a tree stays on one engine) against round-robin;
+* **prefix cache** (pools of 2 or more): level-0 requests (``k`` samples per item), then one
+  continuation of every sampled first turn, as Stage 2 asks for, with sticky routing (a tree
+  stays on one engine) against round-robin. Two figures over the continuations: vLLM's own
+  counters (hit tokens / queried tokens; ``nan`` for the transformers engine, which has no
+  prefix cache), and for any engine the routed-prefix rate: the share of the continuations'
+  prompt tokens that extend a sequence the same engine computed before (what an unbounded cache
+  at token granularity would hit: an upper bound for vLLM's cache of blocks);
 * **update**: one policy update of the paths rolled out (advantages +-1 by reward) on 1 and 2
-  trainer ranks (DDP), wall seconds of the update call (rank 0's save included);
-* **sync**: new weights into every engine: ``disk`` (each engine reloads the checkpoint) against
-  ``broadcast`` (trainer rank 0 over a gloo group).
+  trainer ranks (``--strategy`` DDP or FSDP2), wall seconds of the second update call (the
+  first loads the policy and takes the first AdamW step): the ranks as Ray actors (rank 0's save
+  included) or, ``--update-on mp``, as torch.multiprocessing processes with the Ray cluster shut
+  down first (no save; for machines where Ray's memory monitor stops a group of Ray actors);
+* **sync** (``--update-on ray``): new weights into every engine: ``disk`` (each engine reloads
+  the checkpoint) against ``broadcast`` (trainer rank 0 over a gloo group).
 
 On a 2-core machine no speed-up is expected and none is claimed: two engine actors share the
 same two cores (and the actors' start-up is paid once). The figures say what the overhead is; a
@@ -32,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trace_rl.config import TrainConfig
 from trace_rl.rollout.react import Start, run_episodes
 from trace_rl.rollout.types import GenRequest, SamplingSettings
 
@@ -67,7 +75,11 @@ def rollout(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings
 
 
 def prefix_hits(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings) -> dict[str, float]:
-    """Hit rate of the continuations of every first turn (vLLM's counters, in tokens)."""
+    """Level-0 requests, then one continuation of every sampled first turn: the continuations'
+    prefix-cache hit rate by vLLM's own counters (``hit_rate``; none for engines without them)
+    and, for every engine, ``routed_prefix_rate``: the share of the continuations' prompt tokens
+    that extend a sequence the same engine computed before (an unbounded cache at token
+    granularity, so an upper bound on what a real cache of blocks can hit)."""
     from trace_rl.rollout.format import TurnFormat
 
     fmt = TurnFormat(pool.tokenizer)
@@ -76,6 +88,7 @@ def prefix_hits(pool: Any, env: Any, starts: list[Start], sampling: SamplingSett
                                           seed=100 + i), affinity=s.item.id)
               for i, s in enumerate(starts)]
     outs = pool.generate(level0)
+    owners0 = list(pool.last_owners)
     q0, h0 = pool.prefix_cache_stats()
     cont = [GenRequest(req.prompt_ids + tuple(c.token_ids), 1,
                        SamplingSettings(max_tokens=sampling.max_tokens, temperature=1.0,
@@ -83,8 +96,37 @@ def prefix_hits(pool: Any, env: Any, starts: list[Start], sampling: SamplingSett
             for i, (req, cs) in enumerate(zip(level0, outs)) for j, c in enumerate(cs)]
     pool.generate(cont)
     q1, h1 = pool.prefix_cache_stats()
+    routed = routed_prefix_tokens(pool.n, level0, owners0, outs, cont, pool.last_owners)
+    queried = sum(len(r.prompt_ids) for r in cont)
     return {"queried_tokens": q1 - q0, "hit_tokens": h1 - h0,
-            "hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else float("nan")}
+            "hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else float("nan"),
+            "prompt_tokens": queried, "routed_prefix_tokens": routed,
+            "routed_prefix_rate": routed / queried if queried else float("nan")}
+
+
+def routed_prefix_tokens(n: int, level0: list[GenRequest], owners0: list[int],
+                         outs: list[list[Any]], cont: list[GenRequest],
+                         owners1: list[int]) -> int:
+    """Prompt tokens of the continuations ``cont`` (sent to engines ``owners1``) that are a
+    prefix of a sequence their engine computed before: a level-0 prompt with one of its
+    completions (``outs``, on engines ``owners0``), or an earlier continuation's prompt."""
+    held: list[list[tuple[int, ...]]] = [[] for _ in range(n)]
+    for req, e, cs in zip(level0, owners0, outs):
+        held[e] += [tuple(req.prompt_ids) + tuple(c.token_ids) for c in cs]
+    routed = 0
+    for req, e in zip(cont, owners1):
+        routed += max((_common_prefix(req.prompt_ids, seq) for seq in held[e]), default=0)
+        held[e].append(tuple(req.prompt_ids))
+    return routed
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _paths(episodes: list[Any]) -> list[Any]:
@@ -101,12 +143,17 @@ def _paths(episodes: list[Any]) -> list[Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
     ap.add_argument("--cluster", default="local:2")
     ap.add_argument("--engine", default="hf", choices=("hf", "vllm"))
     ap.add_argument("--engines", default="1,2", help="pool sizes to measure (comma-separated)")
     ap.add_argument("--ranks", default="1,2", help="trainer group sizes to measure")
+    ap.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp2"),
+                    help="how the trainer ranks share the update")
+    ap.add_argument("--update-on", default="ray", choices=("ray", "mp"),
+                    help="the trainer ranks as Ray actors (ray) or torch.multiprocessing "
+                    "processes without Ray (mp: no Ray actors or object store beside them)")
     ap.add_argument("--items", type=int, default=16)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=48)
@@ -117,78 +164,153 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="GPU fraction of each engine actor and trainer rank (0.3: three share a GPU)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    args.engine_opts = json.loads(args.engine_opts)
+    args.engines = [int(x) for x in args.engines.split(",")]
+    args.ranks = [int(x) for x in args.ranks.split(",")]
+    return args
 
-    from trace_rl import cluster
+
+def measure_pools(args: argparse.Namespace, policy: str, result: dict[str, Any]) -> list[Any]:
+    """Rollout (and, on pools of several engines, prefix-cache hits by routing) for each pool
+    size; returns the first pool's episodes."""
     from trace_rl.cluster.pool import EnginePool
-    from trace_rl.cluster.session import Session
-    from trace_rl.config import TrainConfig
 
-    engine_opts = json.loads(args.engine_opts)
-    sizes = [int(x) for x in args.engines.split(",")]
-    ranks = [int(x) for x in args.ranks.split(",")]
-    tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    policy = _policy(args.policy, tmp)
-    t0 = time.perf_counter()
-    cluster.connect(args.cluster, cpus_per_node=max(2, max(sizes) + max(ranks)))
-    result: dict[str, Any] = {"cluster": args.cluster, "engine": args.engine, "policy": args.policy,
-                              "items": args.items, "k": args.k, "max_tokens": args.max_tokens,
-                              "cluster_start_s": time.perf_counter() - t0,
-                              "rollout": {}, "prefix_cache": {}, "update": {}, "sync": {}}
     env, starts = _starts(args.items, args.k)
     sampling = SamplingSettings(max_tokens=args.max_tokens, temperature=1.0)
     episodes = None
-    for n in sizes:
+    for n in args.engines:
         t0 = time.perf_counter()
-        pool = EnginePool(args.engine, policy, n, gpu_share=args.gpu_share, **engine_opts)
+        pool = EnginePool(args.engine, policy, n, gpu_share=args.gpu_share, **args.engine_opts)
         start_s = time.perf_counter() - t0
-        r = rollout(pool, env, starts, sampling)
-        episodes = episodes or r.pop("_episodes")
-        r.pop("_episodes", None)
-        result["rollout"][n] = {"pool_start_s": start_s, **r}
-        print(f"rollout, {n} engine actor(s): {r['tokens']} tokens in {r['seconds']:.1f} s = "
-              f"{r['tokens_per_s']:.0f} tok/s (pool start {start_s:.0f} s)", flush=True)
-        if args.engine == "vllm" and n > 1:
-            for routing in ("sticky", "round_robin"):
+        try:
+            r = rollout(pool, env, starts, sampling)
+            episodes = episodes or r.pop("_episodes")
+            r.pop("_episodes", None)
+            result["rollout"][n] = {"pool_start_s": start_s, **r}
+            print(f"rollout, {n} engine actor(s): {r['tokens']} tokens in {r['seconds']:.1f} s = "
+                  f"{r['tokens_per_s']:.0f} tok/s (pool start {start_s:.0f} s)", flush=True)
+            for routing in ("sticky", "round_robin") if n > 1 else ():
                 pool.routing, pool._routes = routing, {}
-                result["prefix_cache"][routing] = prefix_hits(pool, env, starts, sampling)
-                print(f"prefix cache, {n} engines, {routing}: "
-                      f"{result['prefix_cache'][routing]['hit_rate']:.1%}", flush=True)
-        pool.close()
-    if args.engine != "vllm":
-        result["prefix_cache"] = "n/a: the transformers engine has no prefix cache"
+                hits = result["prefix_cache"][routing] = prefix_hits(pool, env, starts, sampling)
+                print(f"prefix cache, {n} engines, {routing}: vLLM counters "
+                      f"{hits['hit_rate']:.1%}, routed prefix {hits['routed_prefix_rate']:.1%}",
+                      flush=True)
+        finally:
+            pool.close()
+    return episodes
+
+
+def measure_ray(args: argparse.Namespace, policy: str, paths: list[Any], tmp: Path,
+                result: dict[str, Any]) -> None:
+    """The update on each trainer group size as Ray actors; the sync comparison on the largest."""
+    from trace_rl.cluster.session import Session
+
     settings = TrainConfig().update_settings
-    paths = _paths(episodes)
-    for r_ in ranks:
-        s = Session(args.cluster, args.engine, engines=max(sizes), ranks=r_,
-                    weight_sync="broadcast", gpu_share=args.gpu_share, engine_opts=engine_opts)
+    for r_ in args.ranks:
+        s = Session(args.cluster, args.engine, engines=max(args.engines), ranks=r_,
+                    weight_sync="broadcast", gpu_share=args.gpu_share,
+                    engine_opts=args.engine_opts, strategy=args.strategy)
         try:
             out = tmp / f"ranks{r_}"
             s.update(settings, 0, policy, paths, 1, 1.0, out)  # starts the group; loads the policy
             t0 = time.perf_counter()
             stats = s.update(settings, 0, str(out), paths, 2, 1.0, tmp / f"ranks{r_}-b")
-            result["update"][r_] = {"seconds": time.perf_counter() - t0, "paths": len(paths),
-                                    "optimiser_steps": stats.get("updates")}
-            print(f"update, {r_} rank(s): {result['update'][r_]['seconds']:.1f} s for "
-                  f"{len(paths)} paths", flush=True)
-            if r_ == max(ranks):  # the sync comparison, on the largest group
-                s.engine(policy, policy)
-                new = str(tmp / f"ranks{r_}-b")
-                s.weight_sync = "disk"
-                s.sync(new)
-                s.weight_sync = "broadcast"
-                s.sync(new)  # first broadcast: builds the group
-                s.sync(new)
-                s.weight_sync = "disk"
-                s.sync(new)
-                result["sync"] = {"disk_s": [x for how, x in s.syncs if how == "disk"],
-                                  "broadcast_s": [x for how, x in s.syncs if how == "broadcast"],
-                                  "engines": s.engines}
-                print(f"sync to {s.engines} engines: disk {result['sync']['disk_s']} s, "
-                      f"broadcast {result['sync']['broadcast_s']} s (the first builds the group)",
-                      flush=True)
+            _record_update(result, r_, time.perf_counter() - t0, len(paths), stats)
+            if r_ == max(args.ranks):  # the sync comparison, on the largest group
+                result["sync"] = measure_sync(s, policy, str(tmp / f"ranks{r_}-b"))
         finally:
             s.close()
-    cluster.shutdown()
+
+
+def _record_update(result: dict[str, Any], ranks: int, seconds: float, paths: int,
+                   stats: dict[str, float]) -> None:
+    result["update"][ranks] = {"seconds": seconds, "paths": paths,
+                               "optimiser_steps": stats.get("updates")}
+    print(f"update, {ranks} rank(s): {seconds:.1f} s for {paths} paths", flush=True)
+
+
+def measure_sync(s: Any, policy: str, new: str) -> dict[str, Any]:
+    """New weights into every engine of the session's pool: disk, broadcast (the first builds
+    the group), broadcast, disk."""
+    s.engine(policy, policy)
+    for how in ("disk", "broadcast", "broadcast", "disk"):
+        s.weight_sync = how
+        s.sync(new)
+    sync = {"disk_s": [x for how, x in s.syncs if how == "disk"],
+            "broadcast_s": [x for how, x in s.syncs if how == "broadcast"], "engines": s.engines}
+    print(f"sync to {s.engines} engines: disk {sync['disk_s']} s, broadcast "
+          f"{sync['broadcast_s']} s (the first builds the group)", flush=True)
+    return sync
+
+
+def _mp_rank(rank: int, world: int, port: int, policy: str, strategy: str, paths: list[Any],
+             out: str) -> None:
+    """One trainer rank without Ray: a warm-up update (loads, first AdamW step), then the timed
+    one, as ``measure_ray`` times the second update of a group; rank 0 writes the seconds."""
+    import torch
+    import torch.distributed as dist
+
+    from trace_rl.cluster.fsdp import make_trainer
+    from trace_rl.policy.update import Ranks
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        trainer = make_trainer(strategy, policy, TrainConfig().update_settings, seed=0,
+                               ranks=Ranks(rank, world))
+        trainer.update(paths, torch.Generator().manual_seed(1))
+        t0 = time.perf_counter()
+        stats = trainer.update(paths, torch.Generator().manual_seed(2))
+        seconds = time.perf_counter() - t0
+        if rank == 0:
+            Path(out).write_text(json.dumps({"seconds": seconds, "stats": stats}))
+        del trainer
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_mp(args: argparse.Namespace, policy: str, paths: list[Any], tmp: Path,
+               result: dict[str, Any]) -> None:
+    """The update on each group size as torch.multiprocessing ranks (no Ray)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    for r_ in args.ranks:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        out = tmp / f"mp-ranks{r_}.json"
+        mp.start_processes(_mp_rank, args=(r_, port, policy, args.strategy, paths, str(out)),
+                           nprocs=r_, start_method="spawn")
+        got = json.loads(out.read_text())
+        _record_update(result, r_, got["seconds"], len(paths), got["stats"])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from trace_rl import cluster
+
+    args = parse(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    policy = _policy(args.policy, tmp)
+    t0 = time.perf_counter()
+    cluster.connect(args.cluster, cpus_per_node=max(2, max(args.engines) + max(args.ranks)))
+    result: dict[str, Any] = {
+        "cluster": args.cluster, "engine": args.engine, "policy": args.policy,
+        "items": args.items, "k": args.k, "max_tokens": args.max_tokens,
+        "strategy": args.strategy, "update_on": args.update_on, "date": time.strftime("%Y-%m-%d"),
+        "cluster_start_s": time.perf_counter() - t0,
+        "rollout": {}, "prefix_cache": {}, "update": {}, "sync": {}}
+    try:
+        paths = _paths(measure_pools(args, policy, result))
+        if args.update_on == "mp":
+            cluster.shutdown()  # the ranks alone on the machine: no raylets, no object store
+            measure_mp(args, policy, paths, tmp, result)
+        else:
+            measure_ray(args, policy, paths, tmp, result)
+    finally:
+        cluster.shutdown()
     text = json.dumps(result, indent=1, default=str)
     if args.out:
         args.out.write_text(text)

@@ -260,7 +260,7 @@ def cluster_for(cfg: TrainConfig, kind: str | None = None) -> Any:
 
     kind = kind or (default_engine_kind() if cfg.engine == "auto" else cfg.engine)
     return session(cfg.cluster, kind, cfg.rollout_engines, cfg.trainer_ranks, cfg.weight_sync,
-                   cfg.resolved_run_id)
+                   cfg.resolved_run_id, strategy=cfg.trainer_strategy)
 
 
 _ENGINE_HOME: dict[tuple[str, str], str] = {}

@@ -1,8 +1,8 @@
 """The Ray scale-out (issue 20) on a local cluster of two simulated nodes: the engine pool returns
 what one engine returns, an engine actor killed mid-batch is replaced and its requests sent again
 (nothing lost or duplicated), and a broadcast weight sync from the trainer group gives the engines
-the weights a reload of the checkpoint from disk gives. Real Ray actors, real engines, real
-gloo groups. One cluster for the module (its start costs ~20-50 s on this 2-core machine)."""
+the weights a reload of the checkpoint from disk gives (FSDP2 trainer ranks). Real Ray actors,
+real engines, real gloo groups. One cluster for the module (its start costs ~20-50 s on this 2-core machine)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,9 @@ def test_broadcast_sync_equals_reloading_the_checkpoint(cluster, tiny_model_dir,
     settings = UpdateSettings(learning_rate=5e-3, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
                               epochs=1, micro_batch=2, agg="seq-mean-token-sum", mini_batches=1,
                               target_kl=0.0, target_position_kl=0.0)
-    s = Session("local:2", "hf", engines=2, ranks=2, weight_sync="broadcast")
+    # FSDP2 ranks (the DDP ones run in test_cluster_train): the broadcast sends the full weights
+    # rank 0 gathered for the checkpoint.
+    s = Session("local:2", "hf", engines=2, ranks=2, weight_sync="broadcast", strategy="fsdp2")
     try:
         pool = s.engine(str(tiny_model_dir), str(tiny_model_dir))
         tok = pool.tokenizer

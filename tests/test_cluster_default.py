@@ -37,7 +37,7 @@ def test_ray_is_not_imported_on_the_default(tiny_model_dir):
 def test_cluster_fields_do_not_change_the_run_id():
     base = TrainConfig()
     on_ray = config_from_mapping({"cluster": "local:2", "rollout_engines": 2, "trainer_ranks": 2,
-                                  "weight_sync": "broadcast"})
+                                  "trainer_strategy": "fsdp2", "weight_sync": "broadcast"})
     assert on_ray.resolved_run_id == base.resolved_run_id
     assert config_from_mapping({"cluster": "auto"}).config_hash == base.config_hash
 
@@ -48,6 +48,7 @@ def test_cluster_fields_do_not_change_the_run_id():
     ({"rollout_engines": 2}, "need a Ray cluster"),
     ({"cluster": "local:2", "trainer_ranks": 0}, "trainer_ranks=0"),
     ({"cluster": "local:2", "weight_sync": "nccl"}, "weight_sync='nccl'"),
+    ({"cluster": "local:2", "trainer_strategy": "zero3"}, "trainer_strategy"),
 ])
 def test_bad_cluster_settings_are_named(values, says):
     with pytest.raises(ConfigError, match=says.replace("(", r"\(")):

@@ -267,6 +267,12 @@ class TrainConfig(BaseModel):
     """Trainer actors (torch.distributed DDP ranks, gloo on CPU, NCCL on GPU) of the policy
     update when ``cluster`` is set; the loss normaliser is summed over ranks, so R ranks compute
     one process's update. Not part of the run id."""
+    trainer_strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """How the trainer ranks share the update when ``trainer_ranks`` > 1: ``ddp`` = every rank
+    holds the whole model and optimiser, gradients all-reduced; ``fsdp2`` = parameters, gradients
+    and AdamW state sharded over the ranks (``torch.distributed.fsdp.fully_shard``;
+    trace_rl/cluster/fsdp.py). Both compute one process's update and write the same checkpoint.
+    Not part of the run id."""
     weight_sync: Literal["disk", "broadcast"] = "disk"
     """How new weights reach the engine actors after an update when ``cluster`` is set: ``disk``
     = each engine loads the checkpoint directory (a file system every node sees); ``broadcast`` =

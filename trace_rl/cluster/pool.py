@@ -111,6 +111,8 @@ class EnginePool:
         self.replaced = 0
         """Engine actors replaced after dying (over the pool's life)."""
         self.weight_group_ready = False
+        self.last_owners: list[int] = []
+        """The engine each request of the last ``generate`` batch went to (bench/scale.py)."""
 
     def _start(self, i: int) -> Any:
         # SPREAD: engines on different nodes where there are several.
@@ -140,6 +142,7 @@ class EnginePool:
     def generate(self, requests: Sequence[GenRequest]) -> list[list[Completion]]:
         """Per request, ``request.n`` completions, from the engine its affinity routes it to."""
         owner = self.route(requests)
+        self.last_owners = owner
         shares = {e: [i for i, o in enumerate(owner) if o == e] for e in sorted(set(owner))}
         pending = {e: self.actors[e].generate.remote([requests[i] for i in idx])
                    for e, idx in shares.items()}
@@ -197,6 +200,12 @@ class EnginePool:
         """(pid, node id) of each engine actor."""
         return ray.get([a.where.remote() for a in self.actors])
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Each engine shuts its own processes down (vLLM's engine core: killing the actor alone
+        can leave it behind, seen once after bench/scale.py), then the actors are ended."""
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=timeout_s)
+        except Exception:  # noqa: BLE001 -- a dead or stuck engine: the kill below ends it
+            pass
         kill_actors(self.actors)
         self.actors = []

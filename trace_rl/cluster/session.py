@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from trace_rl.cluster import connect, parse
+from trace_rl.cluster.fsdp import STRATEGIES
 from trace_rl.cluster.pool import EnginePool
 from trace_rl.cluster.trainer import TrainerGroup
 from trace_rl.policy.update import PathSample, UpdateSettings
@@ -22,11 +23,16 @@ class Session:
     ``ranks`` trainer ranks) on the cluster ``spec``."""
 
     def __init__(self, spec: str, kind: str, engines: int, ranks: int, weight_sync: str,
-                 gpu_share: float = 1.0, engine_opts: dict[str, Any] | None = None) -> None:
+                 gpu_share: float = 1.0, engine_opts: dict[str, Any] | None = None,
+                 strategy: str = "ddp") -> None:
         """``gpu_share``: GPU fraction of each engine and rank (below 1 they share GPUs);
-        ``engine_opts``: passed to every engine."""
+        ``engine_opts``: passed to every engine; ``strategy``: the trainer ranks' ``ddp`` or
+        ``fsdp2`` (``trace_rl.cluster.fsdp``)."""
         if weight_sync not in ("disk", "broadcast"):
             raise ValueError(f"weight_sync={weight_sync!r}; choose disk or broadcast")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"trainer_strategy={strategy!r}; choose one of {STRATEGIES}")
+        self.strategy = strategy
         self.spec, self.kind, self.engines, self.ranks = spec, kind, engines, ranks
         self.weight_sync = weight_sync
         self.gpu_share, self.engine_opts = gpu_share, dict(engine_opts or {})
@@ -72,8 +78,9 @@ class Session:
         """The policy update on the trainer group (started on first use)."""
         if self.trainer is None:
             t0 = time.perf_counter()
-            self.trainer = TrainerGroup(self.ranks, settings, seed, gpu_share=self.gpu_share)
-            print(f"cluster: {self.ranks} trainer rank(s) ready in "
+            self.trainer = TrainerGroup(self.ranks, settings, seed, gpu_share=self.gpu_share,
+                                        strategy=self.strategy)
+            print(f"cluster: {self.ranks} {self.strategy} trainer rank(s) ready in "
                   f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         return self.trainer.update(policy_dir, samples, rng_seed, lr_scale, out_dir)
 
@@ -85,11 +92,11 @@ class Session:
 
 
 def session(spec: str, kind: str, engines: int, ranks: int, weight_sync: str,
-            run_id: str) -> Session:
+            run_id: str, strategy: str = "ddp") -> Session:
     """The process's session of ``run_id`` (created on first use)."""
-    key = (spec, kind, engines, ranks, weight_sync, run_id)
+    key = (spec, kind, engines, ranks, weight_sync, run_id, strategy)
     if key not in _SESSIONS:
-        _SESSIONS[key] = Session(spec, kind, engines, ranks, weight_sync)
+        _SESSIONS[key] = Session(spec, kind, engines, ranks, weight_sync, strategy=strategy)
     return _SESSIONS[key]
 
 

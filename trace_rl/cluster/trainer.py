@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trace_rl.cluster import accelerator, kill_actors
 from trace_rl.cluster.sync import Layout, WeightGroup, layout
+from trace_rl.cluster.fsdp import FSDPTrainer, make_trainer
 from trace_rl.policy.update import PathSample, PolicyTrainer, Ranks, UpdateSettings
 
 
@@ -57,10 +58,11 @@ class TrainerRank:
         dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=self.rank,
                                 world_size=self.world)
 
-    def load(self, model_dir: str, settings: UpdateSettings, seed: int) -> None:
-        """A new ``PolicyTrainer`` on ``model_dir`` (its optimiser state when saved there)."""
-        self.trainer = PolicyTrainer(model_dir, settings, seed=seed,
-                                     ranks=Ranks(self.rank, self.world))
+    def load(self, model_dir: str, settings: UpdateSettings, seed: int, strategy: str) -> None:
+        """A new trainer (``ddp`` or ``fsdp2``) on ``model_dir`` (its optimiser state when saved
+        there)."""
+        self.trainer = make_trainer(strategy, model_dir, settings, seed=seed,
+                                    ranks=Ranks(self.rank, self.world))
 
     def update(self, samples: Sequence[PathSample], rng_seed: int, lr_scale: float,
                out_dir: str) -> dict[str, float]:
@@ -70,7 +72,7 @@ class TrainerRank:
             raise RuntimeError("TrainerRank.update before load")
         stats = self.trainer.update(samples, torch.Generator().manual_seed(rng_seed),
                                     lr_scale=lr_scale)
-        if self.rank == 0:
+        if self.rank == 0 or isinstance(self.trainer, FSDPTrainer):  # FSDP2: every rank gathers
             t0 = time.perf_counter()
             self.trainer.save(out_dir)
             stats["save_seconds"] = time.perf_counter() - t0
@@ -92,6 +94,8 @@ class TrainerRank:
         return time.perf_counter() - t0
 
     def _state(self) -> dict[str, Any]:
+        if isinstance(self.trainer, FSDPTrainer):  # shards: the full weights rank 0 last saved
+            return dict(self.trainer.full_weights or {})
         return dict(self.trainer.model.state_dict())
 
     def where(self) -> tuple[int, str]:
@@ -102,11 +106,13 @@ class TrainerGroup:
     """``world`` trainer actors, one per bundle of a SPREAD placement group."""
 
     def __init__(self, world: int, settings: UpdateSettings, seed: int,
-                 gpu_share: float = 1.0) -> None:
-        """``gpu_share``: the GPU fraction of each rank on a GPU cluster (1: a GPU each)."""
+                 gpu_share: float = 1.0, strategy: str = "ddp") -> None:
+        """``gpu_share``: the GPU fraction of each rank on a GPU cluster (1: a GPU each);
+        ``strategy``: ``ddp`` or ``fsdp2`` (``trace_rl.cluster.fsdp``)."""
         if world < 1:
             raise ValueError(f"TrainerGroup: world={world} ranks, need >= 1")
         self.world, self.settings, self.seed = world, settings, seed
+        self.strategy = strategy
         res = accelerator()
         need = gpu_share if res == "GPU" else 1
         self.pg = placement_group([{res: need}] * world, strategy="SPREAD")
@@ -127,7 +133,8 @@ class TrainerGroup:
         """One update of the policy in ``policy_dir`` on ``samples``; rank 0 saves it to
         ``out_dir``. Returns rank 0's statistics (reduced over the ranks)."""
         if self.loaded != str(policy_dir):
-            ray.get([a.load.remote(str(policy_dir), self.settings, self.seed) for a in self.actors])
+            ray.get([a.load.remote(str(policy_dir), self.settings, self.seed, self.strategy)
+                     for a in self.actors])
         self.loaded = None
         stats = ray.get([a.update.remote(list(samples), rng_seed, lr_scale, str(out_dir))
                          for a in self.actors])[0]
