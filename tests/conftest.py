@@ -54,11 +54,13 @@ def prefect_harness():
 # on subprocesses, servers and start-ups, so a second worker nearly halves the wall time even on
 # two cores. Files whose tests must not overlap run on one worker, one after another:
 # - the sandbox tests look for leftover sandbox processes machine-wide, so another worker's live
-#   sandbox would read as a leak;
+#   sandbox would read as a leak: every file that runs model code in the sandbox (the math family's
+#   python tool, its containment probe) shares their worker;
 # - the Ray and vLLM-actor tests hold several GB each; two at once brought Ray's memory monitor
 #   close to killing workers on the 23 GB machine.
 SERIAL_GROUPS = {
-    "sandbox": ("test_sandbox.py", "test_sandbox_hostile.py"),
+    "sandbox": ("test_sandbox.py", "test_sandbox_hostile.py", "test_math_env.py", "test_bfcl.py",
+                "test_real_data.py"),
     "cluster": ("test_cluster.py", "test_cluster_train.py", "test_cluster_vllm.py",
                 "test_distributed_update.py"),
 }

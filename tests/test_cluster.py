@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import pytest
 
@@ -73,19 +71,29 @@ def test_engine_killed_mid_batch_is_replaced_and_nothing_is_lost(cluster, tiny_m
     from trace_rl.cluster.pool import EnginePool
 
     pool = EnginePool("hf", tiny_model_dir, 2)
+    calls: list[int] = []
+    kill_at: list[int] = []
+    generate = pool.generate
+
+    def generate_and_maybe_kill(requests):
+        calls.append(len(requests))
+        if len(calls) in kill_at:  # the batch is under way: engine 0 dies before this turn
+            os.kill(pid, signal.SIGKILL)
+        return generate(requests)
+
+    pool.generate = generate_and_maybe_kill  # what run_episodes calls, turn by turn
     try:
-        t0 = time.perf_counter()
         reference = _episodes(pool, n_items=8, k=3)
-        took = time.perf_counter() - t0
+        turns = len(calls)
         pid = pool.where()[0][0]
-        # Kill engine 0's process a third of the way into the same batch, timed on the
-        # reference run (the assertion on ``replaced`` below checks the kill landed mid-batch).
-        killer = threading.Timer(took / 3, os.kill, (pid, signal.SIGKILL))
-        killer.start()
+        # Kill engine 0's process at the batch's second turn (its first when the batch is one
+        # turn long), not on a timer: under load a timed kill landed after the batch ended.
+        calls.clear()
+        kill_at.append(2 if turns >= 2 else 1)
         again = _episodes(pool, n_items=8, k=3)
-        killer.join()
         assert pool.replaced >= 1, "the kill landed after the batch: no replacement exercised"
         assert pid not in [p for p, _ in pool.where()]
+        assert len(calls) == turns, "the batch went on after the kill, turn for turn"
         _same(again, reference)  # same episodes: none lost, none twice
         assert len(again) == 24
     finally:
