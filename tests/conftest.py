@@ -14,6 +14,11 @@ from pathlib import Path
 _FRESH = tempfile.mkdtemp(prefix="trace-tests-")
 os.environ["PREFECT_HOME"] = os.path.join(_FRESH, "prefect")
 os.environ["TRACE_CACHE_DIR"] = os.path.join(_FRESH, "cache")
+# Temporary files too: the sandbox's scratch folders of this test process are then told apart from
+# another test process's on the same machine (tests/sandbox_watch.py).
+os.environ["TMPDIR"] = os.path.join(_FRESH, "tmp")
+os.makedirs(os.environ["TMPDIR"])
+tempfile.tempdir = os.environ["TMPDIR"]
 atexit.register(shutil.rmtree, _FRESH, ignore_errors=True)
 
 from trace_rl import environ  # noqa: E402
@@ -50,25 +55,10 @@ def prefect_harness():
         yield
 
 
+
 # scripts/test.sh runs the suite on two pytest-xdist workers (TRACE_TEST_WORKERS): most tests wait
 # on subprocesses, servers and start-ups, so a second worker nearly halves the wall time even on
-# two cores. Files whose tests must not overlap run on one worker, one after another:
-# - the sandbox tests look for leftover sandbox processes machine-wide, so another worker's live
-#   sandbox would read as a leak: every file that runs model code in the sandbox (the math family's
-#   python tool, its containment probe) shares their worker;
-# - the Ray and vLLM-actor tests hold several GB each; two at once brought Ray's memory monitor
-#   close to killing workers on the 23 GB machine.
-SERIAL_GROUPS = {
-    "sandbox": ("test_sandbox.py", "test_sandbox_hostile.py", "test_math_env.py", "test_bfcl.py",
-                "test_real_data.py"),
-    "cluster": ("test_cluster.py", "test_cluster_train.py", "test_cluster_vllm.py",
-                "test_distributed_update.py"),
-}
-_GROUP_OF = {name: group for group, names in SERIAL_GROUPS.items() for name in names}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _GROUP_OF.get(item.path.name)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+# two cores. Each worker imports this file, so each has its own PREFECT_HOME, cache and temporary
+# root; the sandbox tests count only their own worker's sandboxes (tests/sandbox_watch.py).
+# (xdist's --dist loadgroup cannot keep files together here: pytest 9 ignores the node-id suffix
+# xdist 3.8 sets for it.)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sandbox_watch import sandbox_processes
 
 from trace_rl.envs import sandbox
 from trace_rl.envs.sandbox import (SandboxLimits, SandboxUnavailable, probe_containment,
@@ -27,17 +28,8 @@ LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=2.5, memory_bytes=512 << 20, 
 
 
 def _sandbox_processes() -> list[psutil.Process]:
-    """Every process started by a sandbox call: the launcher's argv names a ``trace-sbx-``
-    folder; the code inside runs as uid 65534 (host nobody) when the tests run as root."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "uids"]):
-        try:
-            if (any("trace-sbx-" in a for a in (p.info["cmdline"] or []))
-                    or (os.geteuid() == 0 and p.info["uids"].real == 65534)):
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
+    """Every process started by this test process's sandbox calls (tests/sandbox_watch.py)."""
+    return sandbox_processes()
 
 
 def test_plain_code_runs_and_sees_only_its_folder():

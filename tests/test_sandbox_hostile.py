@@ -28,7 +28,6 @@ import selectors
 import socket
 import sqlite3
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import threading
@@ -461,15 +460,13 @@ class Host:
 
 
 def leftover_processes() -> list[str]:
-    """Sandbox processes still alive: the launcher names a ``trace-sbx-`` folder; the code runs
-    ``main.py`` as uid 65534 when the tests run as root."""
+    """Sandbox processes of this test process still alive (tests/sandbox_watch.py)."""
+    from sandbox_watch import sandbox_processes
+
     found = []
-    for p in psutil.process_iter(["pid", "cmdline", "uids"]):
+    for p in sandbox_processes():
         try:
-            cmd = p.info["cmdline"] or []
-            if any("trace-sbx-" in a for a in cmd) or (
-                    "main.py" in cmd and p.info["uids"].real == 65534):
-                found.append(f"{p.info['pid']}: {' '.join(cmd)[:80]}")
+            found.append(f"{p.pid}: {' '.join(p.cmdline())[:80]}")
         except psutil.Error:
             continue
     return found
