@@ -11,7 +11,10 @@ from pathlib import Path
 # No test may lean on a warm machine: Prefect's home (its database, profiles) and TRACE's shared
 # cache (bootstrapped policies) are new, empty folders for every session, inherited by the CLI
 # subprocesses the tests start. Set before anything imports prefect, which reads them on import.
-_FRESH = tempfile.mkdtemp(prefix="trace-tests-")
+# The machine's temporary folder as the first test process saw it (xdist workers inherit the
+# TMPDIR set below, and must not nest their roots inside it).
+_BASE = os.environ.setdefault("TRACE_TESTS_BASE_TMP", tempfile.gettempdir())
+_FRESH = tempfile.mkdtemp(prefix="trace-tests-", dir=_BASE)
 os.environ["PREFECT_HOME"] = os.path.join(_FRESH, "prefect")
 os.environ["TRACE_CACHE_DIR"] = os.path.join(_FRESH, "cache")
 # Temporary files too: the sandbox's scratch folders of this test process are then told apart from
@@ -19,6 +22,9 @@ os.environ["TRACE_CACHE_DIR"] = os.path.join(_FRESH, "cache")
 os.environ["TMPDIR"] = os.path.join(_FRESH, "tmp")
 os.makedirs(os.environ["TMPDIR"])
 tempfile.tempdir = os.environ["TMPDIR"]
+# Ray puts its sockets under its temporary folder, and a Unix socket's path is limited to 107
+# bytes: Ray keeps the machine's folder (its own default, /tmp/ray on Linux).
+os.environ.setdefault("RAY_TMPDIR", _BASE)
 atexit.register(shutil.rmtree, _FRESH, ignore_errors=True)
 
 from trace_rl import environ  # noqa: E402
