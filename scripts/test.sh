@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false TOKENIZERS_PARALLELISM=false
-# Two workers (pytest-xdist; tests/conftest.py keeps the sandbox and Ray tests each on one worker).
+# Two workers (pytest-xdist; each has its own temporary root, see tests/conftest.py).
 # TRACE_TEST_WORKERS=0 runs everything in this process, one test after another.
-exec .venv/bin/python -m pytest -q -n "${TRACE_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -q -n "${TRACE_TEST_WORKERS:-2}" "$@"
