@@ -147,7 +147,8 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     mix = [int(d) for d in args.mix.split(",") if d.strip()]
     keys = [kv.split("=", 1)[0].strip() for kv in args.set]
     # --set, parsed (and unknown keys refused) exactly as `trace train key=value` does
-    overridden = load_config(None, [f"family={args.family}", *args.set]) if args.set else None
+    given = [f"family={args.family}", *([f"policy={args.policy}"] if args.policy else []), *args.set]
+    overridden = load_config(None, given) if args.set else None
     family_options = {k: getattr(overridden or TrainConfig(), k) for k in options(args.family)}
     policy = str(Path(args.policy).resolve()) if args.policy else bootstrap(
         family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
@@ -161,9 +162,15 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     # A family with its own train-split option (synth_chain's chain_train_items) takes
     # --train-items there; the other synthetic families as n_train.
     own_train = next((k for k in options(args.family) if k.endswith("_train_items")), None)
+    # The synthetic generators take their split sizes here; a real family's splits are files
+    # (its own options, e.g. HotpotQA's top_k, come through --set extra=...).
+    synthetic = args.family.startswith("synth_")
+    if not synthetic and (args.train_items is not None or mix):
+        raise SystemExit(f"--train-items and --mix are options of the synthetic families, not of "
+                         f"{args.family!r} (choose its split with --set train_split=...)")
     base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {}),
                      **({"n_train": args.train_items} if args.train_items is not None
-                        and own_train is None else {})}
+                        and own_train is None else {})} if synthetic else {}
     if own_train and args.train_items is not None:
         base[own_train] = args.train_items
     if args.learning_rate is not None:

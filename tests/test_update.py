@@ -199,3 +199,26 @@ def test_config_names_a_bad_warmup_and_accepts_the_branch_estimator():
     with pytest.raises(ValueError, match="lr_warmup_steps=-1"):
         config_from_mapping({"lr_warmup_steps": -1})
     assert config_from_mapping({"advantage": "branch", "lr_warmup_steps": 5}).lr_warmup_steps == 5
+
+
+def test_trainable_layers_trains_only_the_top_layers_and_resumes(tiny_model_dir, tmp_path):
+    """``trainable_layers=1``: an update moves the top decoder layer and the final norm, and leaves
+    the embeddings and every lower layer bit-identical; the saved optimiser state resumes."""
+    trainer = PolicyTrainer(tiny_model_dir, _settings(learning_rate=1e-2, trainable_layers=1))
+    layers = trainer.model.model.layers
+    assert len(layers) >= 2
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.update(_samples(trainer.tokenizer, [1.0, -1.0]), torch.Generator().manual_seed(0))
+    after = dict(trainer.model.named_parameters())
+    top = f"model.layers.{len(layers) - 1}."
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(k.startswith((top, "model.norm.")) for k in moved), moved
+    assert any(k.startswith(top) for k in moved)
+    assert trainer.trainable == sum(p.numel() for k, p in after.items()
+                                    if k.startswith((top, "model.norm.")))
+    saved = trainer.save(tmp_path / "ckpt")
+    resumed = PolicyTrainer(saved, _settings(learning_rate=1e-2, trainable_layers=1))
+    assert resumed.optimizer.state
+    resumed.update(_samples(resumed.tokenizer, [1.0, -1.0]), torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="only .* decoder layers"):
+        PolicyTrainer(tiny_model_dir, _settings(trainable_layers=len(layers) + 1))

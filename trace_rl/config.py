@@ -215,6 +215,9 @@ class TrainConfig(BaseModel):
     next-token distribution at one policy-token position of the mini-batch
     (``trace_rl.policy.update.position_kl``), which catches one likely token moved far (a turn's
     first token collapsing) that the mean over a path's tokens dilutes."""
+    trainable_layers: int = Field(0, ge=0)
+    """Train only the top this-many decoder layers and the final norm (0 = every parameter), as
+    the HotpotQA warm start does (6 of 30), so that a CPU step fits (``trace_rl.policy.freeze``)."""
     predictor_epochs: int = Field(5, ge=0)
     """Epochs of the predictor's online regression per step."""
     predictor_lr: float = Field(3e-3, gt=0)
@@ -347,7 +350,8 @@ class TrainConfig(BaseModel):
                               epochs=self.ppo_epochs, micro_batch=self.micro_batch,
                               agg=self.loss_agg, mini_batches=self.mini_batches,
                               target_kl=self.target_kl,
-                              target_position_kl=self.target_position_kl)
+                              target_position_kl=self.target_position_kl,
+                              trainable_layers=self.trainable_layers)
 
     @property
     def config_hash(self) -> str:

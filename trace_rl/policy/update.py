@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trace_core.loss import policy_loss
+from trace_rl.policy.freeze import freeze_lower_layers
 from trace_rl.policy.logprobs import TOP_K, position_kl, token_logprobs, with_top  # noqa: F401 (re-exported)
 
 OPTIMIZER_STATE = "optimizer.pt"
@@ -77,6 +78,11 @@ class UpdateSettings:
     of the next-token distribution at one policy-token position of the mini-batch
     (``position_kl``). Catches a step that moves one likely token (a turn's first token) far,
     which the mean over a path's tokens dilutes."""
+    trainable_layers: int = 0
+    """Only the top this-many decoder layers (and the final norm) are trained; 0 = every
+    parameter (``trace_rl.policy.freeze``). The optimiser holds every parameter either way (a
+    frozen one never gets a gradient, so AdamW keeps no state for it), so checkpoints and the
+    FSDP2 trainer see one parameter order."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip of each optimiser step (not a run parameter)."""
 
@@ -181,6 +187,7 @@ class PolicyTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.train()
+        self.trainable = freeze_lower_layers(self.model, settings.trainable_layers)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
                                            weight_decay=0.0)
         opt_path = Path(model_dir) / OPTIMIZER_STATE

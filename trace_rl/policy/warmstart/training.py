@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trace_rl.envs.base import Environment, TaskItem
+from trace_rl.policy.freeze import freeze_lower_layers
 from trace_rl.policy.sft import (SFTExample, ScriptedEnv, auto_threads, episode_example, sft_epoch,
                                  warmup_cosine)
 from trace_rl.policy.warmstart.config import RECIPE_VERSION, WarmstartConfig
@@ -36,22 +37,6 @@ class _Traces:
     """Traces left out for exceeding ``max_tokens``."""
     thoughts: dict[str, int] = field(default_factory=dict)
     """Traces per ``<question type>_with``/``_without`` a thought."""
-
-
-def _freeze_lower_layers(model: Any, trainable_layers: int) -> int:
-    """Leave only the top ``trainable_layers`` decoder layers and the final norm trainable;
-    return the number of trainable parameters."""
-    if trainable_layers > 0:
-        layers = model.model.layers
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for layer in list(layers)[-trainable_layers:]:
-            for p in layer.parameters():
-                p.requires_grad_(True)
-        for p in model.model.norm.parameters():
-            p.requires_grad_(True)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad and
-               isinstance(p, torch.nn.Parameter))
 
 
 def train_policy(config: WarmstartConfig, base_dir: Path, env: Environment, train: list[TaskItem],
@@ -125,7 +110,7 @@ def _sft(config: WarmstartConfig, base_dir: Path, tokenizer: Any, traces: _Trace
     ``staged`` and its loss history and time go into ``record``. Returns the optimiser steps."""
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.config.use_cache = False
-    trainable = _freeze_lower_layers(model, config.trainable_layers)
+    trainable = freeze_lower_layers(model, config.trainable_layers)
     params = [p for p in model.parameters() if p.requires_grad]
     examples = traces.examples
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
