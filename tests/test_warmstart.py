@@ -133,3 +133,43 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
         [Tracker(tmp_path / "wd", experiment="warmstart").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert "loss/sft" in runs[0].data.metrics and "eval/after_success" in runs[0].data.metrics
+
+
+needs_bfcl = pytest.mark.skipif(not (DATA / "function_calling" / "bfcl").is_dir(),
+                                reason=f"BFCL data not found under {DATA}")
+
+
+@needs_bfcl
+def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from trace_rl.policy.sft import ScriptedEnv
+    from trace_rl.rollout.react import expert_episode
+
+    assert config_from_args([]) == WarmstartConfig()  # HotpotQA's recipe (and its hash) as before
+    cfg = config_from_args(["family=bfcl"])
+    assert (cfg.train_split, cfg.eval_split, cfg.env_args, cfg.recovery) == \
+        ("live_simple", "simple_python", (), 0.0)
+    assert config_from_args(["family=bfcl", "max_new_tokens=64"]).max_new_tokens == 64
+    env = make_env("bfcl")
+    train, held = load_split_items(cfg, env)
+    assert len(train) == 258 and len(held) == 100
+    # BFCL's `multiple` reuses simple_python's questions: refused as a training split
+    with pytest.raises(ValueError, match="of eval_split='simple_python' are in train_split='multiple'"):
+        load_split_items(config_from_args(["family=bfcl", "train_split=multiple"]), env)
+    traces = list(build_traces(config_from_args(["family=bfcl", "recovery=1.0"]), env, train[:20],
+                               random.Random(0)))
+    assert len(traces) == 20 and {k for *_, k in traces} == {"gold"}  # no recovery for one turn
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for item, actions, said, _ in traces:
+        assert [a.kind for a in actions] == ["answer"] and said == [""]
+        assert expert_episode(ScriptedEnv(env, actions), item, tokenizer, thoughts=said).reward == 1.0
+    multi = env.load("multi_turn_base", limit=1)[0]
+    assert build_traces.__globals__["TRACES"]["bfcl"](env, multi, random.Random(0), False, False) is None
+    # end to end on the tiny model: SFT on BFCL traces, measured on simple_python
+    small = WarmstartConfig(**{**cfg.__dict__, "base": str(tiny_model_dir), "train_items": 4,
+                               "trainable_layers": 1, "max_tokens": 100_000, "eval_items": 2,
+                               "max_new_tokens": 8, "batch_size": 2, "measure_greedy": False})
+    record = read_record(warmstart_policy(small, tmp_path / "policy", engine="hf"))
+    assert record["traces"] == {"gold": 4} and record["eval_split"] == "simple_python"
+    assert record["after"]["items"] == 2 and record["before"]["items"] == 2

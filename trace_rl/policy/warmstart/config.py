@@ -112,9 +112,25 @@ class WarmstartConfig:
         return d
 
 
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bfcl": {"train_split": "live_simple", "eval_split": "simple_python",
+             "env_args": (), "recovery": 0.0, "bridge_thoughts": False, "max_turns": 2,
+             "max_new_tokens": 256},
+}
+"""Per family, the fields whose ``WarmstartConfig`` defaults (HotpotQA's) do not fit it, used
+where the arguments do not set them. BFCL: traces of ``live_simple`` (258 real user requests,
+median 506 tokens with SmolLM2's tokenizer), measured on ``simple_python`` as ``trace train
+family=bfcl`` evaluates; one turn answers an item, in at most 256 tokens
+(``trace_rl.envs.registry.FAMILY_DEFAULTS``); no search settings, recovery traces or bridge
+thoughts. Not ``multiple``: 96 of the first 100 ``simple_python`` questions are among its
+questions (the split check refuses it); ``live_multiple`` doubles the traces (1053 more, median
+over 1000 tokens) and the SFT time."""
+
+
 def config_from_args(args: Sequence[str]) -> WarmstartConfig:
     """``key=value`` arguments (``family=hotpotqa epochs=1``) as a ``WarmstartConfig``; values
-    read as JSON when they parse (``env_args={"top_k": 3}``). ``ValueError`` names a bad one."""
+    read as JSON when they parse (``env_args={"top_k": 3}``); the family's ``FAMILY_DEFAULTS``
+    fill the fields not given. ``ValueError`` names a bad one."""
     known = {f.name: f for f in dataclasses.fields(WarmstartConfig)}
     values: dict[str, Any] = {}
     for arg in args:
@@ -142,4 +158,5 @@ def config_from_args(args: Sequence[str]) -> WarmstartConfig:
         else:
             value = str(raw)
         values[key] = value
-    return WarmstartConfig(**values)
+    family = values.get("family", known["family"].default)
+    return WarmstartConfig(**{**FAMILY_DEFAULTS.get(family, {}), **values})

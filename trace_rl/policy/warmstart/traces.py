@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from trace_rl.envs.base import Environment, TaskItem
+from trace_rl.envs.bfcl.constants import SINGLE_TURN
 from trace_rl.rollout.types import Action
 
 if TYPE_CHECKING:
@@ -104,7 +105,19 @@ def hotpotqa_trace(env: Environment, item: TaskItem, rng: random.Random, recover
     return actions, said
 
 
-TRACES: dict[str, TraceBuilder] = {"hotpotqa": hotpotqa_trace}
+def bfcl_trace(env: Environment, item: TaskItem, rng: random.Random, recovery: bool,
+               thoughts: bool = True) -> tuple[list[Action], list[str]] | None:
+    """A single-turn BFCL item's gold answer (the environment's own expert calls, graded by its
+    AST checker when the trace is rendered), with an empty thought. None for a multi-turn item
+    (its traces run to thousands of tokens) and for ``recovery``: a single-turn item has one
+    turn, so there is no bad step to recover from. ``thoughts`` does not apply."""
+    if recovery or item.meta.get("category") not in SINGLE_TURN:
+        return None
+    actions = list(env.expert_actions(item))
+    return actions, [""] * len(actions)
+
+
+TRACES: dict[str, TraceBuilder] = {"hotpotqa": hotpotqa_trace, "bfcl": bfcl_trace}
 """Family -> trace builder (the registry of families this recipe supports)."""
 
 
