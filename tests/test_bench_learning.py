@@ -83,3 +83,24 @@ def test_quick_learning_benchmark(tmp_path, capsys):
         [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
     assert more["tests"]["at_tokens"]["grpo"]["n"] == 2
     assert "Holm-adjusted" in capsys.readouterr().out
+
+
+def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tmp_path, tiny_model_dir):
+    """bench.learning on HotpotQA from a given policy: the --set fields reach every run's config
+    (parsed with that policy, which `trace train` would refuse as tiny), no synthetic split sizes
+    go into ``extra``, and the synthetic-only options are refused by name."""
+    from bench.learning import _parser, _policy_and_base
+
+    args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir),
+                                 "--set", "train_split=dev_rest", "trainable_layers=1",
+                                 'extra={"top_k":2}'])
+    policy, base, skip = _policy_and_base(args, tmp_path)
+    assert policy == str(tiny_model_dir.resolve()) and skip == 0
+    assert base["extra"] == {"top_k": 2} and base["train_split"] == "dev_rest"
+    assert base["trainable_layers"] == 1
+    args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir)])
+    assert _policy_and_base(args, tmp_path)[1]["extra"] == {}
+    args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir),
+                                 "--train-items", "12"])
+    with pytest.raises(SystemExit, match="--train-items and --mix are options of the synthetic"):
+        _policy_and_base(args, tmp_path)
