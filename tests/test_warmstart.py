@@ -173,3 +173,6 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
     record = read_record(warmstart_policy(small, tmp_path / "policy", engine="hf"))
     assert record["traces"] == {"gold": 4} and record["eval_split"] == "simple_python"
     assert record["after"]["items"] == 2 and record["before"]["items"] == 2
+    # the family's own verifier metrics (none here: 8 tokens never close an answer), never
+    # HotpotQA's written as zeros
+    assert not {"em", "f1", "strict"} & set(record["after"])

@@ -16,7 +16,8 @@ def measure(config: WarmstartConfig, env: Environment, policy_dir: Path,
             temperature: float = 1.0) -> dict[str, Any]:
     """Sampled success (``temperature``, ``eval_samples`` per item) of ``policy_dir`` through the
     real ReAct loop: overall, per question type (``item.meta["type"]``), with the verifier's
-    metrics and the share of episodes that answered at all."""
+    metrics (means of whatever the family's verifier reports) and the share of episodes that
+    answered at all."""
     import numpy as np
 
     from trace_rl.engines import context_limit, default_engine_kind, make_engine
@@ -62,7 +63,8 @@ def measure(config: WarmstartConfig, env: Environment, policy_dir: Path,
     out["answered"] = len(answered) / max(1, len(episodes))
     out["searches_per_episode"] = float(np.mean([sum(t.action.kind == "tool" for t in ep.turns)
                                                  for ep in episodes])) if episodes else 0.0
-    for key in ("em", "f1", "strict"):
-        out[key] = float(np.mean([float(ep.metrics.get(key, 0.0)) for ep in episodes])) \
-            if episodes else 0.0
+    # The verifier's own metrics, whichever the family reports (HotpotQA: em, f1, strict; BFCL:
+    # ast_match, exact, parsed), as means over the episodes.
+    for key in sorted({k for ep in episodes for k in ep.metrics}):
+        out[key] = float(np.mean([float(ep.metrics.get(key, 0.0)) for ep in episodes]))
     return out

@@ -51,7 +51,7 @@ def train_policy(config: WarmstartConfig, base_dir: Path, env: Environment, trai
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     rng = random.Random(f"warmstart:{config.family}:{config.seed}")
     progress.note(f"writing ReAct traces of {len(train)} {config.family}/{config.train_split} "
-                  "items (real BM25 observations)")
+                  "items (the environment's real tools and grader)")
     traces = _write_examples(config, env, train, tokenizer, rng)
     lengths = sorted(len(e.token_ids) for e in traces.examples)
     record: dict[str, Any] = {
