@@ -179,6 +179,12 @@ def test_inputs_checked_policy_and_data_files(tmp_path):
         check_inputs(config_from_mapping({"extra": {"n_train": 3}}))
     with pytest.raises(ValueError, match="train_split='nope' of family 'synth_arith'"):
         load_config(None, ["train_split=nope"])
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 4}')
+    assert load_config(None, [f"policy={model}", "trainable_layers=4"]).trainable_layers == 4
+    with pytest.raises(ValueError, match=r"trainable_layers=5 but policy=.* has 4 decoder layers"):
+        load_config(None, [f"policy={model}", "trainable_layers=5"])
 
 
 def test_trace_train_refuses_bad_values_before_anything_slow(tmp_path):

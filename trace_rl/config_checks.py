@@ -8,6 +8,7 @@ than after Prefect, the engines and the SFT bootstrap have started.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,10 @@ def check_policy(cfg: TrainConfig) -> None:
         raise ValueError(f"config: policy={cfg.policy!r} is not a Hugging Face model directory "
                          f"(no {policy / 'config.json'}); give one, a named policy ({names}), or "
                          f"'tiny' for the bootstrapped CPU policy of a synthetic family")
+    layers = json.loads((policy / "config.json").read_text()).get("num_hidden_layers")
+    if isinstance(layers, int) and cfg.trainable_layers > layers:
+        raise ValueError(f"config: trainable_layers={cfg.trainable_layers} but policy="
+                         f"{cfg.policy!r} has {layers} decoder layers")
 
 
 def check_split(cfg: TrainConfig, split: str, what: str, env: Any = None) -> list[Any]:
