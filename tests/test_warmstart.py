@@ -144,6 +144,7 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
     from transformers import AutoTokenizer
 
     from trace_rl.policy.sft import ScriptedEnv
+    from trace_rl.policy.warmstart.traces import TRACES
     from trace_rl.rollout.react import expert_episode
 
     assert config_from_args([]) == WarmstartConfig()  # HotpotQA's recipe (and its hash) as before
@@ -165,7 +166,7 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
         assert [a.kind for a in actions] == ["answer"] and said == [""]
         assert expert_episode(ScriptedEnv(env, actions), item, tokenizer, thoughts=said).reward == 1.0
     multi = env.load("multi_turn_base", limit=1)[0]
-    assert build_traces.__globals__["TRACES"]["bfcl"](env, multi, random.Random(0), False, False) is None
+    assert TRACES["bfcl"](env, multi, random.Random(0), False, False) is None
     # end to end on the tiny model: SFT on BFCL traces, measured on simple_python
     small = WarmstartConfig(**{**cfg.__dict__, "base": str(tiny_model_dir), "train_items": 4,
                                "trainable_layers": 1, "max_tokens": 100_000, "eval_items": 2,
