@@ -354,3 +354,48 @@ def test_chain_tokens_sorts_every_name_slot_of_an_expert_trace(env):
         assert kinds["name@query"] == 2 * searches
         assert kinds["relation@think"] == item.meta["hops"] == kinds["name@think-hop"] // 2
         assert sum(n for k, n in kinds.items() if k) == sum(ex.loss_mask)
+
+
+def test_rest_of_path_thoughts_list_the_relations_still_to_follow(env):
+    """bench.chain_sft's ``rest`` variant: each hop's thought is the expert's, then the relations
+    after it ("follow b > c"); the last names no more; a retry still thinks nothing; the trace
+    still solves its item."""
+    from bench.chain_sft import rest_of_path_thoughts
+    from trace_rl.policy.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    items = with_hazards(env.load("train"), ALIAS)[:4] + env.load("train", limit=4)
+    for item in items:
+        actions = env.expert_actions(item)
+        plain, rest = expert_thoughts(item, actions), rest_of_path_thoughts(item, actions)
+        path = item.meta["path"]
+        hops = [t for t in rest if t]
+        assert [t for t in plain if not t] == [t for t in rest if not t]
+        assert hops[0] == f"{plain[0]} follow {' > '.join(path)}"
+        assert hops[-1] == plain[-1] == f"{path[-1]} {item.gold}"
+        for k, thought in enumerate(hops[1:-1], start=1):
+            assert thought.endswith(f" follow {' > '.join(path[k:])}"), (k, thought)
+        assert expert_episode(env, item, tok, thoughts=rest).reward == 1.0
+
+
+def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_path):
+    """bench.chain_sft end to end on the test preset (a few steps), and its copy warm-up: a
+    small model learns to write a random sequence again (loss on the copy falls far below the
+    chance level of the token pool)."""
+    import math
+
+    from bench.chain_sft import copy_warmup, run
+    from trace_rl.policy.tiny import build_model, build_tokenizer
+
+    out = tmp_path / "rows.jsonl"
+    rows = run(steps=2, every=1, copy_steps=1, thoughts="rest", items=2, sft_examples=24,
+               preset="test", out=str(out))
+    assert [r["sft_step"] for r in rows] == [0, 1, 2]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    assert {"name@query", "relation@think", "relation@rest", "other"} <= set(rows[-1]["accuracy"])
+    assert rows[-1]["loss"] > 0
+
+    model = build_model(build_tokenizer(), "test", seed=0)
+    losses = copy_warmup(model, pool=list(range(40, 48)), steps=150, length=8, batch=16,
+                         lr=1e-2)
+    assert losses[0] > 0.8 * math.log(8) and min(losses[-10:]) < 0.2 * math.log(8), losses[::15]

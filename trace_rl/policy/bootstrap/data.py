@@ -115,15 +115,17 @@ def tokenizer_texts(env: Environment, items: Sequence[TaskItem]) -> list[str]:
 
 
 def write_examples(config: BootstrapConfig, env: Environment, train: Sequence[TaskItem],
-                   tokenizer: Any, rng: random.Random
+                   tokenizer: Any, rng: random.Random, thoughts: Thoughts | None = None
                    ) -> tuple[list[SFTExample], dict[str, int], dict[str, float]]:
     """(SFT examples, traces per kind, mean reward per kind) of ``train``: per item the expert
     trace or, for a share ``config.noise``, an imperfect one (``trace_actions``), really run and
-    graded by ``expert_episode`` with the family's expert thoughts."""
+    graded by ``expert_episode`` with the family's expert thoughts (or ``thoughts``, for an
+    experiment with other ones: ``bench.chain_sft``)."""
+    think = thoughts or THOUGHTS.get(config.family, no_thoughts)
     examples, kinds, rewards = [], {}, {}
     for item, actions, kind in trace_actions(env, train, config.noise, rng):
         ep = expert_episode(ScriptedEnv(env, actions), item, tokenizer,
-                            thoughts=THOUGHTS.get(config.family, no_thoughts)(item, actions))
+                            thoughts=think(item, actions))
         examples.append(episode_example(ep))
         kinds[kind] = kinds.get(kind, 0) + 1
         rewards[kind] = rewards.get(kind, 0.0) + float(ep.reward or 0.0)

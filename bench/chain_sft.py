@@ -1,0 +1,218 @@
+"""How soon does SFT teach the tiny policy synth_chain's copies? Accuracy per token kind along SFT.
+
+The bootstrap measures sampled success after each epoch, which stays at 0 until names *and*
+relations are right nearly every time, so it says nothing about what is being learnt. This trains
+the bootstrap's own model on the bootstrap's own traces (synth_chain's ``FAMILY_SETTINGS``: the
+``split_names`` tokenizer, 800 traces a quarter of them imperfect, batch 16, AdamW 2e-3 with
+warm-up and a cosine over the 600 steps of 12 epochs) and every ``--every`` steps reads the
+policy's teacher-forced argmax along held-out expert traces, by kind of token
+(``bench.chain_tokens``), with the relation a thought starts with (``relation@think``) apart from
+the relations it lists after it (``relation@rest``).
+
+Variants, one option each:
+
+* ``--copy-steps K``: before SFT, K steps of a dense copy task (random sequences of the tokens
+  the policy writes, each written twice, the loss on the second copy), which forms the attention
+  circuit that copies an earlier token (an induction head) from a signal on every token.
+* ``--thoughts rest``: each thought also carries the rest of the relation path ("friend Jedo
+  follow rival > parent"), so that the next hop's relation is the first of the previous thought's
+  list instead of the k-th of the question's path.
+
+    python -m bench.chain_sft --steps 300 [--copy-steps 600] [--thoughts rest] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from trace_rl.envs.base import TaskItem
+from trace_rl.rollout.types import Action
+
+KINDS = ("name@think-start", "name@think-hop", "name@query", "name@answer", "relation@think",
+         "relation@rest", "other")
+
+
+def rest_of_path_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
+    """The family's expert thoughts (``chain.expert_thoughts``), each followed by the relations
+    still to follow: "start Kalo follow owner > mentor", "owner Miru follow mentor", "mentor
+    Dova"; nothing before a retry under the listed name, as there."""
+    from trace_rl.envs.synthetic.chain import expert_thoughts
+
+    path = item.meta["path"]
+    thoughts, hop = [], 0
+    for thought in expert_thoughts(item, actions):
+        if not thought:  # a retry: no hop taken
+            thoughts.append("")
+            continue
+        rest = path[hop:]
+        thoughts.append(thought + (f" follow {' > '.join(rest)}" if rest else ""))
+        hop += 1
+    return thoughts
+
+
+THOUGHT_VARIANTS = {"expert": None, "rest": rest_of_path_thoughts}
+
+
+def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length: int = 32,
+                batch: int = 32, lr: float = 2e-3, seed: int = 1) -> list[float]:
+    """``steps`` AdamW steps on random sequences of ``pool`` tokens written twice, the loss on
+    the second copy; the losses."""
+    from trace_rl.policy.sft import IGNORE_INDEX, warmup_cosine
+
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = warmup_cosine(opt, min(30, steps), steps)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        rows = []
+        for _ in range(batch):
+            x = [rng.choice(pool) for _ in range(length)]
+            rows.append(x + x)
+        ids = torch.tensor(rows)  # [B, 2L]
+        labels = ids.clone()
+        labels[:, :length + 1] = IGNORE_INDEX  # the first copy and the first token of the second
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def held_out(env: Any, items: Sequence[TaskItem], tokenizer: Any, thoughts: Any
+             ) -> list[tuple[list[int], list[str | None]]]:
+    """Per item: the expert trace's token ids and each token's kind (None: not the policy's)."""
+    from bench.chain_tokens import token_kinds
+    from trace_rl.policy.bootstrap import THOUGHTS, episode_example
+    from trace_rl.rollout.react import expert_episode
+
+    think = thoughts or THOUGHTS["synth_chain"]
+    out = []
+    for item in items:
+        actions = env.expert_actions(item)
+        ex = episode_example(expert_episode(env, item, tokenizer, thoughts=think(item, actions)))
+        pieces = [tokenizer.decode([t]) for t in ex.token_ids]
+        names = {r["name"] for r in item.meta["records"]} | set(item.meta["surface"])
+        kinds = token_kinds(pieces, ex.loss_mask, names)
+        kinds = ["relation@rest" if k == "relation@think" and pieces[t - 1].strip() != "<think>"
+                 else k for t, k in enumerate(kinds)]
+        out.append((list(ex.token_ids), kinds))
+    return out
+
+
+def kind_accuracy(model: torch.nn.Module, held: Sequence[tuple[list[int], list[str | None]]]
+                  ) -> dict[str, float]:
+    """Share of each kind's tokens where the policy's most likely next token is the expert's."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for ids, kinds in held:
+            best = model(torch.tensor([ids])).logits[0, :-1].argmax(-1)  # [T-1]
+            for t, kind in enumerate(kinds):
+                if kind is None or t == 0:
+                    continue
+                counts[kind][0] += 1
+                counts[kind][1] += int(int(best[t - 1]) == ids[t])
+    model.train(was_training)
+    return {k: round(counts[k][1] / counts[k][0], 3) for k in KINDS if counts[k][0]}
+
+
+def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "expert",
+        items: int = 24, sft_examples: int | None = None, preset: str = "tiny", seed: int = 0,
+        save: str | None = None, out: str | None = None) -> list[dict[str, Any]]:
+    """Train and measure as the module says; one row per measurement (also appended to ``out``
+    as JSON lines)."""
+    from trace_rl.envs.registry import make_env
+    from trace_rl.policy.bootstrap.config import family_config
+    from trace_rl.policy.bootstrap.data import tokenizer_texts, write_examples
+    from trace_rl.policy.sft import sft_step, warmup_cosine
+    from trace_rl.policy.tiny import build_model, build_tokenizer, save_policy
+
+    if thoughts not in THOUGHT_VARIANTS:
+        raise ValueError(f"bench.chain_sft: thoughts={thoughts!r}; choose one of "
+                         f"{sorted(THOUGHT_VARIANTS)}")
+    think = THOUGHT_VARIANTS[thoughts]
+    config = family_config("synth_chain", difficulty=1, preset=preset, seed=seed,
+                           sft_examples=sft_examples, sft_epochs=None, target_success=(0.3, 0.7))
+    env = make_env("synth_chain", difficulty=1, seed=seed, n_train=config.sft_examples,
+                   n_test=items)
+    train = env.load(getattr(env, "sft_split", "train"))
+    tok = build_tokenizer(tokenizer_texts(env, train[:config.tokenizer_items]),
+                          vocab_size=config.vocab_size, split_digits=config.split_digits,
+                          split_names=config.split_names)
+    model = build_model(tok, preset, seed=seed)
+    examples, _, _ = write_examples(config, env, train, tok,
+                                    random.Random(f"bootstrap:synth_chain:{seed}"), thoughts=think)
+    held = held_out(env, env.load("test"), tok, think)
+    planned = -(-len(examples) // config.batch_size) * config.sft_epochs
+    label = {"thoughts": thoughts, "copy_steps": copy_steps, "seed": seed, "preset": preset}
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+
+    def record(step: int, loss: float | None) -> None:
+        row = label | {"sft_step": step, "loss": loss, "seconds": round(time.perf_counter() - t0),
+                       "accuracy": kind_accuracy(model, held)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if out:
+            with open(out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    if copy_steps:
+        pool = sorted({t for e in examples for t, m in zip(e.token_ids, e.loss_mask) if m})
+        losses = copy_warmup(model, pool, copy_steps, seed=seed + 1)
+        print(f"copy warm-up: {copy_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+              flush=True)
+    record(0, None)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
+    sched = warmup_cosine(opt, config.warmup_steps, planned)
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    model.train()
+    recent: list[float] = []
+    for step in range(1, steps + 1):
+        chunk = [examples[order[((step - 1) * config.batch_size + j) % len(order)]]
+                 for j in range(config.batch_size)]
+        recent.append(sft_step(model, opt, sched, chunk, tok.pad_token_id, params))
+        if step % every == 0 or step == steps:
+            record(step, round(sum(recent) / len(recent), 4))
+            recent = []
+    if save:
+        save_policy(model, tok, Path(save))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300, help="SFT steps of 16 traces")
+    ap.add_argument("--every", type=int, default=50, help="measure every this many steps")
+    ap.add_argument("--copy-steps", type=int, default=0, help="copy warm-up steps before SFT")
+    ap.add_argument("--thoughts", default="expert", choices=sorted(THOUGHT_VARIANTS))
+    ap.add_argument("--items", type=int, default=24, help="held-out expert traces measured")
+    ap.add_argument("--sft-examples", type=int, default=None,
+                    help="traces (default: synth_chain's bootstrap setting, 800)")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--save", default=None, help="save the final policy to this directory")
+    ap.add_argument("--out", default=None, help="append each measurement to this JSON-lines file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    return run(args.steps, args.every, args.copy_steps, args.thoughts, args.items,
+               args.sft_examples, args.preset, args.seed, args.save, args.out)
+
+
+if __name__ == "__main__":
+    main()
