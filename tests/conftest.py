@@ -68,24 +68,3 @@ def prefect_harness():
 # root; the sandbox tests count only their own worker's sandboxes (tests/sandbox_watch.py).
 # (xdist's --dist loadgroup cannot keep files together here: pytest 9 ignores the node-id suffix
 # xdist 3.8 sets for it.)
-
-# The longest tests go first. On two workers the suite ends when its last test does; each of these
-# takes minutes (the crash harness kills and resumes ten `trace train` processes, the first run
-# waits beside busy loops, the Ray and Prefect-server tests start clusters and servers), and one of
-# them started near the end left the other worker idle for its whole length. Started first, they
-# overlap the many short tests instead. The order is the same in every worker, as xdist requires.
-LONGEST_FIRST = (
-    "tests/test_failures.py::test_sigkill_at_ten_random_points",
-    "tests/test_first_run.py::test_first_trace_train",
-    "tests/test_cluster_train.py",
-    "tests/test_cluster_vllm.py",
-    "tests/test_deployments.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        return next((i for i, prefix in enumerate(LONGEST_FIRST)
-                     if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
-
-    items.sort(key=rank)  # stable: every other test keeps its place
