@@ -27,12 +27,12 @@ import argparse
 import json
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from bench.chain_tokens import expert_tokens, score
 from trace_rl.envs.base import TaskItem
 from trace_rl.rollout.types import Action
 
@@ -90,45 +90,6 @@ def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length:
     return losses
 
 
-def held_out(env: Any, items: Sequence[TaskItem], tokenizer: Any, thoughts: Any
-             ) -> list[tuple[list[int], list[str | None]]]:
-    """Per item: the expert trace's token ids and each token's kind (None: not the policy's)."""
-    from bench.chain_tokens import token_kinds
-    from trace_rl.policy.bootstrap import THOUGHTS, episode_example
-    from trace_rl.rollout.react import expert_episode
-
-    think = thoughts or THOUGHTS["synth_chain"]
-    out = []
-    for item in items:
-        actions = env.expert_actions(item)
-        ex = episode_example(expert_episode(env, item, tokenizer, thoughts=think(item, actions)))
-        pieces = [tokenizer.decode([t]) for t in ex.token_ids]
-        names = {r["name"] for r in item.meta["records"]} | set(item.meta["surface"])
-        kinds = token_kinds(pieces, ex.loss_mask, names)
-        kinds = ["relation@rest" if k == "relation@think" and pieces[t - 1].strip() != "<think>"
-                 else k for t, k in enumerate(kinds)]
-        out.append((list(ex.token_ids), kinds))
-    return out
-
-
-def kind_accuracy(model: torch.nn.Module, held: Sequence[tuple[list[int], list[str | None]]]
-                  ) -> dict[str, float]:
-    """Share of each kind's tokens where the policy's most likely next token is the expert's."""
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for ids, kinds in held:
-            best = model(torch.tensor([ids])).logits[0, :-1].argmax(-1)  # [T-1]
-            for t, kind in enumerate(kinds):
-                if kind is None or t == 0:
-                    continue
-                counts[kind][0] += 1
-                counts[kind][1] += int(int(best[t - 1]) == ids[t])
-    model.train(was_training)
-    return {k: round(counts[k][1] / counts[k][0], 3) for k in KINDS if counts[k][0]}
-
-
 def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "expert",
         items: int = 24, sft_examples: int | None = None, preset: str = "tiny", seed: int = 0,
         save: str | None = None, out: str | None = None) -> list[dict[str, Any]]:
@@ -155,15 +116,16 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
     model = build_model(tok, preset, seed=seed)
     examples, _, _ = write_examples(config, env, train, tok,
                                     random.Random(f"bootstrap:synth_chain:{seed}"), thoughts=think)
-    held = held_out(env, env.load("test"), tok, think)
+    held = expert_tokens(env, env.load("test"), tok, think)
     planned = -(-len(examples) // config.batch_size) * config.sft_epochs
     label = {"thoughts": thoughts, "copy_steps": copy_steps, "seed": seed, "preset": preset}
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 
     def record(step: int, loss: float | None) -> None:
+        kinds = score(model, held)
         row = label | {"sft_step": step, "loss": loss, "seconds": round(time.perf_counter() - t0),
-                       "accuracy": kind_accuracy(model, held)}
+                       "accuracy": {k: round(kinds[k]["accuracy"], 3) for k in KINDS if k in kinds}}
         rows.append(row)
         print(json.dumps(row), flush=True)
         if out:

@@ -71,39 +71,68 @@ def token_kinds(pieces: Sequence[str], mask: Sequence[int], names: set[str]) -> 
     return kinds
 
 
+def expert_tokens(env: Any, items: Sequence[Any], tokenizer: Any, thoughts: Any = None
+                  ) -> list[tuple[list[int], list[str | None]]]:
+    """Per item: the token ids of its expert trace as the bootstrap renders it (``thoughts``: a
+    thought function as ``THOUGHTS``'s; None: the family's own) and each token's kind (None: not
+    the policy's). A relation that does not open its thought (one listed after it, as a
+    rest-of-path thought writes) is ``relation@rest``."""
+    from trace_rl.policy.bootstrap import THOUGHTS, episode_example
+    from trace_rl.rollout.react import expert_episode
+
+    think = thoughts or THOUGHTS["synth_chain"]
+    out = []
+    for item in items:
+        ex = episode_example(expert_episode(env, item, tokenizer,
+                                            thoughts=think(item, env.expert_actions(item))))
+        pieces = [tokenizer.decode([t]) for t in ex.token_ids]
+        names = {r["name"] for r in item.meta["records"]} | set(item.meta["surface"])
+        kinds = [("relation@rest" if k == "relation@think" and pieces[t - 1].strip() != "<think>"
+                  else k) for t, k in enumerate(token_kinds(pieces, ex.loss_mask, names))]
+        out.append((list(ex.token_ids), kinds))
+    return out
+
+
+def score(model: Any, traces: Sequence[tuple[list[int], list[str | None]]]
+          ) -> dict[str, dict[str, float]]:
+    """Per kind of ``traces`` (``expert_tokens``): tokens, mean nll and the share where the
+    model's most likely next token is the expert's, teacher-forced (the model is put in eval
+    mode for it and left as it was)."""
+    import torch
+
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for ids, kinds in traces:
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1], -1)  # [T-1, V]
+            best = logp.argmax(-1)
+            for t, kind in enumerate(kinds):
+                if kind is None or t == 0:
+                    continue
+                s = sums[kind]
+                s[0] += 1
+                s[1] += -float(logp[t - 1, ids[t]])
+                s[2] += int(int(best[t - 1]) == ids[t])
+    model.train(was_training)
+    return {k: {"tokens": s[0], "nll": s[1] / s[0], "accuracy": s[2] / s[0]}
+            for k, s in sums.items() if s[0]}
+
+
 def measure(policy: str, items: int = 24, seed: int = 0) -> dict[str, dict[str, float]]:
     """Per kind: tokens, mean nll and argmax accuracy over ``items`` held-out expert traces."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_rl.envs.registry import make_env
-    from trace_rl.policy.bootstrap import THOUGHTS, episode_example, read_record
-    from trace_rl.rollout.react import expert_episode
+    from trace_rl.policy.bootstrap import read_record
 
     record = read_record(policy) or {}
     options = (record.get("config") or {}).get("options") or {}
     env = make_env("synth_chain", difficulty=1, seed=seed, **options)
     tok = AutoTokenizer.from_pretrained(policy)
-    model = AutoModelForCausalLM.from_pretrained(policy).eval()
-    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
-    for item in env.load("test", limit=items):
-        actions = env.expert_actions(item)
-        ep = expert_episode(env, item, tok, thoughts=THOUGHTS["synth_chain"](item, actions))
-        ex = episode_example(ep)
-        ids = torch.tensor([ex.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0, :-1], -1)  # [T-1, V]
-        pieces = [tok.decode([t]) for t in ex.token_ids]
-        names = {r["name"] for r in item.meta["records"]} | set(item.meta["surface"])
-        for t, kind in enumerate(token_kinds(pieces, ex.loss_mask, names)):
-            if kind is None or t == 0:
-                continue
-            s = sums[kind]
-            s[0] += 1
-            s[1] += -float(logp[t - 1, ex.token_ids[t]])
-            s[2] += int(int(logp[t - 1].argmax()) == ex.token_ids[t])
-    return {k: {"tokens": s[0], "nll": s[1] / s[0], "accuracy": s[2] / s[0]}
-            for k in KINDS if (s := sums.get(k)) and s[0]}
+    model = AutoModelForCausalLM.from_pretrained(policy)
+    out = score(model, expert_tokens(env, env.load("test", limit=items), tok))
+    return {k: out[k] for k in KINDS if k in out}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

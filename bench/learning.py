@@ -145,7 +145,10 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     from trace_rl.envs.registry import options
 
     mix = [int(d) for d in args.mix.split(",") if d.strip()]
-    if not args.family.startswith("synth_") and (args.train_items is not None or mix):
+    # The synthetic generators take their split sizes here; a real family's splits are files
+    # (its own options, e.g. HotpotQA's top_k, come through --set extra=...).
+    synthetic = args.family.startswith("synth_")
+    if not synthetic and (args.train_items is not None or mix):
         raise SystemExit(f"--train-items and --mix are options of the synthetic families, not of "
                          f"{args.family!r} (choose its split with --set train_split=...)")
     keys = [kv.split("=", 1)[0].strip() for kv in args.set]
@@ -165,9 +168,6 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     # A family with its own train-split option (synth_chain's chain_train_items) takes
     # --train-items there; the other synthetic families as n_train.
     own_train = next((k for k in options(args.family) if k.endswith("_train_items")), None)
-    # The synthetic generators take their split sizes here; a real family's splits are files
-    # (its own options, e.g. HotpotQA's top_k, come through --set extra=...).
-    synthetic = args.family.startswith("synth_")
     base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {}),
                      **({"n_train": args.train_items} if args.train_items is not None
                         and own_train is None else {})} if synthetic else {}

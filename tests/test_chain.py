@@ -336,7 +336,7 @@ def test_oracle_success_is_what_an_agent_that_cannot_tell_homonyms_apart_achieve
 def test_chain_tokens_sorts_every_name_slot_of_an_expert_trace(env):
     """bench.chain_tokens: on the bootstrap's tokenizer every name the expert writes is found in
     its slot (two syllable tokens each; an alias's hyphen is not a name token)."""
-    from bench.chain_tokens import token_kinds
+    from bench.chain_tokens import expert_tokens, token_kinds
     from trace_rl.policy.bootstrap import _tokenizer_texts, episode_example
     from trace_rl.policy.tiny import build_tokenizer
 
@@ -354,6 +354,11 @@ def test_chain_tokens_sorts_every_name_slot_of_an_expert_trace(env):
         assert kinds["name@query"] == 2 * searches
         assert kinds["relation@think"] == item.meta["hops"] == kinds["name@think-hop"] // 2
         assert sum(n for k, n in kinds.items() if k) == sum(ex.loss_mask)
+    # The shared rendering the benches score: the expert's own thoughts list no relation after
+    # the one a thought opens with, so none is relation@rest.
+    for item, (ids, kinds) in zip(items, expert_tokens(env, items, tok)):
+        counts = Counter(kinds)
+        assert counts["relation@rest"] == 0 and counts["relation@think"] == item.meta["hops"]
 
 
 def test_rest_of_path_thoughts_list_the_relations_still_to_follow(env):
@@ -385,15 +390,20 @@ def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_pat
     import math
 
     from bench.chain_sft import copy_warmup, run
+    from bench.chain_tokens import KINDS, measure
     from trace_rl.policy.tiny import build_model, build_tokenizer
 
     out = tmp_path / "rows.jsonl"
     rows = run(steps=2, every=1, copy_steps=1, thoughts="rest", items=2, sft_examples=24,
-               preset="test", out=str(out))
+               preset="test", save=str(tmp_path / "policy"), out=str(out))
     assert [r["sft_step"] for r in rows] == [0, 1, 2]
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
     assert {"name@query", "relation@think", "relation@rest", "other"} <= set(rows[-1]["accuracy"])
     assert rows[-1]["loss"] > 0
+    # bench.chain_tokens reads the saved policy along the family's own expert traces.
+    read = measure(str(tmp_path / "policy"), items=2)
+    assert {"name@query", "relation@think", "other"} <= set(read) <= set(KINDS)
+    assert all(r["tokens"] > 0 and r["nll"] > 0 and 0 <= r["accuracy"] <= 1 for r in read.values())
 
     model = build_model(build_tokenizer(), "test", seed=0)
     losses = copy_warmup(model, pool=list(range(40, 48)), steps=150, length=8, batch=16,
