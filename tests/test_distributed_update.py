@@ -23,9 +23,11 @@ SETTINGS = {  # 7 paths of 4 trees in micro-batches of 3: 3 micro-batches, rank 
                      target_position_kl=0.0, agg="seq-mean-token-sum", learning_rate=1e-3),
     # Two mini-batches of whole trees (4 and 3 paths), each one micro-batch, two epochs, the KL
     # guard on: 4 optimiser steps, in each a rank with no micro-batch (its empty backward), and
-    # the guard's decision taken on both ranks' KL.
+    # the guard's decision taken on both ranks' KL. Only the top layer trained: DDP's ranks
+    # reuse the frozen trunk's output (UpdateSettings.reuse_trunk), FSDP2 runs the whole model.
     "guarded": dict(epochs=2, mini_batches=2, micro_batch=4, target_kl=1.0,
-                    target_position_kl=1.0, agg="token-mean", learning_rate=1e-5),
+                    target_position_kl=1.0, agg="token-mean", learning_rate=1e-5,
+                    trainable_layers=1),
 }
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -49,7 +51,8 @@ def _samples(tok) -> list[PathSample]:
 def _run(trainer: PolicyTrainer) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     stats = trainer.update(_samples(trainer.tokenizer), torch.Generator().manual_seed(3))
     # FSDP2's are DTensor shards: gathered whole (every rank, in the same order).
-    grads = {n: full(p.grad).detach().clone() for n, p in trainer.model.named_parameters()}
+    grads = {n: full(p.grad).detach().clone() for n, p in trainer.model.named_parameters()
+             if p.grad is not None}  # a frozen layer's have none
     weights = {n: full(p).detach().clone() for n, p in trainer.model.named_parameters()}
     return stats, grads, weights
 
@@ -67,6 +70,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, name: str, out: str,
                                    ranks=Ranks(rank, world))
             assert type(trainer).__name__ == {"ddp": "PolicyTrainer",
                                               "fsdp2": "FSDPTrainer"}[strategy]
+            assert (trainer.trunk is not None) == (strategy == "ddp" and name == "guarded")
             torch.save(_run(trainer), f"{out}.{strategy}.{rank}")
             if rank == 0 or strategy == "fsdp2":  # FSDP2 gathers the full state on every rank
                 trainer.save(f"{out}.{strategy}.ckpt")

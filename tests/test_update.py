@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+import json
 import math
 
 import pytest
@@ -222,3 +223,66 @@ def test_trainable_layers_trains_only_the_top_layers_and_resumes(tiny_model_dir,
     resumed.update(_samples(resumed.tokenizer, [1.0, -1.0]), torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match="only .* decoder layers"):
         PolicyTrainer(tiny_model_dir, _settings(trainable_layers=len(layers) + 1))
+
+
+def _trunk_runs(reuse_trunk, model_dir, samples_of=None):
+    """An update with the bottom layer frozen (two epochs, two mini-batches, the KL guard on
+    but never stopping), with plain SGD; (the trainer, its statistics, how many times the frozen
+    layer ran)."""
+    settings = _settings(learning_rate=1e-2, trainable_layers=1, epochs=2, micro_batch=2,
+                         mini_batches=2, target_kl=1e3, target_position_kl=1e3,
+                         reuse_trunk=reuse_trunk)
+    trainer = PolicyTrainer(model_dir, settings)
+    trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=0.1)
+    calls = []
+    trainer.model.model.layers[0].register_forward_hook(lambda *_: calls.append(1))
+    samples = _samples(trainer.tokenizer, [1.0, -1.0, 0.5, -0.5])
+    for i, x in enumerate(samples):  # two groups of two, so each mini-batch is one group
+        samples[i] = PathSample(x.token_ids, x.loss_mask, x.advantages, group=i // 2)
+    stats = trainer.update(samples, torch.Generator().manual_seed(0))
+    return trainer, stats, len(calls)
+
+
+def test_reusing_the_frozen_trunk_gives_the_whole_models_update_with_fewer_layers_run(
+        tiny_model_dir):
+    """``reuse_trunk``: the frozen layer runs once per micro-batch (the old log-probs), not in
+    every epoch's forward and guard pass, and the update lands on the same weights and
+    statistics as computing the whole model each time."""
+    reuse, rs, reuse_calls = _trunk_runs(True, tiny_model_dir)
+    whole, ws, whole_calls = _trunk_runs(False, tiny_model_dir)
+    assert reuse.trunk is not None and whole.trunk is None
+    assert rs["updates"] == ws["updates"] == 4.0  # 2 epochs x 2 mini-batches
+    assert reuse_calls == 2  # the two micro-batches' old log-probs
+    assert whole_calls == 2 + 2 * 2 + 2 * 2  # ... and each epoch's forward and guard pass
+    assert torch.allclose(_flat(reuse.model), _flat(whole.model), atol=1e-6)
+    assert not torch.equal(_flat(whole.model), _flat(PolicyTrainer(tiny_model_dir, _settings()).model))
+    for k in ("loss", "approx_kl", "kl_after_step_max", "grad_norm"):
+        assert rs[k] == pytest.approx(ws[k], rel=1e-4, abs=1e-7), k
+
+
+def test_a_trunk_that_does_not_reproduce_the_model_is_not_reused(tiny_model_dir, monkeypatch):
+    """Where the trainable layers on the kept trunk output do not give the whole model's
+    log-probs (here: the cut is skipped, so the trunk runs twice), the trainer warns once, turns
+    the reuse off and updates as the whole model does."""
+    import contextlib
+
+    from trace_rl.policy.trunk import FrozenTrunk
+
+    monkeypatch.setattr(FrozenTrunk, "top_only", lambda self: contextlib.nullcontext())
+    with pytest.warns(UserWarning, match="reuse_trunk: .* computing the whole model"):
+        broken, bs, _ = _trunk_runs(True, tiny_model_dir)
+    whole, ws, _ = _trunk_runs(False, tiny_model_dir)
+    assert broken.trunk is None
+    assert torch.allclose(_flat(broken.model), _flat(whole.model), atol=1e-6)
+
+
+def test_trunk_reuse_bench_times_both_settings_on_the_same_paths(tiny_model_dir, tmp_path):
+    """``python -m bench.trunk_reuse`` on the test preset: both settings timed, the same weights."""
+    from bench.trunk_reuse import main
+
+    out = tmp_path / "trunk.json"
+    result = main(["--policy", str(tiny_model_dir), "--trainable-layers", "1", "--paths", "4",
+                   "--tokens", "48", "--repeats", "1", "--out", str(out)])
+    assert len(result["seconds_off"]) == len(result["seconds_on"]) == 1
+    assert result["speedup"] > 0 and result["max_weight_difference"] < 1e-6
+    assert json.loads(out.read_text()) == result

@@ -73,6 +73,9 @@ class FSDPTrainer(PolicyTrainer):
         # One process's trainer first (full weights, the saved optimiser state), then sharded.
         super().__init__(model_dir, settings, seed=seed, reference_dir=reference_dir)
         self.ranks = ranks
+        # Every pass runs the whole sharded model: a pass that skips the frozen layers' units
+        # (UpdateSettings.reuse_trunk) is not what the gathers above are arranged for.
+        self.trunk = None
         saved = self.optimizer.state_dict() if (Path(model_dir) / OPTIMIZER_STATE).exists() else None
         # The mesh on the device the trainer holds the model on (CPU here: gloo; GPU untested).
         mesh = init_device_mesh(next(self.model.parameters()).device.type, (ranks.world,))

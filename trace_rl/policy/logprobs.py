@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import torch
 
-def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """[B, T] log-prob of each token given its prefix (position 0 gets 0: it has no prefix)."""
-    return _token_logprobs(_next_token_logprobs(model, ids, attn), ids)
+def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+                   hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] log-prob of each token given its prefix (position 0 gets 0: it has no prefix).
+    ``hidden``: the model's layers start from it instead of ``ids``' embeddings (a frozen trunk's
+    output, with the model cut to the layers above it: ``trace_rl.policy.trunk``)."""
+    return _token_logprobs(_next_token_logprobs(model, ids, attn, hidden), ids)
 
 
 TOP_K = 16
@@ -16,9 +19,13 @@ TOP_K = 16
 position-wise KL (``position_kl``): its top-k, the rest pooled into one outcome."""
 
 
-def _next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+def _next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+                         hidden: torch.Tensor | None = None) -> torch.Tensor:
     """[B, T-1, V] log-softmax of the logits at positions 0 .. T-2 (each predicts the next token)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
+    if hidden is None:
+        logits = model(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
+    else:
+        logits = model(inputs_embeds=hidden, attention_mask=attn, use_cache=False).logits.float()
     return torch.log_softmax(logits[:, :-1], dim=-1)
 
 
@@ -27,11 +34,13 @@ def _token_logprobs(dist: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def with_top(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-              keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             keep: torch.Tensor | None = None, hidden: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(``token_logprobs``; ids [B, T, k] and their next-token log-probs [B, T, k] per token
     position: the ids of ``keep``, or (None) the top ``TOP_K`` of the distribution). Used only
-    without gradient (the guard), so the training forward pays nothing for it."""
-    dist = _next_token_logprobs(model, ids, attn)  # [B, T-1, V]
+    without gradient (the guard), so the training forward pays nothing for it. ``hidden``: as
+    ``token_logprobs``'."""
+    dist = _next_token_logprobs(model, ids, attn, hidden)  # [B, T-1, V]
     if keep is None:
         top = dist.topk(min(TOP_K, dist.shape[-1]), dim=-1).indices  # [B, T-1, k]
     else:

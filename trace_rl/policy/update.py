@@ -21,6 +21,7 @@ import copy
 import math
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trace_core.loss import policy_loss
 from trace_rl.policy.freeze import freeze_lower_layers
 from trace_rl.policy.logprobs import TOP_K, position_kl, token_logprobs, with_top  # noqa: F401 (re-exported)
+from trace_rl.policy.trunk import FrozenTrunk
 
 OPTIMIZER_STATE = "optimizer.pt"
 """File of a policy checkpoint that holds the AdamW state (what resuming a run needs)."""
@@ -85,6 +87,11 @@ class UpdateSettings:
     FSDP2 trainer see one parameter order."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip of each optimiser step (not a run parameter)."""
+    reuse_trunk: bool = True
+    """With ``trainable_layers`` leaving frozen layers below, keep their output for each of this
+    rank's micro-batches from the old log-probs' forward and run only the trainable layers in the
+    update's later passes (``trace_rl.policy.trunk``): the same logits, fewer layers computed,
+    one hidden-state tensor per micro-batch held for the update (not a run parameter)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,8 @@ class _Micro:
     ref: torch.Tensor | None
     units: float
     """What ``agg`` averages over in it: policy tokens, or sequences with any."""
+    hidden: torch.Tensor | None = None
+    """The frozen trunk's output for it (``UpdateSettings.reuse_trunk``), or None."""
 
 
 @dataclass
@@ -188,6 +197,11 @@ class PolicyTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.train()
         self.trainable = freeze_lower_layers(self.model, settings.trainable_layers)
+        self.trunk: FrozenTrunk | None = None
+        if settings.reuse_trunk and settings.trainable_layers > 0 \
+                and settings.trainable_layers < len(self.model.model.layers):
+            self.trunk = FrozenTrunk(self.model, settings.trainable_layers)
+        self._trunk_checked = False
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
                                            weight_decay=0.0)
         opt_path = Path(model_dir) / OPTIMIZER_STATE
@@ -260,16 +274,39 @@ class PolicyTrainer:
                 minis.append([])
                 for i in range(0, len(paths), s.micro_batch):
                     b = _pad([trainable[j] for j in paths[i:i + s.micro_batch]], self.pad_id)
-                    old = ref = None
+                    old = ref = hidden = None
                     if self._owns(len(micros)):  # another rank's micro-batch: its units only
-                        old, b["top_ids"], b["top_logp"] = with_top(self.model, b["ids"], b["attn"])
+                        with self.trunk.capture() if self.trunk else contextlib.nullcontext([]) as kept:
+                            old, b["top_ids"], b["top_logp"] = with_top(self.model, b["ids"], b["attn"])
+                        hidden = kept[0] if kept and self._trunk_agrees(b, kept[0], old) else None
                         ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
                     minis[-1].append(len(micros))
                     # What the aggregation averages over: tokens or sequences.
                     units = float(b["mask"].sum()) if s.agg == "token-mean" \
                         else float((b["mask"].sum(dim=1) > 0).sum())
-                    micros.append(_Micro(len(micros), b, old, ref, units))
+                    micros.append(_Micro(len(micros), b, old, ref, units, hidden))
         return minis, micros
+
+    def _trunk_agrees(self, b: dict[str, torch.Tensor], hidden: torch.Tensor,
+                      old: torch.Tensor) -> bool:
+        """Whether the trainable layers on the kept trunk output give the whole model's log-probs
+        (checked once, on the first micro-batch; where they do not, the reuse is turned off)."""
+        if self._trunk_checked:
+            return self.trunk is not None
+        self._trunk_checked = True
+        with self.trunk.top_only():
+            cut = token_logprobs(self.model, b["ids"], b["attn"], hidden)
+        gap = float(((cut - old).abs() * b["attn"]).max())
+        if gap > 1e-4:
+            warnings.warn(f"reuse_trunk: {type(self.model).__name__}'s trainable layers on the "
+                          f"frozen trunk's output give log-probs {gap:.2g} away from the whole "
+                          "model's; computing the whole model in every pass instead", stacklevel=2)
+            self.trunk = None
+        return self.trunk is not None
+
+    def _cut(self, mb: _Micro) -> Any:
+        """Within it, the model runs on ``mb``'s kept trunk output (where it has one)."""
+        return self.trunk.top_only() if mb.hidden is not None and self.trunk else contextlib.nullcontext()
 
     def _optimiser_step(self, chunk: Sequence[_Micro], tally: _Tally) -> bool:
         """One clipped AdamW step on a mini-batch: the backward of this rank's micro-batches, each
@@ -305,8 +342,8 @@ class PolicyTrainer:
         mini-batch (DDP's all-reduce on the ``last`` one), its statistics added to ``tally``."""
         s = self.settings
         b = mb.batch
-        with self._sync(last=last):
-            logp = token_logprobs(self.train_model, b["ids"], b["attn"])
+        with self._sync(last=last), self._cut(mb):
+            logp = token_logprobs(self.train_model, b["ids"], b["attn"], mb.hidden)
             loss, st = policy_loss(logp, mb.old, b["adv"], b["mask"], clip_low=s.clip_low,
                                    clip_high=s.clip_high, ref_logp=mb.ref,
                                    kl_coef=s.kl_coef, agg=s.agg)
@@ -363,7 +400,9 @@ class PolicyTrainer:
         total = count = top = worst = 0.0
         for mb in batches:
             b = mb.batch
-            logp, _, new_top = with_top(self.model, b["ids"], b["attn"], keep=b["top_ids"])
+            with self._cut(mb):
+                logp, _, new_top = with_top(self.model, b["ids"], b["attn"], keep=b["top_ids"],
+                                            hidden=mb.hidden)
             _, st = policy_loss(logp, mb.old, b["adv"], b["mask"])
             total += st["approx_kl"] * st["n_tokens"]
             count += st["n_tokens"]
