@@ -17,8 +17,11 @@ Variants, one option each:
 * ``--thoughts rest``: each thought also carries the rest of the relation path ("friend Jedo
   follow rival > parent"), so that the next hop's relation is the first of the previous thought's
   list instead of the k-th of the question's path.
+* ``--sft-examples N --epochs E``: more (fresh) traces, the schedule planned over E epochs of
+  them (the bootstrap's 800 traces are seen 12 times each).
 
     python -m bench.chain_sft --steps 300 [--copy-steps 600] [--thoughts rest] [--out FILE]
+    python -m bench.chain_sft --steps 600 --sft-examples 9600 --epochs 1
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length:
 
 def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "expert",
         items: int = 24, sft_examples: int | None = None, preset: str = "tiny", seed: int = 0,
-        save: str | None = None, out: str | None = None) -> list[dict[str, Any]]:
+        save: str | None = None, out: str | None = None, epochs: int | None = None
+        ) -> list[dict[str, Any]]:
     """Train and measure as the module says; one row per measurement (also appended to ``out``
     as JSON lines)."""
     from trace_rl.envs.registry import make_env
@@ -106,7 +110,7 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
                          f"{sorted(THOUGHT_VARIANTS)}")
     think = THOUGHT_VARIANTS[thoughts]
     config = family_config("synth_chain", difficulty=1, preset=preset, seed=seed,
-                           sft_examples=sft_examples, sft_epochs=None, target_success=(0.3, 0.7))
+                           sft_examples=sft_examples, sft_epochs=epochs, target_success=(0.3, 0.7))
     env = make_env("synth_chain", difficulty=1, seed=seed, n_train=config.sft_examples,
                    n_test=items)
     train = env.load(getattr(env, "sft_split", "train"))
@@ -118,7 +122,8 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
                                     random.Random(f"bootstrap:synth_chain:{seed}"), thoughts=think)
     held = expert_tokens(env, env.load("test"), tok, think)
     planned = -(-len(examples) // config.batch_size) * config.sft_epochs
-    label = {"thoughts": thoughts, "copy_steps": copy_steps, "seed": seed, "preset": preset}
+    label = {"thoughts": thoughts, "copy_steps": copy_steps, "seed": seed, "preset": preset,
+             "sft_examples": config.sft_examples, "planned_steps": planned}
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 
@@ -165,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--items", type=int, default=24, help="held-out expert traces measured")
     ap.add_argument("--sft-examples", type=int, default=None,
                     help="traces (default: synth_chain's bootstrap setting, 800)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="epochs the learning-rate schedule is planned over (default: synth_chain's "
+                         "bootstrap setting, 12); with --steps past them the rate stays at 0")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -173,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     return run(args.steps, args.every, args.copy_steps, args.thoughts, args.items,
-               args.sft_examples, args.preset, args.seed, args.save, args.out)
+               args.sft_examples, args.preset, args.seed, args.save, args.out, args.epochs)
 
 
 if __name__ == "__main__":
