@@ -17,6 +17,10 @@ Variants, one option each:
 * ``--thoughts rest``: each thought also carries the rest of the relation path ("friend Jedo
   follow rival > parent"), so that the next hop's relation is the first of the previous thought's
   list instead of the k-th of the question's path.
+* ``--thoughts numbered``: the question numbers its path ("follow 1 owner, 2 mentor") and each
+  hop's thought starts with its number ("2 mentor Dova"): the number is the last one plus one,
+  and the relation the word after that number in the question (an induction copy, as a name is),
+  where the family's own thoughts need the k-th relation of an unnumbered list.
 * ``--sft-examples N --epochs E``: more (fresh) traces, the schedule planned over E epochs of
   them (the bootstrap's 800 traces are seen 12 times each).
 
@@ -61,7 +65,39 @@ def rest_of_path_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str
     return thoughts
 
 
-THOUGHT_VARIANTS = {"expert": None, "rest": rest_of_path_thoughts}
+def numbered_question(item: TaskItem) -> TaskItem:
+    """``item`` with its relation path numbered: "follow 1 owner, 2 mentor, 3 friend." for
+    "follow owner > mentor > friend.", so that a hop's relation is the word after its number."""
+    import dataclasses
+
+    path = item.meta["path"]
+    listed = " > ".join(path)
+    if f"follow {listed}." not in item.question:
+        raise ValueError(f"numbered_question: item {item.id} does not list its path as "
+                         f"'follow {listed}.'")
+    numbered = ", ".join(f"{k} {r}" for k, r in enumerate(path, 1))
+    return dataclasses.replace(item, question=item.question.replace(f"follow {listed}.",
+                                                                    f"follow {numbered}."))
+
+
+def numbered_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
+    """The family's expert thoughts with each hop's number first: "start Kalo", "1 owner Miru",
+    "2 mentor Dova" (with ``numbered_question``: the number is the previous thought's plus one,
+    and the relation the word after that number in the question)."""
+    from trace_rl.envs.synthetic.chain import expert_thoughts
+
+    thoughts, hop = [], 0
+    for thought in expert_thoughts(item, actions):
+        if not thought or thought.startswith("start "):
+            thoughts.append(thought)
+        else:
+            hop += 1
+            thoughts.append(f"{hop} {thought}")
+    return thoughts
+
+
+THOUGHT_VARIANTS = {"expert": None, "rest": rest_of_path_thoughts, "numbered": numbered_thoughts}
+"""``--thoughts``; ``numbered`` also numbers the questions' paths (``numbered_question``)."""
 
 
 def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length: int = 32,
@@ -114,13 +150,16 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
     env = make_env("synth_chain", difficulty=1, seed=seed, n_train=config.sft_examples,
                    n_test=items)
     train = env.load(getattr(env, "sft_split", "train"))
+    test = env.load("test")
+    if thoughts == "numbered":
+        train, test = [numbered_question(x) for x in train], [numbered_question(x) for x in test]
     tok = build_tokenizer(tokenizer_texts(env, train[:config.tokenizer_items]),
                           vocab_size=config.vocab_size, split_digits=config.split_digits,
                           split_names=config.split_names)
     model = build_model(tok, preset, seed=seed)
     examples, _, _ = write_examples(config, env, train, tok,
                                     random.Random(f"bootstrap:synth_chain:{seed}"), thoughts=think)
-    held = expert_tokens(env, env.load("test"), tok, think)
+    held = expert_tokens(env, test, tok, think)
     planned = -(-len(examples) // config.batch_size) * config.sft_epochs
     label = {"thoughts": thoughts, "copy_steps": copy_steps, "seed": seed, "preset": preset,
              "sft_examples": config.sft_examples, "planned_steps": planned}

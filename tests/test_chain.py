@@ -383,6 +383,34 @@ def test_rest_of_path_thoughts_list_the_relations_still_to_follow(env):
         assert expert_episode(env, item, tok, thoughts=rest).reward == 1.0
 
 
+def test_numbered_variant_numbers_the_path_and_each_hops_thought(env):
+    """bench.chain_sft's ``numbered`` variant: the question lists "1 r1, 2 r2, ..." in place of
+    "r1 > r2 > ...", each hop's thought is its number then the expert's thought, the start and
+    retries are unchanged, and the trace still solves its item."""
+    from bench.chain_sft import numbered_question, numbered_thoughts
+    from trace_rl.policy.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    items = with_hazards(env.load("train"), ALIAS)[:4] + env.load("train", limit=4)
+    for item in items:
+        numbered = numbered_question(item)
+        path = item.meta["path"]
+        listed = ", ".join(f"{k} {r}" for k, r in enumerate(path, 1))
+        assert f"follow {listed}." in numbered.question and " > " not in numbered.question
+        assert numbered.question.split("follow")[0] == item.question.split("follow")[0]
+        actions = env.expert_actions(numbered)
+        plain, thoughts = expert_thoughts(item, actions), numbered_thoughts(numbered, actions)
+        hops = [t for t in plain if t and not t.startswith("start ")]
+        assert [t for t in thoughts if t and not t.startswith("start ")] == \
+            [f"{k} {t}" for k, t in enumerate(hops, 1)]
+        assert [t for t in thoughts if not t or t.startswith("start ")] == \
+            [t for t in plain if not t or t.startswith("start ")]
+        assert len(hops) == item.meta["hops"]
+        assert expert_episode(env, numbered, tok, thoughts=thoughts).reward == 1.0
+    with pytest.raises(ValueError, match="does not list its path"):
+        numbered_question(numbered)  # already numbered
+
+
 def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_path):
     """bench.chain_sft end to end on the test preset (a few steps), and its copy warm-up: a
     small model learns to write a random sequence again (loss on the copy falls far below the
