@@ -21,6 +21,10 @@ Variants, one option each:
   hop's thought starts with its number ("2 mentor Dova"): the number is the last one plus one,
   and the relation the word after that number in the question (an induction copy, as a name is),
   where the family's own thoughts need the k-th relation of an unnumbered list.
+* ``--thoughts numbered-joined``: the same with no space between number and relation ("follow
+  1owner, 2mentor", "2mentor Dova"). With ``split_names`` the space is a token of its own, so in
+  ``numbered`` the relation follows the two tokens "2" " ", which recur in every thought; joined,
+  it is the token right after the digit, the one-token copy that names are learnt as.
 * ``--sft-examples N --epochs E``: more (fresh) traces, the schedule planned over E epochs of
   them (the bootstrap's 800 traces are seen 12 times each).
 
@@ -31,6 +35,7 @@ Variants, one option each:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import time
@@ -65,9 +70,11 @@ def rest_of_path_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str
     return thoughts
 
 
-def numbered_question(item: TaskItem) -> TaskItem:
+def numbered_question(item: TaskItem, joined: bool = False) -> TaskItem:
     """``item`` with its relation path numbered: "follow 1 owner, 2 mentor, 3 friend." for
-    "follow owner > mentor > friend.", so that a hop's relation is the word after its number."""
+    "follow owner > mentor > friend.", so that a hop's relation is the word after its number;
+    ``joined``: "follow 1owner, 2mentor, 3friend." (the relation's token right after the digit's,
+    with no space token between them)."""
     import dataclasses
 
     path = item.meta["path"]
@@ -75,15 +82,17 @@ def numbered_question(item: TaskItem) -> TaskItem:
     if f"follow {listed}." not in item.question:
         raise ValueError(f"numbered_question: item {item.id} does not list its path as "
                          f"'follow {listed}.'")
-    numbered = ", ".join(f"{k} {r}" for k, r in enumerate(path, 1))
+    sep = "" if joined else " "
+    numbered = ", ".join(f"{k}{sep}{r}" for k, r in enumerate(path, 1))
     return dataclasses.replace(item, question=item.question.replace(f"follow {listed}.",
                                                                     f"follow {numbered}."))
 
 
-def numbered_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
+def numbered_thoughts(item: TaskItem, actions: Sequence[Action], joined: bool = False
+                      ) -> list[str]:
     """The family's expert thoughts with each hop's number first: "start Kalo", "1 owner Miru",
     "2 mentor Dova" (with ``numbered_question``: the number is the previous thought's plus one,
-    and the relation the word after that number in the question)."""
+    and the relation the word after that number in the question); ``joined``: "1owner Miru"."""
     from trace_rl.envs.synthetic.chain import expert_thoughts
 
     thoughts, hop = [], 0
@@ -92,12 +101,14 @@ def numbered_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
             thoughts.append(thought)
         else:
             hop += 1
-            thoughts.append(f"{hop} {thought}")
+            thoughts.append(f"{hop}{'' if joined else ' '}{thought}")
     return thoughts
 
 
-THOUGHT_VARIANTS = {"expert": None, "rest": rest_of_path_thoughts, "numbered": numbered_thoughts}
-"""``--thoughts``; ``numbered`` also numbers the questions' paths (``numbered_question``)."""
+THOUGHT_VARIANTS = {"expert": None, "rest": rest_of_path_thoughts, "numbered": numbered_thoughts,
+                    "numbered-joined": functools.partial(numbered_thoughts, joined=True)}
+"""``--thoughts``; ``numbered`` and ``numbered-joined`` also number the questions' paths
+(``numbered_question``)."""
 
 
 def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length: int = 32,
@@ -151,8 +162,10 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
                    n_test=items)
     train = env.load(getattr(env, "sft_split", "train"))
     test = env.load("test")
-    if thoughts == "numbered":
-        train, test = [numbered_question(x) for x in train], [numbered_question(x) for x in test]
+    if thoughts.startswith("numbered"):
+        joined = thoughts == "numbered-joined"
+        train = [numbered_question(x, joined) for x in train]
+        test = [numbered_question(x, joined) for x in test]
     tok = build_tokenizer(tokenizer_texts(env, train[:config.tokenizer_items]),
                           vocab_size=config.vocab_size, split_digits=config.split_digits,
                           split_names=config.split_names)

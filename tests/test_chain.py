@@ -383,32 +383,36 @@ def test_rest_of_path_thoughts_list_the_relations_still_to_follow(env):
         assert expert_episode(env, item, tok, thoughts=rest).reward == 1.0
 
 
-def test_numbered_variant_numbers_the_path_and_each_hops_thought(env):
+@pytest.mark.parametrize("joined", [False, True])
+def test_numbered_variant_numbers_the_path_and_each_hops_thought(env, joined):
     """bench.chain_sft's ``numbered`` variant: the question lists "1 r1, 2 r2, ..." in place of
     "r1 > r2 > ...", each hop's thought is its number then the expert's thought, the start and
-    retries are unchanged, and the trace still solves its item."""
-    from bench.chain_sft import numbered_question, numbered_thoughts
+    retries are unchanged, and the trace still solves its item; ``numbered-joined`` writes no
+    space after the number ("1r1", "1r1 Name")."""
+    from bench.chain_sft import THOUGHT_VARIANTS, numbered_question
     from trace_rl.policy.tiny import build_tokenizer
 
     tok = build_tokenizer()
+    sep = "" if joined else " "
+    numbered_thoughts = THOUGHT_VARIANTS["numbered-joined" if joined else "numbered"]
     items = with_hazards(env.load("train"), ALIAS)[:4] + env.load("train", limit=4)
     for item in items:
-        numbered = numbered_question(item)
+        numbered = numbered_question(item, joined)
         path = item.meta["path"]
-        listed = ", ".join(f"{k} {r}" for k, r in enumerate(path, 1))
+        listed = ", ".join(f"{k}{sep}{r}" for k, r in enumerate(path, 1))
         assert f"follow {listed}." in numbered.question and " > " not in numbered.question
         assert numbered.question.split("follow")[0] == item.question.split("follow")[0]
         actions = env.expert_actions(numbered)
         plain, thoughts = expert_thoughts(item, actions), numbered_thoughts(numbered, actions)
         hops = [t for t in plain if t and not t.startswith("start ")]
         assert [t for t in thoughts if t and not t.startswith("start ")] == \
-            [f"{k} {t}" for k, t in enumerate(hops, 1)]
+            [f"{k}{sep}{t}" for k, t in enumerate(hops, 1)]
         assert [t for t in thoughts if not t or t.startswith("start ")] == \
             [t for t in plain if not t or t.startswith("start ")]
         assert len(hops) == item.meta["hops"]
         assert expert_episode(env, numbered, tok, thoughts=thoughts).reward == 1.0
     with pytest.raises(ValueError, match="does not list its path"):
-        numbered_question(numbered)  # already numbered
+        numbered_question(numbered, joined)  # already numbered
 
 
 def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_path):
