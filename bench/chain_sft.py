@@ -14,6 +14,8 @@ Variants, one option each:
 * ``--copy-steps K``: before SFT, K steps of a dense copy task (random sequences of the tokens
   the policy writes, each written twice, the loss on the second copy), which forms the attention
   circuit that copies an earlier token (an induction head) from a signal on every token.
+  ``--copy-gap G`` puts 0..G random tokens between the copies: with the copies always 32 apart a
+  head at that fixed offset does the task without any induction.
 * ``--thoughts rest``: each thought also carries the rest of the relation path ("friend Jedo
   follow rival > parent"), so that the next hop's relation is the first of the previous thought's
   list instead of the k-th of the question's path.
@@ -111,11 +113,30 @@ THOUGHT_VARIANTS = {"expert": None, "rest": rest_of_path_thoughts, "numbered": n
 (``numbered_question``)."""
 
 
+def copy_row(rng: random.Random, pool: Sequence[int], length: int, gap: int
+             ) -> tuple[list[int], list[int]]:
+    """One row of the copy warm-up and its labels: ``length`` random ``pool`` tokens, 0..``gap``
+    random tokens, the same ``length`` tokens again, the rest of the ``gap`` tokens; labels only
+    on the second copy after its first token (the rest ``IGNORE_INDEX``)."""
+    from trace_rl.policy.sft import IGNORE_INDEX
+
+    x = [rng.choice(pool) for _ in range(length)]
+    g = rng.randint(0, gap)
+    filler = [rng.choice(pool) for _ in range(gap)]
+    row = x + filler[:g] + x + filler[g:]
+    labels = ([IGNORE_INDEX] * (length + g + 1) + row[length + g + 1:2 * length + g]
+              + [IGNORE_INDEX] * (gap - g))
+    return row, labels
+
+
 def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length: int = 32,
-                batch: int = 32, lr: float = 2e-3, seed: int = 1) -> list[float]:
+                batch: int = 32, lr: float = 2e-3, seed: int = 1, gap: int = 0) -> list[float]:
     """``steps`` AdamW steps on random sequences of ``pool`` tokens written twice, the loss on
-    the second copy; the losses."""
-    from trace_rl.policy.sft import IGNORE_INDEX, warmup_cosine
+    the second copy; the losses. ``gap`` > 0: each row puts a random number (0..``gap``) of
+    random tokens between the two copies (and the rest after the second), so the distance to
+    the token to copy differs from row to row and a head at a fixed offset cannot do it: only
+    one that finds the current token earlier and copies its successor (an induction head)."""
+    from trace_rl.policy.sft import warmup_cosine
 
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -123,14 +144,9 @@ def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length:
     model.train()
     losses = []
     for _ in range(steps):
-        rows = []
-        for _ in range(batch):
-            x = [rng.choice(pool) for _ in range(length)]
-            rows.append(x + x)
-        ids = torch.tensor(rows)  # [B, 2L]
-        labels = ids.clone()
-        labels[:, :length + 1] = IGNORE_INDEX  # the first copy and the first token of the second
-        loss = model(input_ids=ids, labels=labels).loss
+        rows, labels = zip(*(copy_row(rng, pool, length, gap) for _ in range(batch)))
+        ids = torch.tensor(rows)  # [B, 2L + gap]
+        loss = model(input_ids=ids, labels=torch.tensor(labels)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -142,8 +158,8 @@ def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length:
 
 def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "expert",
         items: int = 24, sft_examples: int | None = None, preset: str = "tiny", seed: int = 0,
-        save: str | None = None, out: str | None = None, epochs: int | None = None
-        ) -> list[dict[str, Any]]:
+        save: str | None = None, out: str | None = None, epochs: int | None = None,
+        copy_gap: int = 0) -> list[dict[str, Any]]:
     """Train and measure as the module says; one row per measurement (also appended to ``out``
     as JSON lines)."""
     from trace_rl.envs.registry import make_env
@@ -174,7 +190,8 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
                                     random.Random(f"bootstrap:synth_chain:{seed}"), thoughts=think)
     held = expert_tokens(env, test, tok, think)
     planned = -(-len(examples) // config.batch_size) * config.sft_epochs
-    label = {"thoughts": thoughts, "copy_steps": copy_steps, "seed": seed, "preset": preset,
+    label = {"thoughts": thoughts, "copy_steps": copy_steps, "copy_gap": copy_gap, "seed": seed,
+             "preset": preset,
              "sft_examples": config.sft_examples, "planned_steps": planned}
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -191,7 +208,7 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
 
     if copy_steps:
         pool = sorted({t for e in examples for t, m in zip(e.token_ids, e.loss_mask) if m})
-        losses = copy_warmup(model, pool, copy_steps, seed=seed + 1)
+        losses = copy_warmup(model, pool, copy_steps, seed=seed + 1, gap=copy_gap)
         print(f"copy warm-up: {copy_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}",
               flush=True)
     record(0, None)
@@ -218,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--steps", type=int, default=300, help="SFT steps of 16 traces")
     ap.add_argument("--every", type=int, default=50, help="measure every this many steps")
     ap.add_argument("--copy-steps", type=int, default=0, help="copy warm-up steps before SFT")
+    ap.add_argument("--copy-gap", type=int, default=0,
+                    help="random tokens (0..this many) between the warm-up's two copies")
     ap.add_argument("--thoughts", default="expert", choices=sorted(THOUGHT_VARIANTS))
     ap.add_argument("--items", type=int, default=24, help="held-out expert traces measured")
     ap.add_argument("--sft-examples", type=int, default=None,
@@ -233,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     return run(args.steps, args.every, args.copy_steps, args.thoughts, args.items,
-               args.sft_examples, args.preset, args.seed, args.save, args.out, args.epochs)
+               args.sft_examples, args.preset, args.seed, args.save, args.out, args.epochs,
+               args.copy_gap)
 
 
 if __name__ == "__main__":

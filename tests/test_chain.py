@@ -441,3 +441,28 @@ def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_pat
     losses = copy_warmup(model, pool=list(range(40, 48)), steps=150, length=8, batch=16,
                          lr=1e-2)
     assert losses[0] > 0.8 * math.log(8) and min(losses[-10:]) < 0.2 * math.log(8), losses[::15]
+
+
+def test_copy_warmup_gap_moves_the_second_copy():
+    """``--copy-gap``: the distance between the copies varies from row to row (so no head at a
+    fixed offset can copy), every row has the same length, and only the second copy after its
+    first token is labelled."""
+    import random
+
+    from bench.chain_sft import copy_row
+    from trace_rl.policy.sft import IGNORE_INDEX
+
+    rng = random.Random(0)
+    offsets = set()
+    for _ in range(200):
+        row, labels = copy_row(rng, pool=list(range(40, 48)), length=6, gap=5)
+        assert len(row) == len(labels) == 17
+        labelled = [i for i, y in enumerate(labels) if y != IGNORE_INDEX]
+        start = labelled[0] - 1  # where the second copy begins
+        assert labelled == list(range(start + 1, start + 6))
+        assert row[start:start + 6] == row[:6]
+        assert [labels[i] for i in labelled] == row[start + 1:start + 6]
+        offsets.add(start)
+    assert offsets == set(range(6, 12))
+    row, labels = copy_row(random.Random(1), list(range(40, 48)), length=6, gap=0)
+    assert row[:6] == row[6:] and labels[:7] == [IGNORE_INDEX] * 7 and labels[7:] == row[7:]
