@@ -81,7 +81,8 @@ def evaluate(
 ) -> None:
     """Evaluate a policy (a checkpoint directory, or a named policy: smollm2): accuracy, the
     verifier's metrics, contrast metrics, and a JSONL of per-item predictions."""
-    cfg = load_config_or_exit(config, with_policy(overrides, policy))
+    # The training split is not read here: a user with only their own --data file needs none.
+    cfg = load_config_or_exit(config, with_policy(overrides, policy), train_split=False)
     split = checked_eval_split(cfg, str(data) if data else split)
     with prefect_ready():
         from flows.evaluate import evaluate as evaluate_flow

@@ -45,13 +45,15 @@ def prefect_ready() -> Iterator[None]:
         SubprocessASGIServer().start()
 
 
-def load_config_or_exit(config: Optional[Path], overrides: Optional[List[str]]):
-    """The validated config with its inputs checked; a bad value or file exits with status 2
-    and one line naming it, before anything slow is imported."""
+def load_config_or_exit(config: Optional[Path], overrides: Optional[List[str]],
+                        train_split: bool = True):
+    """The validated config with its inputs checked (``train_split=False``: all but the
+    training split); a bad value or file exits with status 2 and one line naming it, before
+    anything slow is imported."""
     from trace_rl.config import load_config
 
     try:
-        return load_config(config, overrides or [])
+        return load_config(config, overrides or [], train_split=train_split)
     except ValueError as exc:  # DatasetError included: it names the file and line
         console.print(f"trace: {exc}", style="red", markup=False)
         raise typer.Exit(2)

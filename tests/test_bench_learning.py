@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from trace_rl.envs.datadir import default_data_dir
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
@@ -85,6 +87,8 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert "Holm-adjusted" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(not (default_data_dir() / "multihop_qa").is_dir(),
+                    reason=f"HotpotQA data not under {default_data_dir()} (set TRACE_DATA_DIR)")
 def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tmp_path, tiny_model_dir):
     """bench.learning on HotpotQA from a given policy: the --set fields reach every run's config
     (parsed with that policy, which `trace train` would refuse as tiny), no synthetic split sizes

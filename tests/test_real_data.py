@@ -57,8 +57,8 @@ MUSIQUE_ROWS = [
 ]
 
 
-def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run_cli(*args: str, timeout: int = 600, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
     return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=timeout)
 
@@ -77,7 +77,7 @@ def test_smollm2_is_reachable_by_name():
     """(fails on f399c1a: "policy='smollm2' is not a Hugging Face model directory")"""
     from trace_rl.policy.named import resolve_policy
 
-    cfg = load_config(None, ["family=hotpotqa", "policy=smollm2"])
+    cfg = load_config(None, ["family=hotpotqa", "policy=smollm2"], train_split=False)
     assert (Path(resolve_policy(cfg.policy)) / "config.json").is_file()
 
 
@@ -308,12 +308,16 @@ def test_eval_predictions_score_identically(tmp_path, tiny_model_dir):
 
 def test_trace_eval_data_end_to_end(tmp_path, tiny_model_dir):
     """``trace eval --data`` on a MuSiQue-style file built here, then ``trace score`` on its
-    predictions: the plumbing of the command line (fails on f399c1a: no --data)."""
+    predictions: the plumbing of the command line (fails on f399c1a: no --data), on a machine
+    with no data of its own (an empty TRACE_DATA_DIR; fails on 30b421a: the config checked
+    hotpotqa's default training split, which eval never reads)."""
     path = write_jsonl(tmp_path / "musique.jsonl", MUSIQUE_ROWS)
     out = tmp_path / "preds.jsonl"
+    (tmp_path / "no-data").mkdir()
     res = run_cli("eval", str(tiny_model_dir), "family=hotpotqa", "engine=hf", "max_turns=2",
                   "max_new_tokens=12", "--data", str(path), "--samples", "1", "--limit", "0",
-                  "--out", str(out), "--workdir", str(tmp_path / "wd"))
+                  "--out", str(out), "--workdir", str(tmp_path / "wd"),
+                  TRACE_DATA_DIR=str(tmp_path / "no-data"))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [r["id"] for r in MUSIQUE_ROWS]

@@ -15,11 +15,13 @@ from typing import Any
 from trace_rl.config import TrainConfig
 
 
-def check_inputs(cfg: TrainConfig) -> TrainConfig:
+def check_inputs(cfg: TrainConfig, train_split: bool = True) -> TrainConfig:
     """Check the files a run reads before any work starts: the policy directory (unless
     ``tiny``) and the training split, which must load through its family (a data file: UTF-8
     text whose every row parses; errors name the file and line) and hold at least
-    ``pool_size`` items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix."""
+    ``pool_size`` items. Raises ``ValueError`` (``DatasetError`` for a bad row) saying what to fix.
+    ``train_split=False``: the policy and the family only (``trace eval`` reads no training
+    split, and checks the split or ``--data`` file it does read itself)."""
     from trace_rl.envs.registry import make_env
 
     check_policy(cfg)
@@ -27,6 +29,8 @@ def check_inputs(cfg: TrainConfig) -> TrainConfig:
         env = make_env(cfg.family, **cfg.env_kwargs())
     except (TypeError, ValueError) as exc:
         raise ValueError(f"config: family={cfg.family!r} with extra={dict(cfg.extra)!r}: {exc}") from exc
+    if not train_split:
+        return cfg
     # Only the training split: the train flow reads nothing else, and a family's default
     # eval_split ("test") need not exist (hotpotqa names its splits differently).
     split = cfg.train_split

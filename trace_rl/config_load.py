@@ -76,9 +76,11 @@ def _coerce(name: str, raw: str) -> Any:
     return raw
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                train_split: bool = True) -> TrainConfig:
     """Defaults, then a YAML file, then ``key=value`` overrides, validated once (every problem
-    reported at once), then its inputs checked (``check_inputs``)."""
+    reported at once), then its inputs checked (``check_inputs``; ``train_split=False``: all
+    but the training split, for a command that does not read it)."""
     values: dict[str, Any] = {}
     if path is not None:
         try:
@@ -94,4 +96,4 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         k, raw = item.split("=", 1)
         values[k.strip()] = _coerce(k.strip(), raw)
     where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
-    return check_inputs(config_from_mapping(values, where))
+    return check_inputs(config_from_mapping(values, where), train_split=train_split)
