@@ -182,14 +182,15 @@ def test_no_namespaces_refuses_unless_opted_out(monkeypatch):
         assert not box.namespaces and "Operation not permitted" in box.reason
         with pytest.raises(SandboxUnavailable, match="TRACE_SANDBOX=unsafe-no-namespaces"):
             run_python("print(1)", LIMITS)
-        from trace_rl.envs.datadir import default_data_dir
+        from trace_rl.envs.base import TaskItem
         from trace_rl.envs.mathenv import MathEnv
-        if (default_data_dir() / "math").is_dir():  # the math family's items (shared/data)
-            env = MathEnv(limits=LIMITS)
-            item = env.load("test", 1)[0]
-            assert env.verify(item, item.gold).reward == 1.0  # grading needs no box
-            with pytest.raises(SandboxUnavailable):
-                env.reset(item)  # an episode would run model code: refused
+        env = MathEnv(limits=LIMITS)
+        # An item as the math family's loader makes one (built here: no data file needed).
+        item = TaskItem(id="gsm8k-0", family="math", question="What is 6 * 7?", gold="42",
+                        meta={"source": "gsm8k"})
+        assert env.verify(item, item.gold).reward == 1.0  # grading needs no box
+        with pytest.raises(SandboxUnavailable):
+            env.reset(item)  # an episode would run model code: refused
         # opting out runs the code unconfined (it sees the host's file system)
         r = run_python("import os\nprint(os.path.exists('/etc/passwd'))",
                        SandboxLimits(unsafe_no_namespaces=True))

@@ -198,8 +198,7 @@ class PolicyTrainer:
         self.model.train()
         self.trainable = freeze_lower_layers(self.model, settings.trainable_layers)
         self.trunk: FrozenTrunk | None = None
-        if settings.reuse_trunk and settings.trainable_layers > 0 \
-                and settings.trainable_layers < len(self.model.model.layers):
+        if settings.reuse_trunk and 0 < settings.trainable_layers < len(self.model.model.layers):
             self.trunk = FrozenTrunk(self.model, settings.trainable_layers)
         self._trunk_checked = False
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
