@@ -159,7 +159,7 @@ def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length:
 def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "expert",
         items: int = 24, sft_examples: int | None = None, preset: str = "tiny", seed: int = 0,
         save: str | None = None, out: str | None = None, epochs: int | None = None,
-        copy_gap: int = 0) -> list[dict[str, Any]]:
+        copy_gap: int = 0, chain_facts: int = 2) -> list[dict[str, Any]]:
     """Train and measure as the module says; one row per measurement (also appended to ``out``
     as JSON lines)."""
     from trace_rl.envs.registry import make_env
@@ -175,7 +175,7 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
     config = family_config("synth_chain", difficulty=1, preset=preset, seed=seed,
                            sft_examples=sft_examples, sft_epochs=epochs, target_success=(0.3, 0.7))
     env = make_env("synth_chain", difficulty=1, seed=seed, n_train=config.sft_examples,
-                   n_test=items)
+                   n_test=items, chain_facts=chain_facts)
     train = env.load(getattr(env, "sft_split", "train"))
     test = env.load("test")
     if thoughts.startswith("numbered"):
@@ -191,7 +191,7 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
     held = expert_tokens(env, test, tok, think)
     planned = -(-len(examples) // config.batch_size) * config.sft_epochs
     label = {"thoughts": thoughts, "copy_steps": copy_steps, "copy_gap": copy_gap, "seed": seed,
-             "preset": preset,
+             "preset": preset, "chain_facts": chain_facts,
              "sft_examples": config.sft_examples, "planned_steps": planned}
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -245,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                     help="epochs the learning-rate schedule is planned over (default: synth_chain's "
                          "bootstrap setting, 12); with --steps past them the rate stays at 0")
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--chain-facts", type=int, default=2, choices=(1, 2),
+                    help="facts per record (the family's chain_facts)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--save", default=None, help="save the final policy to this directory")
@@ -253,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads)
     return run(args.steps, args.every, args.copy_steps, args.thoughts, args.items,
                args.sft_examples, args.preset, args.seed, args.save, args.out, args.epochs,
-               args.copy_gap)
+               args.copy_gap, args.chain_facts)
 
 
 if __name__ == "__main__":

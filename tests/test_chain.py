@@ -227,6 +227,34 @@ def test_expert_thoughts_name_the_fact_each_search_follows(env):
             assert thought.endswith(f" {value}") and thought.split()[0] in item.meta["path"]
 
 
+def test_one_fact_per_record_keeps_the_hazards_and_the_default_items(tok, env):
+    """``chain_facts=1``: each chain person's record lists only the relation followed there (a
+    homonym's two copies that one relation to different people), so no relation is to be picked
+    from the question; hazards, hops, caps and the expert are the family's; the default items
+    are not changed by the option's existence."""
+    one = make_env("synth_chain", chain_facts=1)
+    items = one.load("train", limit=80) + one.load("hard", limit=20)
+    for item in items:
+        by_name: dict[str, list[dict]] = {}
+        for rec in item.meta["records"]:
+            by_name.setdefault(rec["name"], []).append(rec)
+        for hop, (name, rel) in enumerate(zip(item.meta["chain"], item.meta["path"])):
+            recs = by_name[name]
+            assert all(list(r["facts"]) == [rel] for r in recs), (item.id, hop)
+            assert len(recs) == (2 if item.meta["hazards"][hop] == HOMONYM else 1)
+        actions = one.expert_actions(item)
+        ep = expert_episode(one, item, tok, thoughts=expert_thoughts(item, actions))
+        assert ep.reward == 1.0 and len(ep.turns) <= one.turn_cap(item), item.id
+    hazards = Counter(h for i in items for h in i.meta["hazards"])
+    assert hazards[ALIAS] > 10 and hazards[HOMONYM] > 10
+    # other items than the default's, which stay as they were (two facts on every chain record)
+    assert {i.question for i in items[:80]} != {i.question for i in env.load("train", limit=80)}
+    assert all(len(r["facts"]) == 2 for i in env.load("train", limit=20)
+               for r in i.meta["records"] if r["name"] in i.meta["chain"][:-1])
+    assert make_env("synth_chain", chain_facts=2).load("train", limit=5) == env.load("train",
+                                                                                   limit=5)
+
+
 # ---------------------------------------------------------------------------------- the loop
 def test_the_wrong_homonym_copy_derails_silently(tok, env):
     items = with_hazards(env.load("train"), HOMONYM)[:4]
@@ -288,7 +316,7 @@ def test_chain_options_reach_the_family_and_are_checked():
     cfg = TrainConfig(family="synth_chain", max_turns=7, chain_hops="2:1", chain_train_items=40)
     assert cfg.family_options() == {"chain_hops": "2:1", "chain_hazard_a": 0.5,
                                     "chain_hazard_b": 1.0, "chain_alias_share": 0.5,
-                                    "chain_train_items": 40}
+                                    "chain_train_items": 40, "chain_facts": 2}
     check_inputs(cfg)
     env = make_env(cfg.family, **cfg.env_kwargs())
     assert len(env.load("train")) == 40 and {i.meta["hops"] for i in env.load("train")} == {2}
@@ -296,6 +324,10 @@ def test_chain_options_reach_the_family_and_are_checked():
         check_inputs(TrainConfig(family="synth_chain"))
     with pytest.raises(ValueError, match="chain_alias_share"):
         TrainConfig(family="synth_chain", chain_alias_share=1.5)
+    with pytest.raises(ValueError, match="chain_facts"):
+        TrainConfig(family="synth_chain", chain_facts=3)
+    with pytest.raises(ValueError, match="chain_facts"):
+        make_env("synth_chain", chain_facts=0)
     with pytest.raises(ValueError, match="chain_hops"):
         check_inputs(TrainConfig(family="synth_chain", chain_hops="x", max_turns=7))
     # the new options enter the run id only when set; another family ignores them at defaults

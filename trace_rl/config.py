@@ -257,6 +257,10 @@ class TrainConfig(BaseModel):
     chain_train_items: int = Field(256, ge=1)
     """synth_chain: items of the train split, the pool prompts are drawn from (at pool_size 32
     a prompt recurs every ~8 steps)."""
+    chain_facts: int = Field(2, ge=1, le=2)
+    """synth_chain: facts per record. 2: a record also lists another relation, so the agent must
+    pick the question's k-th relation (the tiny policy does not learn that pick: docs/results.md);
+    1: only the chain's relation, the hazards alone keep the outcome open."""
     cluster: str = Field("", pattern=_CLUSTER)
     """Where rollouts and updates run (docs/cluster.md): empty = this one process, as always
     (Ray is never imported); ``local:N`` = N simulated Ray nodes on this machine

@@ -101,6 +101,11 @@ class ChainConfig(SynthConfig):
     """Share of hazards that are aliases (the rest are homonyms)."""
     chain_train_items: int = 256
     """Items of the ``train`` split (the RL pool)."""
+    chain_facts: int = 2
+    """Facts per record: 2 (a chain person's record also lists another relation, so the agent
+    must pick the question's k-th relation) or 1 (only the relation the chain follows there: the
+    hazards alone keep the outcome open; a distractor that two wrong copies lead on from may
+    still list two)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -111,6 +116,8 @@ class ChainConfig(SynthConfig):
                 raise ValueError(f"{name}={v!r}: a Beta parameter must be a number > 0")
         if not 0.0 <= self.chain_alias_share <= 1.0:
             raise ValueError(f"chain_alias_share={self.chain_alias_share!r}: must be in [0, 1]")
+        if self.chain_facts not in (1, 2):
+            raise ValueError(f"chain_facts={self.chain_facts!r}: must be 1 or 2")
         if self.chain_train_items < 1:
             raise ValueError(f"chain_train_items={self.chain_train_items!r}: must be >= 1")
         if self.mix:
@@ -164,11 +171,11 @@ def _draw_cast(rng: random.Random, n_hops: int, rate: float, alias_share: float)
 
 
 def _draw_record(rng: random.Random, cast: _Cast, name: str,
-                 fixed: Mapping[str, str | None]) -> dict[str, Any]:
-    """Two facts: the relations of ``fixed`` (to their target, or to anyone when None), then
-    other relations to anyone."""
+                 fixed: Mapping[str, str | None], n_facts: int = 2) -> dict[str, Any]:
+    """``n_facts`` facts: the relations of ``fixed`` (to their target, or to anyone when None;
+    up to two of them), then other relations to anyone."""
     others = [r for r in RELATIONS if r not in fixed]
-    rels = list(fixed)[:2] + rng.sample(others, max(0, 2 - len(fixed)))
+    rels = list(fixed)[:2] + rng.sample(others, max(0, n_facts - len(fixed)))
     facts = {r: cast.surface[fixed.get(r) or rng.choice([p for p in cast.names if p != name])]
              for r in rels}
     return {"name": name, "facts": dict(rng.sample(sorted(facts.items()), len(facts)))}
@@ -192,7 +199,8 @@ def _draw_twin(rng: random.Random, cast: _Cast, i: int, rec: Mapping[str, Any],
     return {"name": name, "facts": twin}
 
 
-def _draw_records(rng: random.Random, cast: _Cast) -> tuple[list[dict[str, Any]], list[int]]:
+def _draw_records(rng: random.Random, cast: _Cast, n_facts: int = 2
+                  ) -> tuple[list[dict[str, Any]], list[int]]:
     """(the knowledge base's records in a shuffled order, per hop which record of the searched
     name is the chain's): one record per person, two for a homonym (in a drawn order)."""
     needs: dict[str, dict[str, str | None]] = {d: {} for d in cast.distractors}
@@ -201,7 +209,8 @@ def _draw_records(rng: random.Random, cast: _Cast) -> tuple[list[dict[str, Any]]
     for i, name in enumerate(cast.names):
         on_chain = i < len(cast.path)
         rec = _draw_record(rng, cast, name,
-                           {cast.path[i]: cast.chain[i + 1]} if on_chain else needs.get(name, {}))
+                           {cast.path[i]: cast.chain[i + 1]} if on_chain else needs.get(name, {}),
+                           n_facts)
         group = [rec]
         if cast.kind[name] == HOMONYM:
             group.append(_draw_twin(rng, cast, i, rec, needs))
@@ -236,7 +245,7 @@ class SynthChain(SyntheticEnv):
         rate = rng.betavariate(c.chain_hazard_a, c.chain_hazard_b)
         rate = min(1.0, rate * HARD_RATE) if hard else rate
         cast = _draw_cast(rng, n_hops, rate, c.chain_alias_share)
-        records, gold_copy = _draw_records(rng, cast)
+        records, gold_copy = _draw_records(rng, cast, c.chain_facts)
         surface = cast.surface
         directory = sorted(surface[r["name"]] for r in records)
         question = (f"People: {', '.join(directory)}. Start from {surface[cast.chain[0]]} and "
@@ -255,7 +264,9 @@ class SynthChain(SyntheticEnv):
         return self._draw_items(
             n, "test" if split in ("test", "hard") else "train",
             f"{self.family}:{c.seed}:{c.chain_hops}:{c.chain_hazard_a}:{c.chain_hazard_b}:"
-            f"{c.chain_alias_share}:{split}", f"{self.family}-s{c.seed}-{split}",
+            f"{c.chain_alias_share}:{split}" + (f":facts{c.chain_facts}" if c.chain_facts != 2
+                                                else ""),
+            f"{self.family}-s{c.seed}-{split}",
             lambda rng, item_id: self.make_item(rng, item_id, hard=split == "hard"), f"{split} items")
 
     def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
