@@ -51,7 +51,8 @@ from trace_rl.envs.base import TaskItem
 from trace_rl.rollout.types import Action
 
 KINDS = ("name@think-start", "name@think-hop", "name@query", "name@answer", "relation@think",
-         "relation@rest", "other")
+         "relation@rest", "other", "name@think-start/first", "name@think-hop/first",
+         "name@query/first", "name@answer/first")
 
 
 def rest_of_path_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:

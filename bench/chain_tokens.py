@@ -15,7 +15,9 @@ groups the policy's tokens by what they are:
 
 For each kind: the number of tokens, the mean negative log-likelihood (nats) and the share where
 the most likely token is the expert's. A policy that copies names has name accuracy near 1 (0.5
-at a homonym); one that does not sits near chance over the names it has seen.
+at a homonym); one that does not sits near chance over the names it has seen. Each name kind is also given for its first token alone
+(``name@query/first``): the model may continue a copy (the second syllable of a name whose
+first it wrote, an induction copy) long before it can start one.
 
     python -m bench.chain_tokens --policy DIR [--items 24]
 """
@@ -97,7 +99,8 @@ def score(model: Any, traces: Sequence[tuple[list[int], list[str | None]]]
           ) -> dict[str, dict[str, float]]:
     """Per kind of ``traces`` (``expert_tokens``): tokens, mean nll and the share where the
     model's most likely next token is the expert's, teacher-forced (the model is put in eval
-    mode for it and left as it was)."""
+    mode for it and left as it was); also per name kind, its first token of each name alone
+    (``name@query/first``): the one that starts a copy, where the rest continue one."""
     import torch
 
     sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
@@ -110,10 +113,14 @@ def score(model: Any, traces: Sequence[tuple[list[int], list[str | None]]]
             for t, kind in enumerate(kinds):
                 if kind is None or t == 0:
                     continue
-                s = sums[kind]
-                s[0] += 1
-                s[1] += -float(logp[t - 1, ids[t]])
-                s[2] += int(int(best[t - 1]) == ids[t])
+                nll, right = -float(logp[t - 1, ids[t]]), int(int(best[t - 1]) == ids[t])
+                # a name's first token apart: it starts a copy, the rest continue one
+                opens = kind.startswith("name@") and kinds[t - 1] != kind
+                for key in (kind, f"{kind}/first") if opens else (kind,):
+                    s = sums[key]
+                    s[0] += 1
+                    s[1] += nll
+                    s[2] += right
     model.train(was_training)
     return {k: {"tokens": s[0], "nll": s[1] / s[0], "accuracy": s[2] / s[0]}
             for k, s in sums.items() if s[0]}
@@ -132,7 +139,7 @@ def measure(policy: str, items: int = 24, seed: int = 0) -> dict[str, dict[str, 
     tok = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy)
     out = score(model, expert_tokens(env, env.load("test", limit=items), tok))
-    return {k: out[k] for k in KINDS if k in out}
+    return {k: out[k] for k in [x for kind in KINDS for x in (kind, f"{kind}/first")] if k in out}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -466,7 +466,9 @@ def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_pat
     assert rows[-1]["loss"] > 0
     # bench.chain_tokens reads the saved policy along the family's own expert traces.
     read = measure(str(tmp_path / "policy"), items=2)
-    assert {"name@query", "relation@think", "other"} <= set(read) <= set(KINDS)
+    assert {"name@query", "name@query/first", "relation@think", "other"} <= set(read) <= \
+        set(KINDS) | {f"{k}/first" for k in KINDS}
+    assert 0 < read["name@query/first"]["tokens"] < read["name@query"]["tokens"]
     assert all(r["tokens"] > 0 and r["nll"] > 0 and 0 <= r["accuracy"] <= 1 for r in read.values())
 
     model = build_model(build_tokenizer(), "test", seed=0)
