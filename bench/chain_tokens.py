@@ -15,9 +15,10 @@ groups the policy's tokens by what they are:
 
 For each kind: the number of tokens, the mean negative log-likelihood (nats) and the share where
 the most likely token is the expert's. A policy that copies names has name accuracy near 1 (0.5
-at a homonym); one that does not sits near chance over the names it has seen. Each name kind is also given for its first token alone
-(``name@query/first``): the model may continue a copy (the second syllable of a name whose
-first it wrote, an induction copy) long before it can start one.
+at a homonym); one that does not sits near chance over the names it has seen. Each name kind
+is also given for its first token alone (``name@query/first``): the model may continue a copy
+(the second syllable of a name whose first it wrote, an induction copy) long before it can
+start one.
 
     python -m bench.chain_tokens --policy DIR [--items 24]
 """
