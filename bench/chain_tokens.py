@@ -115,8 +115,10 @@ def score(model: Any, traces: Sequence[tuple[list[int], list[str | None]]]
                 if kind is None or t == 0:
                     continue
                 nll, right = -float(logp[t - 1, ids[t]]), int(int(best[t - 1]) == ids[t])
-                # a name's first token apart: it starts a copy, the rest continue one
-                opens = kind.startswith("name@") and kinds[t - 1] != kind
+                # a name's first token apart: it starts a copy, the rest continue one (the
+                # syllable after a hyphen, whose previous token is "other", continues it)
+                opens = kind.startswith("name@") and kinds[t - 1] != kind and not (
+                    t >= 2 and kinds[t - 1] == "other" and kinds[t - 2] == kind)
                 for key in (kind, f"{kind}/first") if opens else (kind,):
                     s = sums[key]
                     s[0] += 1

@@ -469,6 +469,15 @@ def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_pat
     assert {"name@query", "name@query/first", "relation@think", "other"} <= set(read) <= \
         set(KINDS) | {f"{k}/first" for k in KINDS}
     assert 0 < read["name@query/first"]["tokens"] < read["name@query"]["tokens"]
+    # one first token per name: as many as the query names of those traces
+    from bench.chain_tokens import expert_tokens, score
+    from trace_rl.policy.tiny import build_model as fresh
+    env = make_env("synth_chain")
+    items = with_hazards(env.load("test"), ALIAS)[:2]
+    tok2 = build_tokenizer(split_names=True)
+    traces = expert_tokens(env, items, tok2)
+    queries = sum(a.kind == "tool" for it in items for a in env.expert_actions(it))
+    assert score(fresh(tok2, "test", seed=0), traces)["name@query/first"]["tokens"] == queries
     assert all(r["tokens"] > 0 and r["nll"] > 0 and 0 <= r["accuracy"] <= 1 for r in read.values())
 
     model = build_model(build_tokenizer(), "test", seed=0)
