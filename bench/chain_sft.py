@@ -46,13 +46,12 @@ from typing import Any, Sequence
 
 import torch
 
-from bench.chain_tokens import expert_tokens, score
+from bench.chain_tokens import FIRST_KINDS, expert_tokens, score
 from trace_rl.envs.base import TaskItem
 from trace_rl.rollout.types import Action
 
 KINDS = ("name@think-start", "name@think-hop", "name@query", "name@answer", "relation@think",
-         "relation@rest", "other", "name@think-start/first", "name@think-hop/first",
-         "name@query/first", "name@answer/first")
+         "relation@rest", "other") + FIRST_KINDS
 
 
 def rest_of_path_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:

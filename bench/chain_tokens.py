@@ -33,6 +33,8 @@ from trace_rl.envs.synthetic.chain import RELATIONS
 
 KINDS = ("name@think-start", "name@think-hop", "name@query", "name@answer", "relation@think",
          "other")
+FIRST_KINDS = tuple(f"{k}/first" for k in KINDS if k.startswith("name@"))
+"""A name kind's first tokens alone (``score``): the token that starts each copy."""
 
 
 def token_kinds(pieces: Sequence[str], mask: Sequence[int], names: set[str]) -> list[str | None]:
@@ -142,7 +144,7 @@ def measure(policy: str, items: int = 24, seed: int = 0) -> dict[str, dict[str, 
     tok = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy)
     out = score(model, expert_tokens(env, env.load("test", limit=items), tok))
-    return {k: out[k] for k in [x for kind in KINDS for x in (kind, f"{kind}/first")] if k in out}
+    return {k: out[k] for k in KINDS + FIRST_KINDS if k in out}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

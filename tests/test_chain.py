@@ -454,7 +454,7 @@ def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_pat
     import math
 
     from bench.chain_sft import copy_warmup, run
-    from bench.chain_tokens import KINDS, measure
+    from bench.chain_tokens import FIRST_KINDS, KINDS, expert_tokens, measure, score
     from trace_rl.policy.tiny import build_model, build_tokenizer
 
     out = tmp_path / "rows.jsonl"
@@ -467,17 +467,16 @@ def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_pat
     # bench.chain_tokens reads the saved policy along the family's own expert traces.
     read = measure(str(tmp_path / "policy"), items=2)
     assert {"name@query", "name@query/first", "relation@think", "other"} <= set(read) <= \
-        set(KINDS) | {f"{k}/first" for k in KINDS}
+        set(KINDS + FIRST_KINDS)
     assert 0 < read["name@query/first"]["tokens"] < read["name@query"]["tokens"]
-    # one first token per name: as many as the query names of those traces
-    from bench.chain_tokens import expert_tokens, score
-    from trace_rl.policy.tiny import build_model as fresh
+    # one first token per name (a hyphenated name's second syllable continues it): as many as
+    # the queries of those traces
     env = make_env("synth_chain")
     items = with_hazards(env.load("test"), ALIAS)[:2]
-    tok2 = build_tokenizer(split_names=True)
-    traces = expert_tokens(env, items, tok2)
+    split = build_tokenizer(split_names=True)
     queries = sum(a.kind == "tool" for it in items for a in env.expert_actions(it))
-    assert score(fresh(tok2, "test", seed=0), traces)["name@query/first"]["tokens"] == queries
+    first = score(build_model(split, "test", seed=0), expert_tokens(env, items, split))
+    assert first["name@query/first"]["tokens"] == queries
     assert all(r["tokens"] > 0 and r["nll"] > 0 and 0 <= r["accuracy"] <= 1 for r in read.values())
 
     model = build_model(build_tokenizer(), "test", seed=0)
