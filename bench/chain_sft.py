@@ -27,6 +27,8 @@ Variants, one option each:
   1owner, 2mentor", "2mentor Dova"). With ``split_names`` the space is a token of its own, so in
   ``numbered`` the relation follows the two tokens "2" " ", which recur in every thought; joined,
   it is the token right after the digit, the one-token copy that names are learnt as.
+* ``--chain-facts 1`` / ``--chain-syllables 1``: the family's options of those names (one fact
+  per record; one-syllable names, a single token each).
 * ``--sft-examples N --epochs E``: more (fresh) traces, the schedule planned over E epochs of
   them (the bootstrap's 800 traces are seen 12 times each).
 
@@ -159,7 +161,7 @@ def copy_warmup(model: torch.nn.Module, pool: Sequence[int], steps: int, length:
 def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "expert",
         items: int = 24, sft_examples: int | None = None, preset: str = "tiny", seed: int = 0,
         save: str | None = None, out: str | None = None, epochs: int | None = None,
-        copy_gap: int = 0, chain_facts: int = 2) -> list[dict[str, Any]]:
+        copy_gap: int = 0, chain_facts: int = 2, chain_syllables: int = 2) -> list[dict[str, Any]]:
     """Train and measure as the module says; one row per measurement (also appended to ``out``
     as JSON lines)."""
     from trace_rl.envs.registry import make_env
@@ -175,7 +177,8 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
     config = family_config("synth_chain", difficulty=1, preset=preset, seed=seed,
                            sft_examples=sft_examples, sft_epochs=epochs, target_success=(0.3, 0.7))
     env = make_env("synth_chain", difficulty=1, seed=seed, n_train=config.sft_examples,
-                   n_test=items, chain_facts=chain_facts)
+                   n_test=items, chain_facts=chain_facts,
+                   chain_syllables=chain_syllables)
     train = env.load(getattr(env, "sft_split", "train"))
     test = env.load("test")
     if thoughts.startswith("numbered"):
@@ -192,6 +195,7 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
     planned = -(-len(examples) // config.batch_size) * config.sft_epochs
     label = {"thoughts": thoughts, "copy_steps": copy_steps, "copy_gap": copy_gap, "seed": seed,
              "preset": preset, "chain_facts": chain_facts,
+             "chain_syllables": chain_syllables,
              "sft_examples": config.sft_examples, "planned_steps": planned}
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -247,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--chain-facts", type=int, default=2, choices=(1, 2),
                     help="facts per record (the family's chain_facts)")
+    ap.add_argument("--chain-syllables", type=int, default=2, choices=(1, 2),
+                    help="syllables per name (the family's chain_syllables)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--save", default=None, help="save the final policy to this directory")
@@ -255,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads)
     return run(args.steps, args.every, args.copy_steps, args.thoughts, args.items,
                args.sft_examples, args.preset, args.seed, args.save, args.out, args.epochs,
-               args.copy_gap, args.chain_facts)
+               args.copy_gap, args.chain_facts, args.chain_syllables)
 
 
 if __name__ == "__main__":

@@ -255,6 +255,42 @@ def test_one_fact_per_record_keeps_the_hazards_and_the_default_items(tok, env):
                                                                                    limit=5)
 
 
+def test_one_syllable_names_are_one_token_each_and_keep_the_hazards(tok, env):
+    """``chain_syllables=1``: the 16 capitalised syllables are the names, each a single token of
+    the chain's ``split_names`` tokenizer wherever it stands; an alias is written "Ka-" and its
+    verbatim search suggests "Ka"; the expert solves every item within its cap; the default
+    items are not changed by the option's existence."""
+    from trace_rl.envs.synthetic.chain import SYLLABLES, name_list
+    from trace_rl.policy.bootstrap.data import tokenizer_texts
+    from trace_rl.policy.tiny import build_tokenizer
+
+    one = make_env("synth_chain", chain_syllables=1, chain_facts=1)
+    items = one.load("train", limit=80) + one.load("hard", limit=20)
+    assert sorted(name_list(1)) == sorted(s.capitalize() for s in SYLLABLES)
+    assert {n for i in items for n in i.meta["chain"]} <= set(name_list(1))
+    names_tok = build_tokenizer(tokenizer_texts(one, one.load("sft", limit=200)),
+                                split_names=True)
+    for name in name_list(1):
+        for text in (f" {name} ", f'"{name}"', f"{name}:", f"{name}-"):
+            pieces = [names_tok.decode([t]) for t in names_tok(text)["input_ids"]]
+            assert pieces.count(name) == 1, (text, pieces)
+    for item in items:
+        actions = one.expert_actions(item)
+        ep = expert_episode(one, item, tok, thoughts=expert_thoughts(item, actions))
+        assert ep.reward == 1.0 and len(ep.turns) <= one.turn_cap(item), item.id
+    aliased = next(i for i in items if ALIAS in i.meta["hazards"])
+    hop = aliased.meta["hazards"].index(ALIAS)
+    name = aliased.meta["chain"][hop]
+    assert f"{name}-" in aliased.question
+    state = one.reset(aliased)
+    assert one.call_tool(state, "search", {"query": f"{name}-"}) == \
+        f"No entry for {name}-. Did you mean {name}?"
+    hazards = Counter(h for i in items for h in i.meta["hazards"])
+    assert hazards[ALIAS] > 10 and hazards[HOMONYM] > 10
+    assert make_env("synth_chain", chain_syllables=2).load("train", limit=5) == \
+        env.load("train", limit=5)
+
+
 # ---------------------------------------------------------------------------------- the loop
 def test_the_wrong_homonym_copy_derails_silently(tok, env):
     items = with_hazards(env.load("train"), HOMONYM)[:4]
@@ -316,7 +352,8 @@ def test_chain_options_reach_the_family_and_are_checked():
     cfg = TrainConfig(family="synth_chain", max_turns=7, chain_hops="2:1", chain_train_items=40)
     assert cfg.family_options() == {"chain_hops": "2:1", "chain_hazard_a": 0.5,
                                     "chain_hazard_b": 1.0, "chain_alias_share": 0.5,
-                                    "chain_train_items": 40, "chain_facts": 2}
+                                    "chain_train_items": 40, "chain_facts": 2,
+                                    "chain_syllables": 2}
     check_inputs(cfg)
     env = make_env(cfg.family, **cfg.env_kwargs())
     assert len(env.load("train")) == 40 and {i.meta["hops"] for i in env.load("train")} == {2}
@@ -328,6 +365,10 @@ def test_chain_options_reach_the_family_and_are_checked():
         TrainConfig(family="synth_chain", chain_facts=3)
     with pytest.raises(ValueError, match="chain_facts"):
         make_env("synth_chain", chain_facts=0)
+    with pytest.raises(ValueError, match="chain_syllables"):
+        TrainConfig(family="synth_chain", chain_syllables=3)
+    with pytest.raises(ValueError, match="chain_syllables"):
+        make_env("synth_chain", chain_syllables=0)
     with pytest.raises(ValueError, match="chain_hops"):
         check_inputs(TrainConfig(family="synth_chain", chain_hops="x", max_turns=7))
     # the new options enter the run id only when set; another family ignores them at defaults

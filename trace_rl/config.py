@@ -261,6 +261,9 @@ class TrainConfig(BaseModel):
     """synth_chain: facts per record. 2: a record also lists another relation, so the agent must
     pick the question's k-th relation (the tiny policy does not learn that pick: docs/results.md);
     1: only the chain's relation, the hazards alone keep the outcome open."""
+    chain_syllables: int = Field(2, ge=1, le=2)
+    """synth_chain: syllables per name. 2: 256 names ("Kalo"), two tokens each for the tiny
+    policy; 1: the 16 one-syllable names ("Ka"), one token each (an alias is written "Ka-")."""
     cluster: str = Field("", pattern=_CLUSTER)
     """Where rollouts and updates run (docs/cluster.md): empty = this one process, as always
     (Ray is never imported); ``local:N`` = N simulated Ray nodes on this machine

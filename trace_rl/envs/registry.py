@@ -85,7 +85,7 @@ def _chain(**kwargs: Any) -> Environment:
 
 register("synth_chain", _chain, options=("chain_hops", "chain_hazard_a", "chain_hazard_b",
                                          "chain_alias_share", "chain_train_items",
-                                         "chain_facts"))
+                                         "chain_facts", "chain_syllables"))
 
 
 def _real(module: str, cls: str) -> Factory:

@@ -106,6 +106,11 @@ class ChainConfig(SynthConfig):
     must pick the question's k-th relation) or 1 (only the relation the chain follows there: the
     hazards alone keep the outcome open; a distractor that two wrong copies lead on from may
     still list two)."""
+    chain_syllables: int = 2
+    """Syllables per name: 2 (256 names such as "Kalo", two tokens each for the tiny policy's
+    ``split_names`` tokenizer) or 1 (the 16 capitalised syllables such as "Ka", one token each,
+    so that copying a name is one token to place, not a first token to place and a second to
+    continue; an alias is then written with a trailing hyphen, "Ka-")."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,6 +123,8 @@ class ChainConfig(SynthConfig):
             raise ValueError(f"chain_alias_share={self.chain_alias_share!r}: must be in [0, 1]")
         if self.chain_facts not in (1, 2):
             raise ValueError(f"chain_facts={self.chain_facts!r}: must be 1 or 2")
+        if self.chain_syllables not in (1, 2):
+            raise ValueError(f"chain_syllables={self.chain_syllables!r}: must be 1 or 2")
         if self.chain_train_items < 1:
             raise ValueError(f"chain_train_items={self.chain_train_items!r}: must be >= 1")
         if self.mix:
@@ -129,7 +136,16 @@ def _normalise(text: Any) -> str:
 
 
 def _hyphenate(name: str) -> str:
+    """How the text writes an alias: "Ka-lo" for "Kalo", "Ka-" for a one-syllable "Ka"."""
     return f"{name[:2]}-{name[2:]}"
+
+
+def name_list(syllables: int) -> list[str]:
+    """Every name an item can draw: the capitalised syllables (``syllables=1``) or every pair of
+    syllables, the first capitalised (2)."""
+    if syllables == 1:
+        return [a.capitalize() for a in SYLLABLES]
+    return [(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES]
 
 
 @dataclass(frozen=True)
@@ -151,16 +167,18 @@ class _Cast:
     """Name -> as the text writes it (an alias hyphenated)."""
 
 
-def _draw_cast(rng: random.Random, n_hops: int, rate: float, alias_share: float) -> _Cast:
-    """Names, the path of relations and the hazards (each person one with probability ``rate``,
-    an alias with probability ``alias_share``, else a homonym) of an item with ``n_hops`` hops."""
+def _draw_cast(rng: random.Random, n_hops: int, rate: float, alias_share: float,
+               names: Sequence[str]) -> _Cast:
+    """Names (drawn from ``names``), the path of relations and the hazards (each person one with
+    probability ``rate``, an alias with probability ``alias_share``, else a homonym) of an item
+    with ``n_hops`` hops."""
     def draw() -> str:
         if rng.random() >= rate:
             return ""
         return ALIAS if rng.random() < alias_share else HOMONYM
 
     n_people = n_hops + 1 + DISTRACTORS
-    names = rng.sample([(a + b).capitalize() for a in SYLLABLES for b in SYLLABLES], n_people)
+    names = rng.sample(list(names), n_people)
     chain, distractors = names[:n_hops + 1], names[n_hops + 1:]
     path = [rng.choice(RELATIONS) for _ in range(n_hops)]
     hazards = [draw() for _ in range(n_hops)] + [""]  # the answer carries none
@@ -234,6 +252,8 @@ class SynthChain(SyntheticEnv):
         self.config: ChainConfig
         self.hops = parse_hops(self.config.chain_hops)
         self.max_turns = max(max(self.hops), HARD_HOPS) + SPARE_TURNS
+        self.names = name_list(self.config.chain_syllables)
+        # 8 hops at most (parse_hops): 12 people, within even the 16 one-syllable names.
 
     # ---- generation -----------------------------------------------------------------------
     def make_item(self, rng: random.Random, item_id: str, hard: bool = False) -> TaskItem:
@@ -244,7 +264,7 @@ class SynthChain(SyntheticEnv):
             n_hops = rng.choices(list(self.hops), weights=list(self.hops.values()))[0]
         rate = rng.betavariate(c.chain_hazard_a, c.chain_hazard_b)
         rate = min(1.0, rate * HARD_RATE) if hard else rate
-        cast = _draw_cast(rng, n_hops, rate, c.chain_alias_share)
+        cast = _draw_cast(rng, n_hops, rate, c.chain_alias_share, self.names)
         records, gold_copy = _draw_records(rng, cast, c.chain_facts)
         surface = cast.surface
         directory = sorted(surface[r["name"]] for r in records)
@@ -264,8 +284,9 @@ class SynthChain(SyntheticEnv):
         return self._draw_items(
             n, "test" if split in ("test", "hard") else "train",
             f"{self.family}:{c.seed}:{c.chain_hops}:{c.chain_hazard_a}:{c.chain_hazard_b}:"
-            f"{c.chain_alias_share}:{split}" + (f":facts{c.chain_facts}" if c.chain_facts != 2
-                                                else ""),
+            f"{c.chain_alias_share}:{split}"
+            + (f":facts{c.chain_facts}" if c.chain_facts != 2 else "")
+            + (f":syllables{c.chain_syllables}" if c.chain_syllables != 2 else ""),
             f"{self.family}-s{c.seed}-{split}",
             lambda rng, item_id: self.make_item(rng, item_id, hard=split == "hard"), f"{split} items")
 
