@@ -6,5 +6,5 @@ cd /work/main
 exec .venv/bin/python -m bench.learning --family bfcl --policy "$WS" \
   --methods "${METHODS:-trace,grpo}" --seeds "$SEEDS" --steps 20 --eval-every 10 --eval-items 100 --eval-samples 2 \
   --root-budget 16 --multiplier 1 --pool-size 32 --jobs 1 --learning-rate 2e-5 \
-  --workdir /work/exp25b/rl_bfcl \
+  --workdir /work/exp25b/rl_bfcl --plot /work/exp25b/rl_bfcl/learning.png \
   --set engine=vllm temperature=1.0 trainable_layers=6 ppo_epochs=2 micro_batch=4
