@@ -27,8 +27,12 @@ def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficul
     """Make (or reuse) the tiny policy for ``family`` (default: what ``trace train`` with no
     config bootstraps); return its HF directory. ``mix``: item difficulties taken in turn
     (``SynthConfig.mix``). ``options``: the family's generator options
-    (``TrainConfig.family_options``); policies of other options get their own directory."""
+    (``TrainConfig.family_options``); policies of other options get their own directory (options
+    at their ``TrainConfig`` defaults are left out of the directory name and the input hash)."""
     tag = f"-m{''.join(str(d) for d in mix)}" if mix else ""
+    # Only the options that differ from their defaults name the policy: a family that gains an
+    # option (with a default) keeps its policies' directories and cache keys.
+    options = {k: v for k, v in (options or {}).items() if v != getattr(_DEFAULT, k)}
     if options:
         tag += "-o" + hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
     out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"

@@ -269,3 +269,38 @@ def test_input_hash_follows_the_chain_recipe(monkeypatch):
     assert input_hash(config, env, items) != key
     # Options left at their defaults stay out of the record (older policies keep their key).
     assert "split_names" not in BootstrapConfig(family="synth_arith").to_json()
+
+
+def test_a_family_variant_gets_its_own_recipe():
+    from trace_rl.policy.bootstrap import BootstrapConfig, family_config
+
+    common = dict(difficulty=1, preset="tiny", seed=0, sft_examples=None, sft_epochs=None,
+                  target_success=(0.3, 0.7))
+    default = family_config("synth_chain", **common)
+    assert (default.sft_examples, default.sft_epochs, default.split_names) == (800, 12, True)
+    one = (("chain_facts", 1), ("chain_syllables", 1))
+    variant = family_config("synth_chain", options=one, **common)
+    assert (variant.sft_examples, variant.sft_epochs, variant.split_names) == (22400, 2, True)
+    # Only the whole variant matches; what the caller sets still wins.
+    half = family_config("synth_chain", options=(("chain_facts", 1),), **common)
+    assert (half.sft_examples, half.sft_epochs) == (800, 12)
+    assert family_config("synth_chain", options=one, **{**common, "sft_epochs": 3}).sft_epochs == 3
+    assert family_config("synth_arith", options=one, **common).sft_examples == \
+        BootstrapConfig.sft_examples
+
+
+def test_options_at_their_defaults_do_not_name_the_policy(monkeypatch, tmp_path):
+    import flows.bootstrap as fb
+    from trace_rl.config import TrainConfig
+
+    calls = []
+    monkeypatch.setattr(fb, "bootstrap_policy", lambda family, out, **kw: calls.append((out, kw)))
+    defaults = TrainConfig(family="synth_chain").family_options()
+    fb.bootstrap.fn("synth_chain", 1, str(tmp_path), 0, options=defaults)
+    fb.bootstrap.fn("synth_chain", 1, str(tmp_path), 0, options=None)
+    fb.bootstrap.fn("synth_chain", 1, str(tmp_path), 0,
+                    options={**defaults, "chain_facts": 1, "chain_syllables": 1})
+    (out_a, kw_a), (out_b, kw_b), (out_c, kw_c) = calls
+    assert out_a == out_b and kw_a == kw_b and kw_a["options"] == ()
+    assert kw_c["options"] == (("chain_facts", 1), ("chain_syllables", 1))
+    assert out_c != out_a and Path(out_c).name.startswith("tiny-synth_chain-d1-o")

@@ -38,8 +38,8 @@ The SFT pieces shared with the real-model warm start are in ``trace_rl.policy.sf
 from __future__ import annotations
 
 from trace_rl.policy.bootstrap.cache import input_hash, read_record
-from trace_rl.policy.bootstrap.config import (FAMILY_SETTINGS, RECIPE_VERSION, RECORD,
-                                              BootstrapConfig, family_config)
+from trace_rl.policy.bootstrap.config import (FAMILY_SETTINGS, OPTION_SETTINGS, RECIPE_VERSION,
+                                              RECORD, BootstrapConfig, family_config)
 from trace_rl.policy.bootstrap.data import (CORRUPTIONS, THOUGHTS, Corruption, Thoughts,
                                             arith_thoughts, no_thoughts, stop_early, trace_actions,
                                             tokenizer_texts, wrong_final, wrong_step)
@@ -53,7 +53,8 @@ _Scripted = ScriptedEnv  # the names these had when this package was one module
 _tokenizer_texts = tokenizer_texts
 
 __all__ = ["BootstrapConfig", "CORRUPTIONS", "Corruption", "FAMILY_SETTINGS", "IGNORE_INDEX",
-           "RECIPE_VERSION", "RECORD", "SFTExample", "ScriptedEnv", "THOUGHTS", "Thoughts",
+           "OPTION_SETTINGS", "RECIPE_VERSION", "RECORD", "SFTExample", "ScriptedEnv", "THOUGHTS",
+           "Thoughts",
            "arith_thoughts", "auto_threads", "bootstrap_policy", "build_once", "episode_example",
            "family_config", "input_hash", "main", "measure_success", "no_thoughts", "read_record",
            "run_bootstrap", "sft_batch", "sft_loss", "shared_prefix_len", "stop_early",
