@@ -35,8 +35,9 @@ from bench.learning_report import (accuracy_at_tokens, area_under_curve,  # noqa
                                    paired, paired_tests, plot, print_paired, print_table,
                                    print_tests, report, summarise, token_budget)
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval,  # noqa: F401 (re-exported)
-                                 fill_eval_tokens, load_run, parse_seeds, run_one, run_parallel,
-                                 run_record, save_run, signature, tokens_at_evals)
+                                 fill_eval_tokens, fill_predictor_curves, load_run, parse_seeds,
+                                 run_one, run_parallel, run_record, save_run, signature,
+                                 tokens_at_evals)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -71,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     recorded = sorted({int(p.stem.rsplit("-s", 1)[1]) for p in (workdir / "runs").glob("*.json")})
     results = [r for s in recorded for m in methods
                if (r := load_run(workdir, sig, m, s)) is not None]
+    for i, r in enumerate(results):  # records made before the predictor's curves were kept
+        if (filled := fill_predictor_curves(workdir, r)) is not r:
+            results[i] = filled
+            save_run(workdir, sig, filled)
     record = workdir / "learning_results.json"  # every run's curve, per seed, for later reading
     record.write_text(json.dumps({"args": vars(args), "start_accuracy": start,
                                   "results": [r.__dict__ for r in results]}, indent=1) + "\n")

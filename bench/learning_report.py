@@ -49,6 +49,20 @@ def accuracy_at_tokens(r: RunResult, tokens: float) -> float:
     return float(np.interp(tokens, r.eval_tokens, r.accuracy))
 
 
+def late_root_auc(r: RunResult) -> float:
+    """Mean within-step root AUC of run ``r`` over its second half of steps (from step 10 of 20:
+    the per-prompt posterior needs a few visits of a prompt), nan where none was defined."""
+    aucs = np.asarray(r.extra.get("root_auc", []), dtype=float)
+    late = aucs[len(aucs) // 2:]
+    late = late[np.isfinite(late)]
+    return float(late.mean()) if late.size else float("nan")
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    v = np.asarray(values, dtype=float)
+    return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
+
+
 def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     budget_tokens = token_budget(results)
@@ -66,6 +80,7 @@ def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[
             "at_tokens": (float(np.mean(at_tokens)), float(np.std(at_tokens))),
             "token_budget": budget_tokens,
             "effective_ratio": float(np.mean([np.mean(r.effective_ratio) for r in rs])),
+            "root_auc": _nanmean([late_root_auc(r) for r in rs]),
             "generated_tokens": float(np.mean([r.generated_tokens for r in rs])),
             "tool_calls": float(np.mean([r.tool_calls for r in rs])),
             "wall_s": float(np.mean([r.wall_s for r in rs])),
@@ -162,20 +177,26 @@ def print_paired(diffs: dict[str, dict[str, Any]], method: str = "trace") -> Non
               f"{','.join(map(str, row['seeds']))}; ± = s.e.)")
 
 
+def _two(v: float) -> str:
+    return f"{v:.2f}" if np.isfinite(v) else "-"
+
+
 def print_table(table: dict[str, dict[str, Any]], seeds: int) -> None:
     head = (f"{'method':<14}{'final acc':>14}{'best acc':>14}{'AUC':>14}{'@tokens':>14}{'eff.ratio':>10}"
-            f"{'leaves':>8}{'gen tokens':>12}{'tool calls':>11}{'wall s':>8}")
+            f"{'root AUC':>9}{'leaves':>8}{'gen tokens':>12}{'tool calls':>11}{'wall s':>8}")
     print(f"held-out accuracy: mean ± std over {seeds} seed(s)")
     print(head)
     print("-" * len(head))
     for m, t in table.items():
         pm = lambda v: f"{100 * v[0]:5.1f} ± {100 * v[1]:4.1f}"  # noqa: E731
         print(f"{m:<14}{pm(t['final']):>14}{pm(t['best']):>14}{pm(t['auc']):>14}"
-              f"{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}"
+              f"{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}"
+              f"{_two(t.get('root_auc', float('nan'))):>9}{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}"
               f"{t['tool_calls']:>11.0f}{t['wall_s']:>8.0f}")
     budget = next(iter(table.values()), {}).get("token_budget", float("nan"))
     print(f"@tokens: held-out accuracy at {budget:.0f} generated tokens (the smallest total of any "
-          "run), linear between evaluations; AUC, final, best: at equal leaves")
+          "run), linear between evaluations; AUC, final, best: at equal leaves; root AUC: "
+          "Stage 1's within-step AUC of its root scores, mean over the second half of the steps")
 
 
 def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
@@ -224,8 +245,18 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
     if args["plot"]:
         plot(table, Path(args["plot"]))
         print(f"plot: {args['plot']}")
-    if "trace" in table and len(table) > 1:
-        others = {m: t for m, t in table.items() if m != "trace"}
+    baselines = {m: t for m, t in table.items() if m != "trace" and m not in VARIANTS}
+    if "trace" in table and baselines and "at_tokens" in tests:
+        # The primary comparison: each TRACE row against the baseline best at equal tokens.
+        best_tok = max(baselines, key=lambda m: baselines[m]["at_tokens"][0])
+        for m in ["trace", *(v for v in VARIANTS if v in table)]:
+            t = tests["at_tokens"][best_tok] if m == "trace" else \
+                paired_tests(results, method=m, key="at_tokens")[best_tok]
+            print(f"{m} - best baseline ({best_tok}) at equal generated tokens: "
+                  f"{100 * t['mean']:+.1f} points (95% CI {100 * t['low']:+.1f}, "
+                  f"{100 * t['high']:+.1f}) over {t['n']} seeds")
+    if "trace" in table and baselines:
+        others = baselines
         best = max(others, key=lambda m: others[m]["final"][0])
         delta = 100 * (table["trace"]["final"][0] - others[best]["final"][0])
         ratio = (table["trace"]["effective_ratio"] / table["grpo"]["effective_ratio"]

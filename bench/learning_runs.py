@@ -82,8 +82,38 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      leaves=[m["rollout/leaves"] for m in metrics],
                      generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
-                     extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics]))},
+                     extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics])),
+                            **predictor_curves(metrics)},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
+
+
+def predictor_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per step, how well the allocation's scores ranked the outcomes (``tasks.track.
+    prediction_metrics``): Stage 1's within-step root AUC and Stage 2's prefix AUC, nan where the
+    step had no score or its outcomes all agreed."""
+    return {key: [float(m.get(f"predictor/{key}", float("nan"))) for m in metrics]
+            for key in ("root_auc", "prefix_auc")}
+
+
+def fill_predictor_curves(workdir: Path, r: RunResult) -> RunResult:
+    """``r`` with its per-step root and prefix AUC read back from the run's stored steps (the
+    job's own work dir, else the shared one), for a record written before they were kept; ``r``
+    as it is when they are there or no store is left to read them from."""
+    if "root_auc" in r.extra:
+        return r
+    from trace_rl.storage.store import TreeStore
+
+    db = workdir / f"job-{r.method}-s{r.seed}" / "trace.duckdb"
+    db = db if db.exists() else workdir / "trace.duckdb"
+    if not db.exists():
+        return r
+    rows = TreeStore(db, create=False).query(
+        "SELECT run_id, step, metrics_json FROM steps WHERE status = 'complete' AND run_id LIKE $p "
+        "ORDER BY step", {"p": f"learn-{r.method}-s{r.seed}-%"}).to_pylist()
+    if len({row["run_id"] for row in rows}) != 1:
+        return r
+    curves = predictor_curves([json.loads(row["metrics_json"]) for row in rows])
+    return RunResult(**{**r.__dict__, "extra": {**r.extra, **curves}})
 
 
 def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]) -> list[float]:

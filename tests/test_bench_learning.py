@@ -44,7 +44,7 @@ def test_quick_learning_benchmark(tmp_path, capsys):
         assert last and t["final"][0] == pytest.approx(sum(last) / len(last))
     assert (tmp_path / "curve.png").stat().st_size > 0
     # Tokens per evaluation: recorded, rising, and read back alike from the stored steps.
-    from bench.learning import RunResult, fill_eval_tokens
+    from bench.learning import RunResult, fill_eval_tokens, fill_predictor_curves
 
     for r in out["results"]:
         assert r["eval_tokens"][0] == 0.0 and len(r["eval_tokens"]) == len(r["accuracy"])
@@ -52,6 +52,11 @@ def test_quick_learning_benchmark(tmp_path, capsys):
         assert r["eval_tokens"][-1] == r["generated_tokens"]
         bare = RunResult(**{**r, "eval_tokens": []})
         assert fill_eval_tokens(tmp_path / "wd", bare).eval_tokens == r["eval_tokens"]
+        # The predictor's per-step root AUC: kept, and read back alike from the stored steps.
+        assert len(r["extra"]["root_auc"]) == len(r["leaves"])
+        unfilled = RunResult(**{**r, "extra": {"reward_mean": r["extra"]["reward_mean"]}})
+        filled = fill_predictor_curves(tmp_path / "wd", unfilled).extra["root_auc"]
+        assert str(filled) == str(r["extra"]["root_auc"])  # nan where undefined, alike
     again = main(["--workdir", str(tmp_path / "wd"), "--summarise-only", "--plot", ""])
     reprinted = capsys.readouterr().out.strip().splitlines()
     assert reprinted[-1] == printed[-1] and again["table"]["trace"] == out["table"]["trace"]

@@ -124,3 +124,39 @@ def test_seeds_accumulate_and_paired_tests_correct_over_baselines(tmp_path):
     tests = paired_tests(results + oracle, key="final")
     assert math.isnan(tests["trace_oracle"]["p_holm"]) and 0 < tests["trace_oracle"]["p"] < 1
     assert tests["dapo"]["p_holm"] == pytest.approx(2 * d["p"])
+
+
+def test_report_names_the_best_baseline_not_a_variant_and_the_root_auc(tmp_path, capsys):
+    from bench.learning import report
+    from bench.learning_report import late_root_auc
+    from bench.learning_runs import predictor_curves
+
+    curves = predictor_curves([{"predictor/root_auc": 0.5}, {}, {"predictor/root_auc": 0.7},
+                               {"predictor/root_auc": 0.9, "predictor/prefix_auc": 0.6}])
+    assert curves["root_auc"][::2] == [0.5, 0.7] and math.isnan(curves["root_auc"][1])
+    assert math.isnan(curves["prefix_auc"][0]) and curves["prefix_auc"][3] == 0.6
+    tokens = [0.0, 100.0, 200.0]
+    results = []
+    for s, (t, g, p, o) in enumerate([(0.80, 0.75, 0.70, 0.95), (0.70, 0.72, 0.60, 0.90),
+                                      (0.90, 0.80, 0.75, 0.99)]):
+        results.append(_tok("trace", s, [0.5, 0.6, t], tokens))
+        results[-1].extra = curves
+        results += [_tok("grpo", s, [0.5, 0.6, g], tokens), _tok("prompt_only", s, [0.5, 0.6, p], tokens),
+                    _tok("trace_oracle", s, [0.5, 0.6, o], tokens)]
+    assert late_root_auc(results[0]) == pytest.approx(0.8)  # steps 2-3 of 4: 0.7, 0.9
+    args = {"root_budget": 4, "multiplier": 2, "family": "synth_chain", "difficulty": 1,
+            "steps": 10, "eval_items": 8, "eval_samples": 2, "eval_temperature": 1.0,
+            "workdir": str(tmp_path), "plot": ""}
+    out = report(results, args, 0.5, tmp_path / "r.json")
+    lines = capsys.readouterr().out.splitlines()
+    assert out["table"]["trace"]["root_auc"] == pytest.approx(0.8)
+    assert math.isnan(out["table"]["grpo"]["root_auc"])  # no predictor: shown as "-"
+    grpo_row = next(line.split() for line in lines if line.startswith("grpo "))
+    assert grpo_row[1] == "75.7" and grpo_row[14] == "-"
+    # The oracle run is a ceiling, not a baseline: GRPO is the best baseline here.
+    assert lines[-1] == "TRACE vs best baseline: +4.3 points held-out accuracy; effective ratio 1.00x GRPO"
+    # trace - grpo at 200 tokens: 0.05, -0.02, 0.10, t(2) interval
+    assert any(line.startswith("trace - best baseline (grpo) at equal generated tokens: +4.3 points "
+                               "(95% CI -10.6, +19.3) over 3 seeds") for line in lines)
+    assert any(line.startswith("trace_oracle - best baseline (grpo) at equal generated tokens: +19.0")
+               for line in lines)
