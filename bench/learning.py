@@ -35,9 +35,9 @@ from bench.learning_report import (accuracy_at_tokens, area_under_curve,  # noqa
                                    paired, paired_tests, plot, print_paired, print_table,
                                    print_tests, report, summarise, token_budget)
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval,  # noqa: F401 (re-exported)
-                                 fill_eval_tokens, fill_predictor_curves, load_run, parse_seeds,
-                                 run_one, run_parallel, run_record, save_run, signature,
-                                 tokens_at_evals)
+                                 fill_eval_tokens, fill_predictor_curves, hard_eval, hard_setting,
+                                 load_run, parse_seeds, run_one, run_parallel, run_record,
+                                 save_run, signature, tokens_at_evals)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -60,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sig = signature(base, eval_steps, ev, policy)
     start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items, skip,
                   args.eval_samples, args.eval_temperature)
+    # The hard split's start first, so that a family without one fails before any run.
+    hard_start = _hard_start(args, base, policy, workdir, sig) if args.hard_items else None
     jobs = [(m, s) for s in seeds for m in methods if load_run(workdir, sig, m, s) is None]
     if args.jobs <= 1:
         for m, s in jobs:
@@ -76,10 +78,37 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if (filled := fill_predictor_curves(workdir, r)) is not r:
             results[i] = filled
             save_run(workdir, sig, filled)
+    if args.hard_items:  # each run's final checkpoint on the hard split, once per setting
+        for i, r in enumerate(results):
+            if (done := hard_eval(workdir, r, base, policy, args.hard_items, _hard_samples(args),
+                                  args.eval_temperature)) is not r:
+                results[i] = done
+                save_run(workdir, sig, done)
     record = workdir / "learning_results.json"  # every run's curve, per seed, for later reading
     record.write_text(json.dumps({"args": vars(args), "start_accuracy": start,
+                                  "hard_start": hard_start,
                                   "results": [r.__dict__ for r in results]}, indent=1) + "\n")
-    return report(results, vars(args), start, record)
+    return report(results, vars(args), start, record, hard_start=hard_start)
+
+
+def _hard_samples(args: argparse.Namespace) -> int:
+    return args.hard_samples or args.eval_samples
+
+
+def _hard_start(args: argparse.Namespace, base: dict[str, Any], policy: str, workdir: Path,
+                sig: str) -> float:
+    """The starting policy's accuracy on the hard split (``--hard-items``), kept in
+    ``<workdir>/hard_start.json`` for these settings."""
+    setting = {"signature": sig, **hard_setting(args.hard_items, _hard_samples(args),
+                                                args.eval_temperature)}
+    path = workdir / "hard_start.json"
+    if path.exists() and (kept := json.loads(path.read_text()))["setting"] == setting:
+        return float(kept["accuracy"])
+    accuracy = _eval({**base, "policy": policy, "run_id": "learn-eval", "eval_split": "hard"},
+                     policy, args.hard_items, 0, _hard_samples(args), args.eval_temperature)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"setting": setting, "accuracy": accuracy}, indent=1) + "\n")
+    return accuracy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="sampling temperature of the evaluation (1.0 = the training rollouts'; "
                          "greedy saturates: the bootstrapped policy answers 100%% of held-out "
                          "items greedily while sampling succeeds ~50%%)")
+    ap.add_argument("--hard-items", type=int, default=0,
+                    help="also evaluate each run's final checkpoint (and the start) on this many "
+                         "items of the family's hard split (synth_chain: H = 5, 1.5x hazards); "
+                         "0 = not. Added to recorded runs without re-running them")
+    ap.add_argument("--hard-samples", type=int, default=None,
+                    help="rollouts per hard item (default: --eval-samples)")
     ap.add_argument("--learning-rate", type=float, default=None,
                     help="policy learning rate for every method (default: the config's)")
     ap.add_argument("--root-budget", type=int, default=16,
@@ -194,7 +229,8 @@ def summarise_recorded(workdir: Path, plot_path: str) -> dict[str, Any]:
                                 f"{workdir} first")
     data = json.loads(record.read_text())
     results = [fill_eval_tokens(workdir, RunResult(**r)) for r in data["results"]]
-    return report(results, {**data["args"], "plot": plot_path}, data["start_accuracy"], record)
+    return report(results, {**data["args"], "plot": plot_path}, data["start_accuracy"], record,
+                  hard_start=data.get("hard_start"))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@ def _final(r: RunResult) -> float:
     return r.accuracy[-1]
 
 
+def _hard(r: RunResult) -> float:
+    """Final accuracy on the hard split (``bench.learning --hard-items``), nan if not measured."""
+    return float(r.extra.get("hard", {}).get("final", float("nan")))
+
+
 def _auc(r: RunResult) -> float:
     """Area under accuracy vs cumulative budget; the budget is proportional to the steps and the
     area is normalised by its span, so steps stand in for leaves."""
@@ -132,7 +137,7 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
 
     budget_tokens = token_budget(results)
     get = {"at_tokens": lambda r: accuracy_at_tokens(r, budget_tokens), "final": _final,
-           "auc": _auc}[key]
+           "auc": _auc, "hard": _hard}[key]
     mine = {r.seed: r for r in results if r.method == method}
     out: dict[str, dict[str, Any]] = {}
     for other in dict.fromkeys(r.method for r in results if r.method != method):
@@ -161,7 +166,7 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
 
 def print_tests(tests: dict[str, dict[str, Any]], key: str, method: str = "trace") -> None:
     what = {"at_tokens": "at equal generated tokens", "final": "at equal leaves (final)",
-            "auc": "area under accuracy vs leaves"}[key]
+            "auc": "area under accuracy vs leaves", "hard": "on the hard split (final)"}[key]
     for other, t in tests.items():
         print(f"{method} - {other:<14} {what}: {100 * t['mean']:+5.1f} points (95% CI "
               f"{100 * t['low']:+.1f}, {100 * t['high']:+.1f}), p {t['p']:.3f}, Holm-adjusted "
@@ -225,8 +230,22 @@ def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def print_hard(results: list[RunResult], start: float) -> dict[str, dict[str, Any]]:
+    """Each method's final accuracy on the hard split (mean ± std over seeds) and TRACE minus
+    each method there, paired by seed (``paired_tests``)."""
+    setting = next(r.extra["hard"] for r in results if "hard" in r.extra)
+    print(f"hard split ({setting['items']} items x {setting['samples']} samples, final "
+          f"checkpoints; start {100 * start:.1f}%): " + ", ".join(
+              f"{m} {100 * np.mean(v):.1f} ± {100 * np.std(v):.1f}" for m in
+              dict.fromkeys(r.method for r in results)
+              if (v := [_hard(r) for r in results if r.method == m and np.isfinite(_hard(r))])))
+    tests = paired_tests(results, key="hard") if any(r.method == "trace" for r in results) else {}
+    print_tests(tests, "hard")
+    return tests
+
+
 def report(results: list[RunResult], args: dict[str, Any], start: float,
-           record: Path) -> dict[str, Any]:
+           record: Path, hard_start: float | None = None) -> dict[str, Any]:
     """Print the table, the paired differences and the last line; save the plot."""
     leaves_per_step = args["root_budget"] * (1 + args["multiplier"])
     table = summarise(results, leaves_per_step)
@@ -242,6 +261,8 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
         for key in ("at_tokens", "final"):
             tests[key] = paired_tests(results, key=key)
             print_tests(tests[key], key)
+    if hard_start is not None and any("hard" in r.extra for r in results):
+        tests["hard"] = print_hard(results, hard_start)
     if args["plot"]:
         plot(table, Path(args["plot"]))
         print(f"plot: {args['plot']}")

@@ -116,6 +116,46 @@ def fill_predictor_curves(workdir: Path, r: RunResult) -> RunResult:
     return RunResult(**{**r.__dict__, "extra": {**r.extra, **curves}})
 
 
+def _job_run_id(workdir: Path, r: RunResult) -> tuple[Path, str]:
+    """The work dir that holds run ``r`` (its job's own, else the shared one) and its run id."""
+    from trace_rl.storage.store import TreeStore
+
+    job = workdir / f"job-{r.method}-s{r.seed}"
+    job = job if (job / "trace.duckdb").exists() else workdir
+    if not (job / "trace.duckdb").exists():
+        raise FileNotFoundError(f"{r.method} seed {r.seed}: no trace.duckdb under {workdir}")
+    runs = TreeStore(job / "trace.duckdb", create=False).query(
+        "SELECT DISTINCT run_id FROM steps WHERE run_id LIKE $p",
+        {"p": f"learn-{r.method}-s{r.seed}-%"}).column("run_id").to_pylist()
+    if len(runs) != 1:
+        raise ValueError(f"{r.method} seed {r.seed}: {len(runs)} matching runs in {job} "
+                         f"({sorted(runs)[:3]}); expected one")
+    return job, runs[0]
+
+
+def hard_setting(items: int, samples: int, temperature: float) -> dict[str, Any]:
+    return {"split": "hard", "items": items, "samples": samples, "temperature": temperature}
+
+
+def hard_eval(workdir: Path, r: RunResult, base: dict[str, Any], policy: str, items: int,
+              samples: int, temperature: float) -> RunResult:
+    """``r`` with ``extra["hard"]``: its final checkpoint's accuracy on the family's ``hard``
+    split (synth_chain: H = 5 hops, 1.5x the hazard rate), ``items`` x ``samples`` at
+    ``temperature``; ``r`` as it is when it already holds this measurement. The hard split is
+    generated apart from the test split the bootstrap selected on, so no item is skipped."""
+    from tasks.runtime import Paths
+
+    setting = hard_setting(items, samples, temperature)
+    if {k: v for k, v in r.extra.get("hard", {}).items() if k != "final"} == setting:
+        return r
+    job, run_id = _job_run_id(workdir, r)
+    config = {**base, **VARIANTS.get(r.method, {"allocator": r.method}), "seed": r.seed,
+              "policy": policy, "run_id": "learn-eval", "eval_split": "hard"}
+    final = _eval(config, str(Paths(job).policy_dir(run_id, r.eval_steps[-1])), items, 0,
+                  samples, temperature)
+    return RunResult(**{**r.__dict__, "extra": {**r.extra, "hard": {**setting, "final": final}}})
+
+
 def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]) -> list[float]:
     """Generated tokens spent before each evaluation: 0 before the first step, then the sum
     through each evaluated step, from the per-step metrics (step order)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -113,3 +114,34 @@ def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tm
                                  "--train-items", "12"])
     with pytest.raises(SystemExit, match="--train-items and --mix are options of the synthetic"):
         _policy_and_base(args, tmp_path)
+
+
+def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_model_dir, capsys):
+    """--hard-items: the start and each run's final checkpoint on synth_chain's hard split, kept
+    in the run records (a second invocation measures nothing again) and in the report."""
+    from bench.learning import main
+
+    wd = tmp_path / "wd"
+    common = ["--quick", "--family", "synth_chain", "--policy", str(tiny_model_dir),
+              "--workdir", str(wd), "--plot", "", "--methods", "trace,grpo",
+              "--set", "chain_hops=2:1", "max_turns=5", "max_new_tokens=16"]
+    out = main([*common, "--hard-items", "3", "--hard-samples", "1"])
+    printed = capsys.readouterr().out
+    hard_line = next(line for line in printed.splitlines() if line.startswith("hard split"))
+    assert hard_line.startswith("hard split (3 items x 1 samples, final checkpoints; start ")
+    assert "trace - grpo           on the hard split (final)" in printed
+    for r in out["results"]:
+        hard = r["extra"]["hard"]
+        assert (hard["split"], hard["items"], hard["samples"]) == ("hard", 3, 1)
+        assert 0.0 <= hard["final"] <= 1.0
+    start = json.loads((wd / "hard_start.json").read_text())
+    assert start["setting"]["items"] == 3 and 0.0 <= start["accuracy"] <= 1.0
+    records = {p: p.stat().st_mtime_ns for p in (wd / "runs").glob("*.json")}
+    assert len(records) == 2
+    main([*common, "--hard-items", "3", "--hard-samples", "1"])  # nothing new to measure
+    assert {p: p.stat().st_mtime_ns for p in records} == records
+    main(["--workdir", str(wd), "--summarise-only", "--plot", ""])
+    assert hard_line in capsys.readouterr().out
+    with pytest.raises(Exception, match="hard"):  # a family without a hard split says so
+        main(["--quick", "--workdir", str(tmp_path / "arith"), "--plot", "", "--policy",
+              str(tiny_model_dir), "--methods", "grpo", "--hard-items", "2"])
