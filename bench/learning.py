@@ -35,6 +35,7 @@ from bench.learning_report import (accuracy_at_tokens, area_under_curve,  # noqa
                                    paired, paired_tests, plot, print_paired, print_table,
                                    print_tests, report, summarise, token_budget)
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval,  # noqa: F401 (re-exported)
+                                 eval_run_id,
                                  fill_eval_tokens, fill_predictor_curves, hard_eval, hard_setting,
                                  load_run, parse_seeds, run_one, run_parallel, run_record,
                                  save_run, signature, tokens_at_evals)
@@ -58,8 +59,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
               eval_temperature=args.eval_temperature)
     sig = signature(base, eval_steps, ev, policy)
-    start = _eval({**base, "policy": policy, "run_id": "learn-eval"}, policy, args.eval_items, skip,
-                  args.eval_samples, args.eval_temperature)
+    start = _start_accuracy(base, policy, workdir, sig, args.eval_items, skip, args.eval_samples,
+                            args.eval_temperature)
     # The hard split's start first, so that a family without one fails before any run.
     hard_start = _hard_start(args, base, policy, workdir, sig) if args.hard_items else None
     jobs = [(m, s) for s in seeds for m in methods if load_run(workdir, sig, m, s) is None]
@@ -91,6 +92,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return report(results, vars(args), start, record, hard_start=hard_start)
 
 
+def _start_accuracy(base: dict[str, Any], policy: str, workdir: Path, sig: str, items: int,
+                    skip: int, samples: int, temperature: float) -> float:
+    """The starting policy's held-out accuracy, measured once per settings (``signature``) and
+    kept in ``<workdir>/start.json``, so that a later invocation adding seeds or methods does not
+    measure it again."""
+    path = workdir / "start.json"
+    if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
+        return float(kept["accuracy"])
+    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items, skip,
+                     samples, temperature)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"signature": sig, "accuracy": accuracy}, indent=1) + "\n")
+    return accuracy
+
+
 def _hard_samples(args: argparse.Namespace) -> int:
     return args.hard_samples or args.eval_samples
 
@@ -104,7 +120,7 @@ def _hard_start(args: argparse.Namespace, base: dict[str, Any], policy: str, wor
     path = workdir / "hard_start.json"
     if path.exists() and (kept := json.loads(path.read_text()))["setting"] == setting:
         return float(kept["accuracy"])
-    accuracy = _eval({**base, "policy": policy, "run_id": "learn-eval", "eval_split": "hard"},
+    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy), "eval_split": "hard"},
                      policy, args.hard_items, 0, _hard_samples(args), args.eval_temperature)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"setting": setting, "accuracy": accuracy}, indent=1) + "\n")

@@ -39,6 +39,15 @@ class RunResult:
     eval_tokens: list[float] = field(default_factory=list)  # generated tokens spent before each evaluation
 
 
+def eval_run_id(policy: str) -> str:
+    """The run id of the evaluations of runs that start from ``policy``: one evaluation engine
+    per starting policy in a process (``tasks.runtime.engine_for`` keys engines by run id and
+    only reloads weights, which must fit the engine's model and tokenizer)."""
+    import hashlib
+
+    return "learn-eval-" + hashlib.sha256(str(Path(policy).resolve()).encode()).hexdigest()[:8]
+
+
 def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int, skip: int, samples: int,
           temperature: float) -> float:
     """Mean reward of ``samples`` rollouts per item at ``temperature`` on test items the bootstrap
@@ -73,7 +82,7 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                         "ORDER BY step", {"r": run_id}).to_pylist()
     metrics = [json.loads(s["metrics_json"]) for s in steps]
     acc = [start_accuracy]
-    eval_cfg = {**config, "run_id": "learn-eval"}  # one evaluation engine, weights reloaded
+    eval_cfg = {**config, "run_id": eval_run_id(policy)}  # one evaluation engine, weights reloaded
     for s in eval_steps:
         acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), eval_items, eval_skip,
                          eval_samples, eval_temperature))
@@ -150,7 +159,7 @@ def hard_eval(workdir: Path, r: RunResult, base: dict[str, Any], policy: str, it
         return r
     job, run_id = _job_run_id(workdir, r)
     config = {**base, **VARIANTS.get(r.method, {"allocator": r.method}), "seed": r.seed,
-              "policy": policy, "run_id": "learn-eval", "eval_split": "hard"}
+              "policy": policy, "run_id": eval_run_id(policy), "eval_split": "hard"}
     final = _eval(config, str(Paths(job).policy_dir(run_id, r.eval_steps[-1])), items, 0,
                   samples, temperature)
     return RunResult(**{**r.__dict__, "extra": {**r.extra, "hard": {**setting, "final": final}}})

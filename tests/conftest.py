@@ -68,3 +68,22 @@ def prefect_harness():
 # root; the sandbox tests count only their own worker's sandboxes (tests/sandbox_watch.py).
 # (xdist's --dist loadgroup cannot keep files together here: pytest 9 ignores the node-id suffix
 # xdist 3.8 sets for it.)
+
+
+@pytest.fixture(autouse=True)
+def _log_handlers_outlive_captured_streams():
+    """A logging handler created while a test captured ``sys.stderr`` (``capsys``) keeps writing
+    to that capture after the test closed it; the next flow run's log line then fails inside
+    Prefect's console handler and recurses through its ``log_prints``. After each test, such
+    handlers are pointed back at the current ``sys.stderr``."""
+    yield
+    import logging
+    import sys
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for handler in {h for lg in loggers for h in lg.handlers}:
+        if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+            handler.stream = sys.stderr  # not setStream: it flushes the closed stream first
+            if hasattr(handler, "console"):  # Prefect's rich console handler
+                handler.console.file = sys.stderr

@@ -138,8 +138,11 @@ def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_mod
     assert start["setting"]["items"] == 3 and 0.0 <= start["accuracy"] <= 1.0
     records = {p: p.stat().st_mtime_ns for p in (wd / "runs").glob("*.json")}
     assert len(records) == 2
-    main([*common, "--hard-items", "3", "--hard-samples", "1"])  # nothing new to measure
+    kept = {p: p.stat().st_mtime_ns for p in (wd / "start.json", wd / "hard_start.json")}
+    again = main([*common, "--hard-items", "3", "--hard-samples", "1"])  # nothing new to measure
     assert {p: p.stat().st_mtime_ns for p in records} == records
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # neither start measured again
+    assert json.dumps(again["table"]) == json.dumps(out["table"])  # nan-safe
     main(["--workdir", str(wd), "--summarise-only", "--plot", ""])
     assert hard_line in capsys.readouterr().out
     with pytest.raises(Exception, match="hard"):  # a family without a hard split says so
