@@ -95,11 +95,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def _start_accuracy(base: dict[str, Any], policy: str, workdir: Path, sig: str, items: int,
                     skip: int, samples: int, temperature: float) -> float:
     """The starting policy's held-out accuracy, measured once per settings (``signature``) and
-    kept in ``<workdir>/start.json``, so that a later invocation adding seeds or methods does not
-    measure it again."""
+    kept in ``<workdir>/start.json`` (or read from a recorded run of the same settings, whose
+    first accuracy it is), so that a later invocation adding seeds or methods does not measure it
+    again."""
     path = workdir / "start.json"
     if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
         return float(kept["accuracy"])
+    for record in sorted((workdir / "runs").glob("*.json")):  # a run of these settings holds it
+        data = json.loads(record.read_text())
+        if data.get("signature") == sig:
+            return float(data["result"]["accuracy"][0])
     accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items, skip,
                      samples, temperature)
     path.parent.mkdir(parents=True, exist_ok=True)

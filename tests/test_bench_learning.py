@@ -145,6 +145,9 @@ def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_mod
     assert json.dumps(again["table"]) == json.dumps(out["table"])  # nan-safe
     main(["--workdir", str(wd), "--summarise-only", "--plot", ""])
     assert hard_line in capsys.readouterr().out
+    (wd / "start.json").unlink()  # the recorded runs still hold it: nothing is measured
+    assert json.dumps(main([*common])["table"]) == json.dumps(out["table"])
+    assert not (wd / "start.json").exists()
     with pytest.raises(Exception, match="hard"):  # a family without a hard split says so
         main(["--quick", "--workdir", str(tmp_path / "arith"), "--plot", "", "--policy",
               str(tiny_model_dir), "--methods", "grpo", "--hard-items", "2"])
