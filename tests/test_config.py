@@ -158,6 +158,11 @@ def test_cross_field_rules_still_hold():
         config_from_mapping({"max_per_root": 2, "min_per_root": 3})
     with pytest.raises(ValueError, match="cannot hold root_budget=64"):
         config_from_mapping({"pool_size": 2, "root_budget": 64})
+    with pytest.raises(ValueError, match=r"clip_ratio_c=1.2 must be 0 \(off\) or > 1 \+ clip_high"):
+        config_from_mapping({"clip_ratio_c": 1.2})
+    cfg = config_from_mapping({"clip_ratio_c": 3})
+    assert cfg.update_settings.clip_ratio_c == 3.0
+    assert cfg.config_hash != TrainConfig().config_hash  # set, it enters the run id
 
 
 def test_inputs_checked_policy_and_data_files(tmp_path):

@@ -73,6 +73,39 @@ def test_clipping_removes_the_gradient_exactly_where_expected(advantage, log_rat
     assert stats["clip_frac"] == (1.0 if clipped else 0.0)
 
 
+@pytest.mark.parametrize(
+    ("advantage", "ratio", "grad_kept", "cut"),
+    [
+        (-1.0, 5.0, False, True),  # A < 0, ratio past c = 3: the dual clip removes the gradient
+        (-1.0, 2.0, True, False),  # A < 0, ratio between 1 + clip_high and c: PPO's gradient
+        (1.0, 5.0, False, False),  # A > 0, ratio high: PPO's own clip (not the dual one)
+        (-1.0, 0.5, False, False),  # A < 0, ratio low: PPO's own clip
+    ],
+)
+def test_dual_clip_bounds_negative_advantage_tokens_with_runaway_ratios(advantage, ratio, grad_kept, cut):
+    logp = leaf([[-1.0]])
+    old = torch.tensor([[-1.0 - math.log(ratio)]])
+    adv, mask = torch.tensor([[advantage]]), torch.tensor([[1]])
+    loss, stats = policy_loss(logp, old, adv, mask, clip_ratio_c=3.0)
+    loss.backward()
+    assert logp.grad.item() == pytest.approx(-advantage * ratio if grad_kept else 0.0)
+    assert stats["dual_clip_frac"] == (1.0 if cut else 0.0)
+    assert stats["ratio_max"] == pytest.approx(ratio)
+    if cut:  # the loss is -A c, not -A rho
+        assert loss.item() == pytest.approx(-advantage * 3.0)
+        plain, _ = policy_loss(leaf([[-1.0]]), old, adv, mask)
+        assert plain.item() == pytest.approx(-advantage * ratio)
+
+
+def test_dual_clip_off_is_plain_ppo():
+    logp = torch.tensor([[-1.0, -2.0, -0.5]])
+    old = torch.tensor([[-3.0, -1.0, -0.4]])
+    adv, mask = torch.tensor([[-1.0, 2.0, -0.5]]), torch.ones(1, 3)
+    a, sa = policy_loss(logp, old, adv, mask)
+    b, sb = policy_loss(logp, old, adv, mask, clip_ratio_c=0.0)
+    assert a.item() == b.item() and "dual_clip_frac" not in sa and "dual_clip_frac" not in sb
+
+
 def test_hand_worked_value_and_aggregations():
     # Sequence 0: tokens (A=1, rho=1.5 -> clipped to 1.28), (A=-1, rho=1) ; sequence 1: (A=2,
     # rho=0.5 -> unclipped, -A rho = -1), masked token, then (A=-2, rho=0.5 -> clipped to 0.8,
@@ -129,6 +162,7 @@ def test_k3_kl_value_and_gradient():
         ({"kl_coef": 0.1}, "ref_logp"),
         ({"kl_coef": -1.0, "ref_logp": torch.zeros(1, 2)}, "kl_coef"),
         ({"ref_logp": torch.zeros(2, 2)}, "ref_logp"),
+        ({"clip_ratio_c": 1.2}, "clip_ratio_c"),
     ],
 )
 def test_bad_arguments_raise(kwargs, message):

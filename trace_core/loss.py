@@ -5,6 +5,7 @@ policy-generated tokens (thoughts and actions) carry loss; prompt, tool-call res
 observations are masked out. Per token t of sequence b, with ratio rho = exp(logp - old_logp)::
 
     pg   = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))     (PPO; DAPO clip-higher)
+    pg   = min(pg, -A c)   where A < 0, with clip_ratio_c = c > 1        (dual clip, optional)
     kl   = exp(ref - logp) - (ref - logp) - 1                           (k3 estimator, >= 0)
     loss = agg(pg + kl_coef * kl, mask)
 
@@ -13,6 +14,11 @@ the batch (DAPO); "seq-mean-token-sum" sums within a sequence and averages over 
 (Dr. GRPO's unbiased form up to a constant); "seq-mean-token-mean" averages within, then across
 sequences (original GRPO). Sequences with no policy token are left out of the sequence means, so
 padding rows do not rescale the loss. The paper does not fix these choices; they are knobs.
+
+The dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"; verl's
+``clip_ratio_c``) bounds the loss of a negative-advantage token whose ratio has run far above 1:
+PPO's max keeps ``-A rho`` there, unbounded and with a gradient proportional to rho, so one such
+token can set the direction of a whole norm-clipped step. Past ``rho > c`` it gets no gradient.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     agg: str = "token-mean",
+    clip_ratio_c: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Return (scalar loss, statistics). All tensors are [B, T].
 
@@ -66,10 +73,14 @@ def policy_loss(
     and receive zero gradient. Statistics are over policy tokens: ``clip_frac`` (share whose
     gradient the clip removed), ``approx_kl`` (k3 of the sampling policy from the current one;
     ``approx_kl_max`` its largest single-token value),
-    ``ratio_mean``, ``entropy_proxy`` (mean -logp of the sampled tokens), ``kl_ref`` (if a
-    reference is given), ``pg_loss`` and ``n_tokens``.
+    ``ratio_mean``, ``ratio_max`` (largest ratio), ``entropy_proxy`` (mean -logp of the sampled
+    tokens), ``kl_ref`` (if a reference is given), ``pg_loss``, ``n_tokens`` and, with the dual
+    clip on (``clip_ratio_c`` > 1; 0 = off), ``dual_clip_frac`` (share of policy tokens it cut).
     """
     _check(logp, old_logp, advantages, loss_mask, ref_logp, clip_low, clip_high, kl_coef, agg)
+    if clip_ratio_c != 0.0 and not clip_ratio_c > 1.0 + clip_high:
+        raise ValueError(f"clip_ratio_c must be 0 (off) or > 1 + clip_high = {1.0 + clip_high}, "
+                         f"got {clip_ratio_c}")
     mask = loss_mask.to(logp.dtype)  # [B, T]
     keep = loss_mask.bool()  # [B, T]
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
@@ -84,6 +95,10 @@ def policy_loss(
     unclipped = -adv * ratio  # [B, T]
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # [B, T]
     pg = torch.maximum(unclipped, clipped)  # [B, T]
+    dual = None
+    if clip_ratio_c:
+        dual = (adv < 0) & (pg > -adv * clip_ratio_c)  # [B, T] where the dual clip binds
+        pg = torch.where(dual, -adv * clip_ratio_c, pg)
     per_token = pg
     kl_ref = None
     if ref_logp is not None:
@@ -100,9 +115,12 @@ def policy_loss(
             "approx_kl": float(((ratio - 1.0 - log_ratio) * mask).sum() / n),
             "approx_kl_max": float(((ratio - 1.0 - log_ratio) * mask).max()),
             "ratio_mean": float((ratio * mask).sum() / n),
+            "ratio_max": float(torch.where(keep, ratio, zero).max()),
             "entropy_proxy": float((-logp * mask).sum() / n),
             "n_tokens": float(n),
         }
+        if dual is not None:
+            stats["dual_clip_frac"] = float((dual.to(mask.dtype) * mask).sum() / n)
         if kl_ref is not None:
             stats["kl_ref"] = float((kl_ref * mask).sum() / n)
     return loss, stats

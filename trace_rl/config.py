@@ -171,6 +171,11 @@ class TrainConfig(BaseModel):
     """PPO ratio clip below 1."""
     clip_high: float = Field(0.28, ge=0)
     """PPO ratio clip above 1 (DAPO clip-higher)."""
+    clip_ratio_c: float = Field(0.0, ge=0)
+    """Dual clip (0 = off; else > 1 + ``clip_high``, verl's ``clip_ratio_c`` is 3): a token with
+    negative advantage whose ratio has run above this gets no gradient. Without it PPO keeps
+    ``-A rho`` for such a token, unbounded, and one of them can set the direction of a whole
+    norm-clipped step (``trace_core.loss``)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
     loss_agg: LossAggregation = "seq-mean-token-sum"
@@ -315,6 +320,9 @@ class TrainConfig(BaseModel):
         if self.pool_size * self.max_per_root < self.root_budget:
             bad.append(f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot "
                        f"hold root_budget={self.root_budget}; raise pool_size or max_per_root")
+        if self.clip_ratio_c and self.clip_ratio_c <= 1.0 + self.clip_high:
+            bad.append(f"clip_ratio_c={self.clip_ratio_c} must be 0 (off) or > 1 + clip_high = "
+                       f"{1.0 + self.clip_high}")
         if self.cluster.startswith("local:") and not re.fullmatch(r"local:[1-9][0-9]*", self.cluster):
             bad.append(f"cluster={self.cluster!r}: local:N needs N >= 1 simulated nodes")
         if not self.cluster and (self.rollout_engines > 1 or self.trainer_ranks > 1):
@@ -358,6 +366,7 @@ class TrainConfig(BaseModel):
                               agg=self.loss_agg, mini_batches=self.mini_batches,
                               target_kl=self.target_kl,
                               target_position_kl=self.target_position_kl,
+                              clip_ratio_c=self.clip_ratio_c,
                               trainable_layers=self.trainable_layers)
 
     @property

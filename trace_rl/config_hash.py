@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a",
                          "chain_hazard_b", "chain_alias_share", "chain_train_items", "chain_facts",
-                         "chain_syllables", "trainable_layers")
+                         "chain_syllables", "trainable_layers", "clip_ratio_c")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
 NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy", "weight_sync")
 """Where a run executes, not what it computes: never in ``config_hash`` (the run id), so a run

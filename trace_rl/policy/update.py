@@ -87,6 +87,9 @@ class UpdateSettings:
     FSDP2 trainer see one parameter order."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip of each optimiser step (not a run parameter)."""
+    clip_ratio_c: float = 0.0
+    """Dual clip of the policy loss (0 = off; else > 1 + ``clip_high``): a negative-advantage
+    token whose ratio exceeds it gets no gradient (``trace_core.loss.policy_loss``)."""
     reuse_trunk: bool = True
     """With ``trainable_layers`` leaving frozen layers below, keep their output for each of this
     rank's micro-batches from the old log-probs' forward and run only the trainable layers in the
@@ -345,7 +348,7 @@ class PolicyTrainer:
             logp = token_logprobs(self.train_model, b["ids"], b["attn"], mb.hidden)
             loss, st = policy_loss(logp, mb.old, b["adv"], b["mask"], clip_low=s.clip_low,
                                    clip_high=s.clip_high, ref_logp=mb.ref,
-                                   kl_coef=s.kl_coef, agg=s.agg)
+                                   kl_coef=s.kl_coef, agg=s.agg, clip_ratio_c=s.clip_ratio_c)
             # DDP averages the ranks' gradients: scaled by R, they sum.
             (loss * (share * self._world)).backward()
         st = dict(st)
