@@ -92,7 +92,7 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
                      extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics])),
-                            **predictor_curves(metrics)},
+                            **predictor_curves(metrics), "per_step": update_curves(metrics)},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
 
 
@@ -102,6 +102,19 @@ def predictor_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]
     step had no score or its outcomes all agreed."""
     return {key: [float(m.get(f"predictor/{key}", float("nan"))) for m in metrics]
             for key in ("root_auc", "prefix_auc")}
+
+
+UPDATE_KEYS = ("rollout/reward_mean", "loss/pg_loss", "loss/grad_norm", "loss/approx_kl",
+               "loss/approx_kl_max", "loss/ratio_max", "loss/entropy_proxy", "loss/kl_stopped",
+               "loss/kl_after_step_max")
+"""Per-step statistics of the rollouts and the update kept in a run record (``extra["per_step"]``),
+so that a run's stability can be read after its store is gone (a replaced machine keeps only the
+committed records)."""
+
+
+def update_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per step, the ``UPDATE_KEYS`` statistics (nan where a step did not log one)."""
+    return {key: [float(m.get(key, float("nan"))) for m in metrics] for key in UPDATE_KEYS}
 
 
 def fill_predictor_curves(workdir: Path, r: RunResult) -> RunResult:

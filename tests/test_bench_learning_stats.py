@@ -129,8 +129,11 @@ def test_seeds_accumulate_and_paired_tests_correct_over_baselines(tmp_path):
 def test_report_names_the_best_baseline_not_a_variant_and_the_root_auc(tmp_path, capsys):
     from bench.learning import report
     from bench.learning_report import late_root_auc
-    from bench.learning_runs import predictor_curves
+    from bench.learning_runs import UPDATE_KEYS, predictor_curves, update_curves
 
+    per_step = update_curves([{"loss/ratio_max": 7.5, "rollout/reward_mean": 0.25}, {}])
+    assert set(per_step) == set(UPDATE_KEYS) and per_step["loss/ratio_max"][0] == 7.5
+    assert per_step["rollout/reward_mean"][0] == 0.25 and math.isnan(per_step["loss/pg_loss"][1])
     curves = predictor_curves([{"predictor/root_auc": 0.5}, {}, {"predictor/root_auc": 0.7},
                                {"predictor/root_auc": 0.9, "predictor/prefix_auc": 0.6}])
     assert curves["root_auc"][::2] == [0.5, 0.7] and math.isnan(curves["root_auc"][1])
