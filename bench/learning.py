@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -63,13 +64,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                             args.eval_temperature)
     # The hard split's start first, so that a family without one fails before any run.
     hard_start = _hard_start(args, base, policy, workdir, sig) if args.hard_items else None
+    # Each run measures its final checkpoint on the hard split as it ends, into its record.
+    hard = hard_setting(args.hard_items, _hard_samples(args), args.eval_temperature) \
+        if args.hard_items else None
     jobs = [(m, s) for s in seeds for m in methods if load_run(workdir, sig, m, s) is None]
     if args.jobs <= 1:
         for m, s in jobs:
             save_run(workdir, sig, run_one(m, s, base, policy, workdir, eval_steps,
-                                           start_accuracy=start, **ev))
+                                           start_accuracy=start, hard=hard, **ev))
     elif jobs:
-        run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev, sig)
+        run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev, sig, hard)
     # Every recorded seed of these methods made with these settings, this invocation's and
     # earlier ones'.
     recorded = sorted({int(p.stem.rsplit("-s", 1)[1]) for p in (workdir / "runs").glob("*.json")})
@@ -79,10 +83,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if (filled := fill_predictor_curves(workdir, r)) is not r:
             results[i] = filled
             save_run(workdir, sig, filled)
-    if args.hard_items:  # each run's final checkpoint on the hard split, once per setting
+    if args.hard_items:  # records made before runs measured the hard split themselves
         for i, r in enumerate(results):
-            if (done := hard_eval(workdir, r, base, policy, args.hard_items, _hard_samples(args),
-                                  args.eval_temperature)) is not r:
+            try:
+                done = hard_eval(workdir, r, base, policy, args.hard_items, _hard_samples(args),
+                                 args.eval_temperature)
+            except FileNotFoundError as exc:  # its work dir is gone: reported without it
+                print(f"hard split: {r.method} seed {r.seed} not measured ({exc})", file=sys.stderr)
+                continue
+            if done is not r:
                 results[i] = done
                 save_run(workdir, sig, done)
     record = workdir / "learning_results.json"  # every run's curve, per seed, for later reading

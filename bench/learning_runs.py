@@ -65,7 +65,12 @@ def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int, skip: int, samp
 
 def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
             eval_steps: Sequence[int], eval_items: int, start_accuracy: float,
-            eval_skip: int, eval_samples: int, eval_temperature: float) -> RunResult:
+            eval_skip: int, eval_samples: int, eval_temperature: float,
+            hard: dict[str, Any] | None = None) -> RunResult:
+    """One (method, seed) run of the train flow in ``workdir``, its checkpoints at ``eval_steps``
+    evaluated on the test split and, with ``hard`` (``hard_setting``), its final checkpoint on the
+    family's hard split, so that the record is whole once the run ends and its work dir (the
+    checkpoints) can go."""
     from flows.train import train
     from tasks.runtime import Paths
     from trace_rl.config import config_from_mapping
@@ -86,13 +91,20 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
     for s in eval_steps:
         acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), eval_items, eval_skip,
                          eval_samples, eval_temperature))
+    extra: dict[str, Any] = {}
+    if hard:
+        final = _eval({**eval_cfg, "eval_split": "hard"},
+                      str(Paths(workdir).policy_dir(run_id, eval_steps[-1])), hard["items"], 0,
+                      hard["samples"], hard["temperature"])
+        extra["hard"] = {**hard, "final": final}
     return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
                      effective_ratio=[m["tree/effective_ratio"] for m in metrics],
                      leaves=[m["rollout/leaves"] for m in metrics],
                      generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
                      extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics])),
-                            **predictor_curves(metrics), "per_step": update_curves(metrics)},
+                            **predictor_curves(metrics), "per_step": update_curves(metrics),
+                            **extra},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
 
 
@@ -263,7 +275,8 @@ def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any
 
 
 def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
-             eval_steps: Sequence[int], start: float, ev: dict[str, Any], sig: str) -> RunResult:
+             eval_steps: Sequence[int], start: float, ev: dict[str, Any], sig: str,
+             hard: dict[str, Any] | None = None) -> RunResult:
     """One (method, seed) run in a worker process, in a work dir of its own: a DuckDB file has
     one writer process, and each worker runs its own flows (and temporary Prefect server)."""
     from tasks.runtime import configure_threads
@@ -271,14 +284,15 @@ def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: s
     configure_threads()
     method, seed = job
     r = run_one(method, seed, base, policy, Path(workdir) / f"job-{method}-s{seed}", eval_steps,
-                start_accuracy=start, **ev)
+                start_accuracy=start, hard=hard, **ev)
     save_run(Path(workdir), sig, r)
     return r
 
 
 def run_parallel(jobs: Sequence[tuple[str, int]], workers: int, base: dict[str, Any], policy: str,
                  workdir: Path, eval_steps: Sequence[int], start: float,
-                 ev: dict[str, Any], sig: str) -> list[RunResult]:
+                 ev: dict[str, Any], sig: str,
+                 hard: dict[str, Any] | None = None) -> list[RunResult]:
     """The (method, seed) runs on ``workers`` processes (each one torch thread), results in job
     order, each saved as it ends (``save_run``). Every run is still the same train flow from the
     same policy; only the work dir differs (``<workdir>/job-<method>-s<seed>``)."""
@@ -288,5 +302,5 @@ def run_parallel(jobs: Sequence[tuple[str, int]], workers: int, base: dict[str, 
     ctx = multiprocessing.get_context("spawn")  # no forked torch / Prefect state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = [pool.submit(_run_job, job, base, str(Path(policy).resolve()), str(workdir),
-                               list(eval_steps), start, ev, sig) for job in jobs]
+                               list(eval_steps), start, ev, sig, hard) for job in jobs]
         return [f.result() for f in futures]

@@ -75,7 +75,8 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     from tasks.runtime import environment
     from trace_rl.storage.store import TreeStore
 
-    train = {item.id for item in environment("synth_arith", (("difficulty", 1), ("n_train", 12))).load("train")}
+    env = environment("synth_arith", (("difficulty", 1), ("n_train", 12)))
+    train = {item.id for item in env.load("train")}
     used = TreeStore(tmp_path / "wd" / "trace.duckdb", create=False).query(
         "SELECT DISTINCT item_id FROM nodes").column("item_id").to_pylist()
     assert used and set(used) <= train
@@ -116,11 +117,21 @@ def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tm
         _policy_and_base(args, tmp_path)
 
 
-def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_model_dir, capsys):
+def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_model_dir, capsys,
+                                                              monkeypatch):
     """--hard-items: the start and each run's final checkpoint on synth_chain's hard split, kept
-    in the run records (a second invocation measures nothing again) and in the report."""
+    in the run records (a second invocation measures nothing again) and in the report. Each run
+    measures it as it ends, so a record is whole without its work dir."""
+    import bench.learning as learning
     from bench.learning import main
 
+    fallback = learning.hard_eval
+
+    def measured_by_the_run(workdir, r, *args):
+        assert "hard" in r.extra, f"{r.method} seed {r.seed}: the run did not measure the hard split"
+        return fallback(workdir, r, *args)
+
+    monkeypatch.setattr(learning, "hard_eval", measured_by_the_run)
     wd = tmp_path / "wd"
     common = ["--quick", "--family", "synth_chain", "--policy", str(tiny_model_dir),
               "--workdir", str(wd), "--plot", "", "--methods", "trace,grpo",
@@ -145,6 +156,18 @@ def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_mod
     assert json.dumps(again["table"]) == json.dumps(out["table"])  # nan-safe
     main(["--workdir", str(wd), "--summarise-only", "--plot", ""])
     assert hard_line in capsys.readouterr().out
+    monkeypatch.setattr(learning, "hard_eval", fallback)
+    # A record from before runs measured it, whose work dir is gone: reported without it.
+    record = wd / "runs" / "grpo-s0.json"
+    data = json.loads(record.read_text())
+    del data["result"]["extra"]["hard"]
+    record.write_text(json.dumps(data))
+    (wd / "trace.duckdb").unlink()
+    partial = main([*common, "--hard-items", "3", "--hard-samples", "1"])
+    assert "hard split: grpo seed 0 not measured (grpo seed 0: no trace.duckdb" in capsys.readouterr().err
+    assert [("hard" in r["extra"]) for r in partial["results"]] == [True, False]
+    record.write_text(json.dumps({**data, "result": {**data["result"], "extra": {
+        **data["result"]["extra"], "hard": out["results"][1]["extra"]["hard"]}}}))
     (wd / "start.json").unlink()  # the recorded runs still hold it: nothing is measured
     assert json.dumps(main([*common])["table"]) == json.dumps(out["table"])
     assert not (wd / "start.json").exists()
