@@ -11,6 +11,7 @@ import numpy as np
 
 from bench.learning_runs import VARIANTS, RunResult
 
+
 def area_under_curve(budget: Sequence[float], accuracy: Sequence[float]) -> float:
     """Trapezoid area under accuracy vs cumulative budget, divided by the budget span: the mean
     accuracy over the budget, in [0, 1]."""
@@ -123,6 +124,45 @@ def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[st
     return out
 
 
+def detectable_effect(sd: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true paired difference that the two-sided paired t-test at ``level`` detects
+    with probability ``power`` over ``n`` seeds when the seed-wise differences have standard
+    deviation ``sd`` (exact, from the noncentral t distribution); nan below 2 seeds or for a
+    non-positive or non-finite ``sd``."""
+    from scipy import optimize
+    from scipy import stats as st
+
+    if n < 2 or not np.isfinite(sd) or sd <= 0:
+        return float("nan")
+    df, crit = n - 1, float(st.t.ppf(0.5 + level / 2, n - 1))
+
+    def shortfall(delta: float) -> float:
+        nc = delta * np.sqrt(n) / sd  # the far tail (below -crit) underflows to nan at large nc
+        return float(st.nct.sf(crit, df, nc) + np.nan_to_num(st.nct.cdf(-crit, df, nc))) - power
+
+    # power rises with delta; at a noncentrality of 50 it is 1 for any n >= 2
+    return float(optimize.brentq(shortfall, 0.0, 50.0 * sd / np.sqrt(n)))
+
+
+def seeds_needed(sd: float, effect: float, level: float = 0.95, power: float = 0.8,
+                 most: int = 10_000) -> int:
+    """The fewest paired seeds at which ``effect`` is detectable (``detectable_effect``) when the
+    seed-wise differences have standard deviation ``sd``; 0 where even ``most`` seeds fall short
+    or ``sd`` is not a positive finite number."""
+    if not np.isfinite(sd) or sd <= 0 or effect <= 0:
+        return 0
+    low, high = 2, most
+    if detectable_effect(sd, high, level, power) > effect:
+        return 0
+    while low < high:  # the detectable effect falls as seeds are added
+        mid = (low + high) // 2
+        if detectable_effect(sd, mid, level, power) <= effect:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
 def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at_tokens",
                  level: float = 0.95) -> dict[str, dict[str, Any]]:
     """``method`` minus each other method on ``key`` (``at_tokens``: held-out accuracy at equal
@@ -147,9 +187,12 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
         d = d[np.isfinite(d)]
         row: dict[str, Any] = {"seeds": seeds, "n": int(d.size),
                                "mean": float(d.mean()) if d.size else float("nan"),
-                               "low": float("nan"), "high": float("nan"), "p": float("nan")}
+                               "low": float("nan"), "high": float("nan"), "p": float("nan"),
+                               "sd": float("nan"), "detectable": float("nan")}
         if d.size >= 2:
             se = float(d.std(ddof=1) / np.sqrt(d.size))
+            row.update(sd=float(d.std(ddof=1)),
+                       detectable=detectable_effect(float(d.std(ddof=1)), int(d.size), level))
             half = float(st.t.ppf(0.5 + level / 2, d.size - 1)) * se
             row.update(low=row["mean"] - half, high=row["mean"] + half,
                        p=float(st.ttest_1samp(d, 0.0).pvalue) if se > 0 else
@@ -170,7 +213,9 @@ def print_tests(tests: dict[str, dict[str, Any]], key: str, method: str = "trace
     for other, t in tests.items():
         print(f"{method} - {other:<14} {what}: {100 * t['mean']:+5.1f} points (95% CI "
               f"{100 * t['low']:+.1f}, {100 * t['high']:+.1f}), p {t['p']:.3f}, Holm-adjusted "
-              f"{t['p_holm']:.3f} over {t['n']} seeds")
+              f"{t['p_holm']:.3f} over {t['n']} seeds; detectable at 80% power: "
+              f"{100 * t.get('detectable', float('nan')):.1f} (paired sd "
+              f"{100 * t.get('sd', float('nan')):.1f})")
 
 
 def print_paired(diffs: dict[str, dict[str, Any]], method: str = "trace") -> None:
@@ -276,6 +321,12 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
             print(f"{m} - best baseline ({best_tok}) at equal generated tokens: "
                   f"{100 * t['mean']:+.1f} points (95% CI {100 * t['low']:+.1f}, "
                   f"{100 * t['high']:+.1f}) over {t['n']} seeds")
+        t = tests["at_tokens"][best_tok]
+        if np.isfinite(t["sd"]):  # what this spread between seeds lets the benchmark see
+            print(f"power: with the paired sd of trace - {best_tok} ({100 * t['sd']:.1f} points), "
+                  f"{t['n']} seeds detect {100 * t['detectable']:.1f} points at 80% power; "
+                  + ", ".join(f"{e} points need {n or 'over 10000'} seeds" for e in (3, 5)
+                              for n in [seeds_needed(t["sd"], e / 100)]))
     if "trace" in table and baselines:
         others = baselines
         best = max(others, key=lambda m: others[m]["final"][0])
