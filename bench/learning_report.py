@@ -275,6 +275,26 @@ def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def print_predictor(results: list[RunResult]) -> dict[str, dict[str, float]]:
+    """Per method whose runs kept them, the predictor's statistics over the second half of the
+    steps, mean over steps and seeds (nan-skipping): root and prefix AUC and Brier, and the
+    predicted against the realised flip rate of continuations (a calibrated Stage 2 has them
+    equal)."""
+    keys = ("root_auc", "root_brier", "prefix_auc", "prefix_brier", "flip_predicted", "flip_realised")
+    out: dict[str, dict[str, float]] = {}
+    for m in dict.fromkeys(r.method for r in results):
+        late = {k: [v for r in results if r.method == m
+                    for v in r.extra.get(k, [])[len(r.extra.get(k, [])) // 2:]] for k in keys}
+        row = {k: _nanmean(v) if v else float("nan") for k, v in late.items()}
+        if np.isfinite(row["flip_realised"]):  # the methods with a Stage 2
+            out[m] = row
+            print(f"predictor, {m} (steps of the second half): root AUC {_two(row['root_auc'])} "
+                  f"Brier {_two(row['root_brier'])}; prefix AUC {_two(row['prefix_auc'])} Brier "
+                  f"{_two(row['prefix_brier'])}; flip rate predicted {_two(row['flip_predicted'])}"
+                  f", realised {_two(row['flip_realised'])}")
+    return out
+
+
 def print_hard(results: list[RunResult], start: float) -> dict[str, dict[str, Any]]:
     """Each method's final accuracy on the hard split (mean ± std over seeds) and TRACE minus
     each method there, paired by seed (``paired_tests``)."""
@@ -299,6 +319,7 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
           f"({args['eval_items']} held-out items x {args['eval_samples']} samples at temperature "
           f"{args['eval_temperature']}), workdir {args['workdir']} (per-run curves: {record})")
     print_table(table, len({r.seed for r in results}))
+    predictor = print_predictor(results)
     diffs = paired(results)
     print_paired(diffs)
     tests = {}
@@ -335,5 +356,5 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
                  if table.get("grpo", {}).get("effective_ratio") else float("nan"))
         print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
               f"effective ratio {ratio:.2f}x GRPO")
-    return {"table": table, "paired": diffs, "tests": tests,
+    return {"table": table, "paired": diffs, "tests": tests, "predictor": predictor,
             "results": [r.__dict__ for r in results]}

@@ -108,12 +108,19 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
 
 
+PREDICTOR_KEYS = ("root_auc", "prefix_auc", "root_brier", "prefix_brier", "flip_predicted",
+                  "flip_realised")
+"""Per-step predictor statistics kept in a run record (``tasks.track.prediction_metrics``)."""
+
+
 def predictor_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per step, how well the allocation's scores ranked the outcomes (``tasks.track.
-    prediction_metrics``): Stage 1's within-step root AUC and Stage 2's prefix AUC, nan where the
-    step had no score or its outcomes all agreed."""
+    """Per step, how well the allocation's scores predicted the outcomes (``tasks.track.
+    prediction_metrics``): Stage 1's within-step root AUC and Brier, Stage 2's prefix AUC and
+    Brier, and the predicted and realised flip rate of the continuations (the share whose outcome
+    differs from their prefix's bare rollout); nan where the step had no such score, or (AUC) its
+    outcomes all agreed."""
     return {key: [float(m.get(f"predictor/{key}", float("nan"))) for m in metrics]
-            for key in ("root_auc", "prefix_auc")}
+            for key in PREDICTOR_KEYS}
 
 
 UPDATE_KEYS = ("rollout/reward_mean", "loss/pg_loss", "loss/grad_norm", "loss/approx_kl",
@@ -130,10 +137,10 @@ def update_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
 
 
 def fill_predictor_curves(workdir: Path, r: RunResult) -> RunResult:
-    """``r`` with its per-step root and prefix AUC read back from the run's stored steps (the
-    job's own work dir, else the shared one), for a record written before they were kept; ``r``
-    as it is when they are there or no store is left to read them from."""
-    if "root_auc" in r.extra:
+    """``r`` with its per-step predictor statistics (``PREDICTOR_KEYS``) read back from the run's
+    stored steps (the job's own work dir, else the shared one), for a record written before they
+    were kept; ``r`` as it is when they are there or no store is left to read them from."""
+    if all(key in r.extra for key in PREDICTOR_KEYS):
         return r
     from trace_rl.storage.store import TreeStore
 

@@ -46,6 +46,7 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert (tmp_path / "curve.png").stat().st_size > 0
     # Tokens per evaluation: recorded, rising, and read back alike from the stored steps.
     from bench.learning import RunResult, fill_eval_tokens, fill_predictor_curves
+    from bench.learning_runs import PREDICTOR_KEYS
 
     for r in out["results"]:
         assert r["eval_tokens"][0] == 0.0 and len(r["eval_tokens"]) == len(r["accuracy"])
@@ -56,8 +57,9 @@ def test_quick_learning_benchmark(tmp_path, capsys):
         # The predictor's per-step root AUC: kept, and read back alike from the stored steps.
         assert len(r["extra"]["root_auc"]) == len(r["leaves"])
         unfilled = RunResult(**{**r, "extra": {"reward_mean": r["extra"]["reward_mean"]}})
-        filled = fill_predictor_curves(tmp_path / "wd", unfilled).extra["root_auc"]
-        assert str(filled) == str(r["extra"]["root_auc"])  # nan where undefined, alike
+        filled = fill_predictor_curves(tmp_path / "wd", unfilled).extra
+        for key in PREDICTOR_KEYS:  # nan where undefined, alike
+            assert len(r["extra"][key]) == len(r["leaves"]) and str(filled[key]) == str(r["extra"][key])
     again = main(["--workdir", str(tmp_path / "wd"), "--summarise-only", "--plot", ""])
     reprinted = capsys.readouterr().out.strip().splitlines()
     assert reprinted[-1] == printed[-1] and again["table"]["trace"] == out["table"]["trace"]

@@ -135,8 +135,10 @@ def test_report_names_the_best_baseline_not_a_variant_and_the_root_auc(tmp_path,
     per_step = update_curves([{"loss/ratio_max": 7.5, "rollout/reward_mean": 0.25}, {}])
     assert set(per_step) == set(UPDATE_KEYS) and per_step["loss/ratio_max"][0] == 7.5
     assert per_step["rollout/reward_mean"][0] == 0.25 and math.isnan(per_step["loss/pg_loss"][1])
-    curves = predictor_curves([{"predictor/root_auc": 0.5}, {}, {"predictor/root_auc": 0.7},
-                               {"predictor/root_auc": 0.9, "predictor/prefix_auc": 0.6}])
+    curves = predictor_curves([{"predictor/root_auc": 0.5}, {}, {"predictor/root_auc": 0.7,
+                                                                  "predictor/flip_predicted": 0.1},
+                               {"predictor/root_auc": 0.9, "predictor/prefix_auc": 0.6,
+                                "predictor/flip_predicted": 0.3, "predictor/flip_realised": 0.4}])
     assert curves["root_auc"][::2] == [0.5, 0.7] and math.isnan(curves["root_auc"][1])
     assert math.isnan(curves["prefix_auc"][0]) and curves["prefix_auc"][3] == 0.6
     tokens = [0.0, 100.0, 200.0]
@@ -154,6 +156,11 @@ def test_report_names_the_best_baseline_not_a_variant_and_the_root_auc(tmp_path,
     out = report(results, args, 0.5, tmp_path / "r.json")
     lines = capsys.readouterr().out.splitlines()
     assert out["table"]["trace"]["root_auc"] == pytest.approx(0.8)
+    # Stage 2's calibration over the second half (steps 2-3), mean over steps and seeds; the
+    # methods without continuations (no realised flip rate) get no line.
+    assert ("predictor, trace (steps of the second half): root AUC 0.80 Brier -; prefix AUC 0.60 "
+            "Brier -; flip rate predicted 0.20, realised 0.40") in lines
+    assert list(out["predictor"]) == ["trace"]
     assert math.isnan(out["table"]["grpo"]["root_auc"])  # no predictor: shown as "-"
     grpo_row = next(line.split() for line in lines if line.startswith("grpo "))
     assert grpo_row[1] == "75.7" and grpo_row[14] == "-"
