@@ -17,11 +17,14 @@ METHODS = ("trace", "grpo", "dapo", "prompt_only", "random_prefix")
 VARIANTS: dict[str, dict[str, Any]] = {
     "trace_oracle": {"allocator": "trace", "root_oracle": True},
     "trace_posterior": {"allocator": "trace", "root_posterior": 4.0},
+    "trace_joint": {"allocator": "trace", "joint_split": True},
 }
 """Methods beyond the allocators: TRACE with Stage 1 scored by the family's oracle
 (``TrainConfig.root_oracle``: on synth_chain 0.5 per homonym, scaled to the policy's success so
-far; what a predictor ranking prompts by their hidden hazards would give), and TRACE with the
-per-prompt posterior (``root_posterior`` 4)."""
+far; what a predictor ranking prompts by their hidden hazards would give), TRACE with the
+per-prompt posterior (``root_posterior`` 4), and TRACE whose continuation leaves go wherever they
+buy the most expected mixed groups, new prompts included (``joint_split``: where continuations
+repeat their prefix's outcome, as they do on synth_chain, they go to prompts)."""
 
 
 @dataclass

@@ -198,3 +198,16 @@ def test_detectable_effect_is_the_paired_t_tests_80_percent_power_point():
     assert detectable_effect(0.10, n) <= 0.03 < detectable_effect(0.10, n - 1)
     assert math.isnan(detectable_effect(0.1, 1)) and math.isnan(detectable_effect(0.0, 5))
     assert seeds_needed(0.0, 0.03) == 0 and seeds_needed(1.0, 1e-4, most=50) == 0
+
+
+def test_every_variant_is_a_valid_train_config():
+    """bench.learning's TRACE variants are TrainConfig overrides: each builds a config that differs
+    from plain TRACE's in exactly its own fields."""
+    from bench.learning_runs import VARIANTS
+    from trace_rl.config import config_from_mapping
+
+    plain = config_from_mapping({"allocator": "trace"}, "test").model_dump()
+    for name, overrides in VARIANTS.items():
+        cfg = config_from_mapping(dict(overrides), f"variant {name}").model_dump()
+        changed = {k for k in cfg if cfg[k] != plain[k]}
+        assert changed == {k for k in overrides if k != "allocator"}, name
