@@ -96,6 +96,5 @@ def print_warmstart(result: dict, cfg) -> None:
                           f"{m['temperature']:g} on {m['items']} {record['eval_split']} items x "
                           f"{record['eval_samples']}; {types}")
     console.print(f"policy: {result['policy_dir']}")
-    extra = json.dumps(dict(cfg.env_args), separators=(",", ":"))
-    console.print(f"train it: trace train family={cfg.family} policy={result['policy_dir']} "
-                  f"extra='{extra}'")
+    console.print(f"train it: trace train policy={result['policy_dir']} (family {cfg.family}, "
+                  f"its settings and held-out split {cfg.eval_split} come from its warmstart.json)")

@@ -234,3 +234,36 @@ def test_a_bad_config_is_refused_before_prefect_or_torch_is_imported(tmp_path):
                          text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "exit 2 []", out.stdout + out.stderr
     assert "family='nope'" in out.stdout and "steps=-1" in out.stdout
+
+
+def test_a_warm_started_policy_brings_its_family_settings_and_held_out_split(tmp_path):
+    """`trace train policy=<warm start>` runs RL with the observations SFT taught the policy to
+    read and evaluates on the split no training trace came from (HotpotQA's family default
+    `dev` holds the 400 `dev_rest` items the recipe trains on); what the user sets wins."""
+    import json
+
+    from trace_rl.config_load import warmstart_defaults
+    from trace_rl.policy.warmstart import WarmstartConfig
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "warmstart.json").write_text(json.dumps({"config": WarmstartConfig().to_json()}))
+    cfg = config_from_mapping({"policy": str(ws)})
+    assert (cfg.family, cfg.eval_split, cfg.train_split) == ("hotpotqa", "dev_heldout", "train")
+    assert cfg.extra == {"top_k": 2, "max_chars": 200}
+    assert cfg.trainable_layers == 6
+    mine = config_from_mapping({"policy": str(ws), "eval_split": "dev", "extra": {"top_k": 3}})
+    assert (mine.eval_split, mine.extra) == ("dev", {"top_k": 3})
+    # another family's run, a named policy, a plain checkpoint: nothing implied
+    assert warmstart_defaults(str(ws), "bfcl") == {}
+    assert config_from_mapping({"policy": str(ws), "family": "bfcl"}).eval_split == "simple_python"
+    assert warmstart_defaults("tiny") == warmstart_defaults(str(tmp_path)) == {}
+    bfcl = WarmstartConfig(family="bfcl", train_split="live_simple", eval_split="simple_python",
+                           env_args=(), max_turns=2, max_new_tokens=256)
+    (ws / "warmstart.json").write_text(json.dumps({"config": bfcl.to_json()}))
+    assert warmstart_defaults(str(ws)) == {"family": "bfcl", "eval_split": "simple_python",
+                                           "trainable_layers": 6}
+    (ws / "warmstart.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"policy=.*cannot read the warm start's settings from "
+                                          r".*warmstart.json"):
+        config_from_mapping({"policy": str(ws)})

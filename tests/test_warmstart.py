@@ -124,6 +124,12 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
     assert record["after_greedy"]["temperature"] == 0.0
     assert record["after"]["temperature"] == 0.7 and record["after_t1"]["temperature"] == 1.0
     assert (out / "config.json").is_file()
+    # RL on it (`trace train policy=<out>`) reads what it was trained and measured with
+    from trace_rl.config import config_from_mapping
+
+    rl = config_from_mapping({"policy": str(out)})
+    assert (rl.family, rl.eval_split, rl.extra, rl.trainable_layers) == \
+        ("hotpotqa", "dev_heldout", {"top_k": 2, "max_chars": 200}, 1)
     stamp = (out / "warmstart.json").stat().st_mtime_ns
     again = warmstart_policy(cfg, tmp_path / "other", cache_dir=tmp_path / "cache",
                              workdir=tmp_path / "wd", engine="hf")

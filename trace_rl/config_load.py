@@ -42,6 +42,8 @@ def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "con
     if isinstance(data, TrainConfig):
         return data
     values = dict(data)
+    for k, v in warmstart_defaults(values.get("policy"), values.get("family")).items():
+        values.setdefault(k, v)  # the settings the warm start trained and measured with
     family = values.get("family", TrainConfig.model_fields["family"].default)
     for k, v in _family_defaults(family).items():
         values.setdefault(k, v)  # splits and token caps that suit the family, unless given
@@ -49,6 +51,39 @@ def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "con
         return TrainConfig.model_validate(values)
     except ValidationError as exc:
         raise _explain(exc, where) from None
+
+
+WARMSTART_RECORD = "warmstart.json"
+"""The record ``trace warmstart`` writes beside a policy's weights
+(``trace_rl.policy.warmstart.config.RECORD``; named here to keep this module's imports light)."""
+
+
+def warmstart_defaults(policy: Any, family: Any = None) -> dict[str, Any]:
+    """The ``TrainConfig`` values a warm-started policy directory implies where the user set
+    none: its family, the family settings its traces were built with as ``extra`` (HotpotQA's
+    ``top_k``/``max_chars``: the observations RL shows it must be the ones SFT taught it to read),
+    the top layers it trained (a CPU step updates those, not all 135M parameters), and its
+    measured split as ``eval_split``, which no training trace came from (HotpotQA:
+    ``dev_heldout``; the family default ``dev`` holds the 400 ``dev_rest`` items the traces were
+    built from). Turn and token caps stay the family's (the recipes' own equal them). {} for
+    anything else: a named policy, a directory without a ``warmstart.json``, or one warm-started
+    for another family than ``family``."""
+    if not isinstance(policy, str) or not (Path(policy) / WARMSTART_RECORD).is_file():
+        return {}
+    path = Path(policy) / WARMSTART_RECORD
+    try:
+        ws = json.loads(path.read_text(encoding="utf-8"))["config"]
+        out = {"family": ws["family"], "eval_split": ws["eval_split"],
+               "trainable_layers": int(ws["trainable_layers"])}
+        env_args = dict(ws.get("env_args") or {})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"config: policy={policy!r}: cannot read the warm start's settings from "
+                          f"{path}: {type(exc).__name__}: {exc}") from None
+    if family is not None and family != out["family"]:
+        return {}
+    if env_args:
+        out["extra"] = env_args
+    return out
 
 
 def _family_defaults(family: Any) -> dict[str, Any]:
