@@ -136,6 +136,13 @@ def build_root(spec):
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    # The scratch /tmp first: an interpreter or virtual environment that lives under the host's
+    # /tmp (a clone in /tmp/x, its .venv bound at /tmp/x/.venv) is then bound inside it, not
+    # hidden by it (or refused: "File exists: .../root/tmp").
+    os.makedirs(root + "/tmp", mode=0o755)
+    scratch_uid = spec["inside_uid"]
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+          f"size={spec['scratch_bytes']},mode=0700,uid={scratch_uid},gid={scratch_uid}")
     for dst, src in spec["binds"]:
         bind_read_only(src, place(root, dst, src))
     for link, target in spec["symlinks"]:
@@ -153,10 +160,6 @@ def build_root(spec):
         path = f"{root}/proc/{name}"
         if os.path.exists(path):
             bind_read_only(path, path)
-    os.makedirs(root + "/tmp", mode=0o755)
-    scratch_uid = spec["inside_uid"]
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={spec['scratch_bytes']},mode=0700,uid={scratch_uid},gid={scratch_uid}")
     os.chdir(root)
     check(libc.syscall(155 if spec["arch"] == "x86_64" else 41, b".", b"."), "pivot_root")
     check(libc.umount2(b".", MNT_DETACH), "detach the host's root")
