@@ -68,11 +68,16 @@ def warmstart_defaults(policy: Any, family: Any = None) -> dict[str, Any]:
     built from). Turn and token caps stay the family's (the recipes' own equal them). {} for
     anything else: a named policy, a directory without a ``warmstart.json``, or one warm-started
     for another family than ``family``."""
-    if not isinstance(policy, str) or not (Path(policy) / WARMSTART_RECORD).is_file():
+    from trace_rl.policy.cache import read_record
+
+    if not isinstance(policy, str):
         return {}
     path = Path(policy) / WARMSTART_RECORD
     try:
-        ws = json.loads(path.read_text(encoding="utf-8"))["config"]
+        record = read_record(policy, WARMSTART_RECORD)
+        if record is None:
+            return {}
+        ws = record["config"]
         out = {"family": ws["family"], "eval_split": ws["eval_split"],
                "trainable_layers": int(ws["trainable_layers"])}
         env_args = dict(ws.get("env_args") or {})
