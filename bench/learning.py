@@ -212,6 +212,7 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     from flows.bootstrap import bootstrap
     from tasks.evaluate import bootstrap_items
     from trace_rl.config import TrainConfig, load_config
+    from trace_rl.config_load import warmstart_defaults
     from trace_rl.envs.registry import options
 
     mix = [int(d) for d in args.mix.split(",") if d.strip()]
@@ -238,9 +239,12 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     # A family with its own train-split option (synth_chain's chain_train_items) takes
     # --train-items there; the other synthetic families as n_train.
     own_train = next((k for k in options(args.family) if k.endswith("_train_items")), None)
+    # A real family's options: those its warm start was built with (HotpotQA's top_k and
+    # max_chars: the observations RL shows must be the ones SFT taught it to read), unless --set.
     base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {}),
                      **({"n_train": args.train_items} if args.train_items is not None
-                        and own_train is None else {})} if synthetic else {}
+                        and own_train is None else {})} if synthetic else \
+        warmstart_defaults(policy, args.family).get("extra", {})
     if own_train and args.train_items is not None:
         base[own_train] = args.train_items
     if args.learning_rate is not None:

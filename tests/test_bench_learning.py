@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -113,6 +114,19 @@ def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tm
     assert base["trainable_layers"] == 1
     args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir)])
     assert _policy_and_base(args, tmp_path)[1]["extra"] == {}
+    # A warm start's search settings reach every run (and its evaluations) unless --set gives
+    # others: the observations RL shows must be the ones its SFT taught it to read.
+    from trace_rl.policy.warmstart import WarmstartConfig
+
+    ws = tmp_path / "ws"
+    shutil.copytree(tiny_model_dir, ws)
+    built = WarmstartConfig(env_args=(("max_chars", 400), ("top_k", 3)), trainable_layers=1)
+    (ws / "warmstart.json").write_text(json.dumps({"config": built.to_json()}))
+    args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(ws)])
+    assert _policy_and_base(args, tmp_path)[1]["extra"] == {"max_chars": 400, "top_k": 3}
+    args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(ws),
+                                 "--set", 'extra={"top_k":2}'])
+    assert _policy_and_base(args, tmp_path)[1]["extra"] == {"top_k": 2}
     args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir),
                                  "--train-items", "12"])
     with pytest.raises(SystemExit, match="--train-items and --mix are options of the synthetic"):

@@ -67,6 +67,41 @@ def test_traces_come_from_training_items_and_succeed(tiny_model_dir, thoughts):
     assert quoted >= 10 if thoughts else quoted == 0
 
 
+@needs_data
+def test_question_first_traces_search_the_question_then_quote_the_answer(tiny_model_dir):
+    """Recipe 4: the first search is the question; when its results hold the answer the trace
+    answers at once, quoting it; otherwise it searches the supporting entities not yet shown."""
+    from transformers import AutoTokenizer
+
+    from trace_rl.policy.bootstrap import _Scripted
+    from trace_rl.rollout.react import expert_episode
+
+    cfg = config_from_args(["question_first=true", "recovery=0.0",
+                            'env_args={"top_k": 3, "max_chars": 400}'])
+    env = make_env("hotpotqa", **dict(cfg.env_args))
+    train, _ = load_split_items(cfg, env)
+    traces = list(build_traces(cfg, env, train[:120], random.Random(0)))
+    assert len(traces) == 120
+    one_search = 0
+    for item, actions, said, _ in traces:
+        queries = [a.arguments["query"] for a in actions if a.kind == "tool"]
+        assert queries[0] == item.question and actions[-1].answer == item.gold
+        first = env.call_tool(env.reset(item), "search", {"query": item.question})
+        held = quote(first, item.gold) is not None and item.gold.lower() not in ("yes", "no")
+        if held:
+            assert len(queries) == 1 and said[-1] == f'The result says "{quote(first, item.gold)}".'
+        else:  # the entities the first results did not show, by name
+            shown = {line.split(": ")[0].split("] ", 1)[1] for line in first.splitlines()}
+            assert set(queries[1:]) == {t.split(" (")[0] for t in
+                                        set(item.meta["supporting_titles"]) - shown}
+        one_search += len(queries) == 1
+    assert 50 <= one_search <= 110  # 64% of train+dev_rest answer after the question's search
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for item, actions, said, _ in traces[:20]:
+        ep = expert_episode(_Scripted(env, actions), item, tokenizer, thoughts=said)
+        assert ep.reward == 1.0 and ep.turns[0].obs_text.startswith("[1] ")
+
+
 def test_quote_takes_a_whole_word_span():
     obs = "[1] Kiss and Tell (1945 film): Kiss and Tell is a 1945 comedy film starring then " \
           "17-year-old Shirley Temple as Corliss Archer.\n[2] Nothing: not known"

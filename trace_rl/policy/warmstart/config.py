@@ -43,6 +43,11 @@ class WarmstartConfig:
     the thought quotes the span of the first observation that names the second entity, and the
     query is that name; before the answer it quotes the observation's span holding the answer.
     False: empty thoughts and the gold titles as queries (recipe 2)."""
+    question_first: bool = False
+    """Recipe 4: the first search of every trace is the question itself (one search puts a
+    quotable answer among the top 3 x 400 characters for 67 of the 100 held-out items), then the
+    thought quotes the span holding the answer; the entities are searched only when those results
+    hold neither the answer nor (yes/no questions) every supporting paragraph. Implies thoughts."""
     epochs: int = 1
     """Passes over the traces."""
     batch_size: int = 4

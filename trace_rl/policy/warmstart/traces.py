@@ -15,9 +15,9 @@ from trace_rl.rollout.types import Action
 if TYPE_CHECKING:
     from trace_rl.policy.warmstart.config import WarmstartConfig
 
-TraceBuilder = Callable[[Environment, TaskItem, random.Random, bool, bool],
+TraceBuilder = Callable[[Environment, TaskItem, random.Random, bool, "WarmstartConfig"],
                         "tuple[list[Action], list[str]] | None"]
-"""(env, training item, rng, recovery?, thoughts?) -> (actions, the thought before each) or None
+"""(env, training item, rng, recovery?, config) -> (actions, the thought before each) or None
 when the item cannot give that trace."""
 
 
@@ -59,58 +59,86 @@ def quote(observation: str, span: str) -> str | None:
     return None
 
 
+def _shown_titles(observation: str) -> set[str]:
+    """Titles of the results an observation lists (``[k] Title: text`` lines)."""
+    return set(re.findall(r"^\[\d+\] (.+?): ", observation, re.MULTILINE))
+
+
+def _bridge_thought(target: str, question: str, seen: Sequence[str], search: bool) -> str:
+    """The thought before an action that copies ``target``: empty for a search of an entity the
+    question names and for a comparison's yes/no, else the latest observation's span that ends
+    with ``target`` (empty when none holds it)."""
+    if (search and target.lower() in question.lower()) or \
+            target.strip().lower() in ("yes", "no"):
+        return ""
+    for obs in reversed(seen):
+        span = quote(obs, target)
+        if span is not None:
+            return f'The result says "{span}".'
+    return ""
+
+
 def hotpotqa_trace(env: Environment, item: TaskItem, rng: random.Random, recovery: bool,
-                   thoughts: bool = True) -> tuple[list[Action], list[str]] | None:
+                   config: WarmstartConfig) -> tuple[list[Action], list[str]] | None:
     """Gold: search each supporting title, answer. Recovery: a distractor title first.
 
-    With ``thoughts`` (the bridge step made explicit), queries are the entity names (titles
-    without their disambiguation, as a policy can copy them from the question or an observation)
-    and each thought quotes what the next action copies: before a search for an entity the
-    question does not name, the span of an earlier observation that names it; before the answer,
-    the span of an observation that holds it. Observations are the environment's real ones."""
+    With ``config.bridge_thoughts`` (the bridge step made explicit), queries are the entity names
+    (titles without their disambiguation, as a policy can copy them from the question or an
+    observation) and each thought quotes what the next action copies: before a search for an
+    entity the question does not name, the span of an earlier observation that names it; before
+    the answer, the span of an observation that holds it. With ``config.question_first``
+    (recipe 4) the first search is the question itself, and the entities are searched only when
+    its results hold neither the answer nor (for yes/no) every supporting paragraph.
+    Observations are the environment's real ones."""
     titles = _hop_order(item)
     if not titles:
         return None
-    queries = [_name(t) if thoughts else t for t in titles]
+    thoughts = config.bridge_thoughts or config.question_first
+    gold = str(item.gold)
+    queries = [item.question] if config.question_first else \
+        [_name(t) if thoughts else t for t in titles]
     if recovery:
         distractors = sorted({p["title"] for p in item.meta.get("paragraphs") or []} - set(titles))
         if not distractors:
             return None
         bad = rng.choice(distractors)
         queries.insert(0, _name(bad) if thoughts else bad)
-    actions = [Action(kind="tool", tool="search", arguments={"query": q}) for q in queries]
-    actions.append(Action(kind="answer", answer=str(item.gold)))
     if not thoughts:
         # Empty thoughts (recipe 2): recipe 1's fixed phrases ("I search for the first entity.")
         # carried nothing, and the policy answered with them (0/40 on dev).
-        return actions, [""] * len(actions)
+        actions = [Action(kind="tool", tool="search", arguments={"query": q}) for q in queries]
+        return [*actions, Action(kind="answer", answer=gold)], [""] * (len(actions) + 1)
     state = env.reset(item)
-    seen: list[str] = []
+    actions: list[Action] = []
     said: list[str] = []
-    question = item.question.lower()
-    for action in actions:
-        target = action.arguments["query"] if action.kind == "tool" else str(action.answer)
-        said.append("")
-        if (action.kind == "tool" and target.lower() in question) or \
-                target.strip().lower() in ("yes", "no"):
-            said[-1] = ""  # the question names it, or a comparison's yes/no: nothing to quote
-        else:
-            for obs in reversed(seen):
-                span = quote(obs, target)
-                if span is not None:
-                    said[-1] = f'The result says "{span}".'
-                    break
-        if action.kind == "tool":
-            seen.append(env.step(state, action).observation or "")
+    seen: list[str] = []
+
+    def search(query: str) -> None:
+        action = Action(kind="tool", tool="search", arguments={"query": query})
+        said.append(_bridge_thought(query, item.question, seen, search=True))
+        actions.append(action)
+        seen.append(env.step(state, action).observation or "")
+
+    for query in queries:
+        search(query)
+    if config.question_first:
+        yes_no = gold.strip().lower() in ("yes", "no")
+        if yes_no or not _bridge_thought(gold, item.question, seen, search=False):
+            shown = set().union(*map(_shown_titles, seen))
+            for title in titles:
+                if title not in shown:
+                    search(_name(title))
+    said.append(_bridge_thought(gold, item.question, seen, search=False))
+    actions.append(Action(kind="answer", answer=gold))
     return actions, said
 
 
 def bfcl_trace(env: Environment, item: TaskItem, rng: random.Random, recovery: bool,
-               thoughts: bool = True) -> tuple[list[Action], list[str]] | None:
+               config: WarmstartConfig) -> tuple[list[Action], list[str]] | None:
     """A single-turn BFCL item's gold answer (the environment's own expert calls, graded by its
     AST checker when the trace is rendered), with an empty thought. None for a multi-turn item
     (its traces run to thousands of tokens) and for ``recovery``: a single-turn item has one
-    turn, so there is no bad step to recover from. ``thoughts`` does not apply."""
+    turn, so there is no bad step to recover from. Thoughts do not apply."""
     if recovery or item.meta.get("category") not in SINGLE_TURN:
         return None
     actions = list(env.expert_actions(item))
@@ -130,7 +158,7 @@ def build_traces(config: WarmstartConfig, env: Environment, items: Sequence[Task
         for kind in ("gold", "recovery"):
             if kind == "recovery" and rng.random() >= config.recovery:
                 continue
-            made = build(env, item, rng, kind == "recovery", config.bridge_thoughts)
+            made = build(env, item, rng, kind == "recovery", config)
             if made is not None:
                 yield item, made[0], made[1], kind
 
