@@ -250,7 +250,7 @@ def test_a_warm_started_policy_brings_its_family_settings_and_held_out_split(tmp
     (ws / "warmstart.json").write_text(json.dumps({"config": WarmstartConfig().to_json()}))
     cfg = config_from_mapping({"policy": str(ws)})
     assert (cfg.family, cfg.eval_split, cfg.train_split) == ("hotpotqa", "dev_heldout", "train")
-    assert cfg.extra == {"top_k": 2, "max_chars": 200}
+    assert cfg.extra == {"top_k": 3, "max_chars": 400}
     assert cfg.trainable_layers == 6
     mine = config_from_mapping({"policy": str(ws), "eval_split": "dev", "extra": {"top_k": 3}})
     assert (mine.eval_split, mine.extra) == ("dev", {"top_k": 3})

@@ -24,7 +24,8 @@ def test_traces_come_from_training_items_and_succeed(tiny_model_dir, thoughts):
     from trace_rl.policy.bootstrap import _Scripted
     from trace_rl.rollout.react import expert_episode
 
-    cfg = WarmstartConfig(recovery=1.0, bridge_thoughts=thoughts)
+    cfg = WarmstartConfig(recovery=1.0, bridge_thoughts=thoughts, question_first=False,
+                          env_args=(("top_k", 2), ("max_chars", 200)))  # recipes 2-3
     env = make_env("hotpotqa", **dict(cfg.env_args))
     train, held = load_split_items(cfg, env)
     assert len(train) == 500 and len(held) == cfg.eval_items == 100  # train + dev_rest
@@ -76,8 +77,7 @@ def test_question_first_traces_search_the_question_then_quote_the_answer(tiny_mo
     from trace_rl.policy.bootstrap import _Scripted
     from trace_rl.rollout.react import expert_episode
 
-    cfg = config_from_args(["question_first=true", "recovery=0.0",
-                            'env_args={"top_k": 3, "max_chars": 400}'])
+    cfg = config_from_args(["recovery=0.0"])  # recipe 4 is the default
     env = make_env("hotpotqa", **dict(cfg.env_args))
     train, _ = load_split_items(cfg, env)
     traces = list(build_traces(cfg, env, train[:120], random.Random(0)))
@@ -164,7 +164,7 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
 
     rl = config_from_mapping({"policy": str(out)})
     assert (rl.family, rl.eval_split, rl.extra, rl.trainable_layers) == \
-        ("hotpotqa", "dev_heldout", {"top_k": 2, "max_chars": 200}, 1)
+        ("hotpotqa", "dev_heldout", {"top_k": 3, "max_chars": 400}, 1)
     stamp = (out / "warmstart.json").stat().st_mtime_ns
     again = warmstart_policy(cfg, tmp_path / "other", cache_dir=tmp_path / "cache",
                              workdir=tmp_path / "wd", engine="hf")
@@ -188,7 +188,7 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
     from trace_rl.policy.warmstart.traces import TRACES
     from trace_rl.rollout.react import expert_episode
 
-    assert config_from_args([]) == WarmstartConfig()  # HotpotQA's recipe (and its hash) as before
+    assert config_from_args([]) == WarmstartConfig()  # HotpotQA's recipe (and its hash)
     cfg = config_from_args(["family=bfcl"])
     assert (cfg.train_split, cfg.eval_split, cfg.env_args, cfg.recovery) == \
         ("live_simple", "simple_python", (), 0.0)

@@ -9,12 +9,15 @@ nothing to learn from. The recipe, for ``hotpotqa``:
    ``train`` questions and ``dev_rest``, the 400 dev items after the fixed held-out block
    ``dev_heldout`` (the first 100 dev items in file order, ``trace_rl.envs.hotpotqa.BLOCKS``),
    which is what the policy is measured on; ``load_split_items`` refuses any split whose items
-   (by id or question) meet the measured ones. Per item, a *gold* trace: ``search`` for each
-   gold supporting entity (the one the question names first, so the first hop comes first),
-   each followed by the observation that the project's BM25 tool really returns for it, then
-   ``<answer>`` with the gold answer. For a share ``recovery`` of the items also a *recovery*
-   trace: first a search for one of the item's distractor paragraphs, then the gold trace. With
-   ``bridge_thoughts`` (recipe 3) the queries are entity names (titles without their
+   (by id or question) meet the measured ones. Per item, a *gold* trace. Recipe 4 (the
+   default, ``question_first``): ``search`` the question itself, then, when the observation the
+   project's BM25 tool really returns holds the answer, a thought quoting the span that ends with
+   it and ``<answer>`` with the gold answer; otherwise first a search for each supporting entity
+   those results did not show. Recipe 3 (``question_first=false``): a search for each gold
+   supporting entity (the one the question names first, so the first hop comes first), then the
+   answer. For a share ``recovery`` of the items also a *recovery* trace: first a search for
+   one of the item's distractor paragraphs, then the gold trace. With ``bridge_thoughts``
+   (recipe 3; recipe 4's entity searches too) the queries are entity names (titles without their
    disambiguation) and the thoughts teach the bridge step: before searching an entity the
    question does not name, the thought quotes the span of an earlier observation that names it
    (``The result says "... starring then 17-year-old Shirley Temple".``); before the answer,
