@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 25: 20 RL steps on a real family's warm start, TRACE and GRPO, paired seeds.
+#   SEEDS=0-2 bash bench/rl_real.sh hotpotqa     # or bfcl; METHODS=trace,grpo by default
+# Self-contained: builds the warm start where the committed records expect it (the benchmark's
+# run signature names the starting policy by its path), copies the committed records of
+# bench/results/rl_<family>/ into the work dir's runs/ (finished (method, seed) runs are skipped
+# and the report pairs every seed), and copies new records back there as each run finishes.
+# Work dir: $RL_DIR, default /work/exp25b for bfcl (where its records were made), else
+# /work/rl_<family>.
+set -euo pipefail
+family=${1:?usage: SEEDS=0-2 bash bench/rl_real.sh hotpotqa|bfcl}
+export MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false VLLM_CPU_KVCACHE_SPACE=1
+cd "$(dirname "$0")/.."
+case $family in
+  bfcl)  # 258 live_simple requests; measured on 100 simple_python items at temperature 1
+    root=${RL_DIR:-/work/exp25b}; rl=$root/rl_bfcl
+    learn=(--set engine=vllm temperature=1.0 trainable_layers=6 ppo_epochs=2 micro_batch=4) ;;
+  hotpotqa)  # RL on dev_rest (400 items), measured on dev_heldout (100) at the warm start's 0.7
+    root=${RL_DIR:-/work/rl_hotpotqa}; rl=$root/rl
+    learn=(--eval-temperature 0.7
+           --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4) ;;
+  *) echo "bench/rl_real.sh: family $family has no RL recipe here (bfcl, hotpotqa)" >&2; exit 2 ;;
+esac
+here=bench/results/rl_$family
+WS=${WS:-$root/ws/policies/warmstart-$family-smollm2-s0}
+[ -f "$WS/warmstart.json" ] || .venv/bin/trace warmstart "family=$family" --workdir "$root/ws"
+mkdir -p "$rl/runs" "$here"
+cp -n "$here"/*-s*.json "$rl/runs/" 2>/dev/null || true
+( while sleep 120; do cp -n "$rl/runs/"*.json "$here/" 2>/dev/null || true; done ) &
+copier=$!
+trap 'kill $copier 2>/dev/null || true; cp -n "$rl/runs/"*.json "$here/" 2>/dev/null || true' EXIT
+.venv/bin/python -m bench.learning --family "$family" --policy "$WS" \
+  --methods "${METHODS:-trace,grpo}" --seeds "${SEEDS:?set SEEDS, e.g. 0-2}" --steps 20 \
+  --eval-every 10 --eval-items 100 --eval-samples 2 \
+  --root-budget 16 --multiplier 1 --pool-size 32 --jobs 1 --learning-rate 2e-5 \
+  --workdir "$rl" --plot "$rl/learning.png" "${learn[@]}"
