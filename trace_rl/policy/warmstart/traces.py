@@ -121,14 +121,14 @@ def hotpotqa_trace(env: Environment, item: TaskItem, rng: random.Random, recover
 
     for query in queries:
         search(query)
-    if config.question_first:
-        yes_no = gold.strip().lower() in ("yes", "no")
-        if yes_no or not _bridge_thought(gold, item.question, seen, search=False):
-            shown = set().union(*map(_shown_titles, seen))
-            for title in titles:
-                if title not in shown:
-                    search(_name(title))
-    said.append(_bridge_thought(gold, item.question, seen, search=False))
+    answer_thought = _bridge_thought(gold, item.question, seen, search=False)
+    if config.question_first and not answer_thought:  # no quotable answer yet (or yes/no)
+        shown = set().union(*map(_shown_titles, seen))
+        for title in titles:
+            if title not in shown:
+                search(_name(title))
+        answer_thought = _bridge_thought(gold, item.question, seen, search=False)
+    said.append(answer_thought)
     actions.append(Action(kind="answer", answer=gold))
     return actions, said
 
