@@ -13,17 +13,20 @@ export MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false VLLM
 cd "$(dirname "$0")/.."
 case $family in
   bfcl)  # 258 live_simple requests; measured on 100 simple_python items at temperature 1
-    root=${RL_DIR:-/work/exp25b}; rl=$root/rl_bfcl
+    root=${RL_DIR:-/work/exp25b}; rl=$root/rl_bfcl; ws_args=()
     learn=(--set engine=vllm temperature=1.0 trainable_layers=6 ppo_epochs=2 micro_batch=4) ;;
   hotpotqa)  # RL on dev_rest (400 items), measured on dev_heldout (100) at the warm start's 0.7
     root=${RL_DIR:-/work/rl_hotpotqa}; rl=$root/rl
+    # one SFT thread, as the committed runs' start was built: a build on two threads sums in
+    # another order and is another policy, so a seed run later would not pair with them
+    ws_args=(threads=1)
     learn=(--eval-temperature 0.7
            --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4) ;;
   *) echo "bench/rl_real.sh: family $family has no RL recipe here (bfcl, hotpotqa)" >&2; exit 2 ;;
 esac
 here=bench/results/rl_$family
 WS=${WS:-$root/ws/policies/warmstart-$family-smollm2-s0}
-[ -f "$WS/warmstart.json" ] || .venv/bin/trace warmstart "family=$family" --workdir "$root/ws"
+[ -f "$WS/warmstart.json" ] || .venv/bin/trace warmstart "family=$family" "${ws_args[@]}" --workdir "$root/ws"
 mkdir -p "$rl/runs" "$here"
 cp -n "$here"/*-s*.json "$rl/runs/" 2>/dev/null || true
 ( while sleep 120; do cp -n "$rl/runs/"*.json "$here/" 2>/dev/null || true; done ) &

@@ -135,6 +135,13 @@ def test_bad_settings_are_named():
     with pytest.raises(ValueError, match=r"eval_temperature=0.0 must be in \(0, 2\]"):
         config_from_args(["eval_temperature=0"])
     assert config_from_args(['env_args={"top_k": 3}', "recovery=0.5"]).env_args == (("top_k", 3),)
+    with pytest.raises(ValueError, match="threads=-1 must be >= 0"):
+        config_from_args(["threads=-1"])
+
+
+def test_pinned_threads_enter_the_hash_and_auto_leaves_it_as_it_was():
+    assert "threads" not in WarmstartConfig().to_json()  # default builds keep their cache key
+    assert config_from_args(["threads=1"]).to_json()["threads"] == 1
 
 
 @needs_data
@@ -143,11 +150,12 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
 
     cfg = WarmstartConfig(base=str(tiny_model_dir), train_items=6, recovery=0.5,
                           trainable_layers=1, max_tokens=100_000, eval_items=3, max_turns=2,
-                          max_new_tokens=8, batch_size=2, eval_temperature=0.7)
+                          max_new_tokens=8, batch_size=2, eval_temperature=0.7, threads=1)
     out = warmstart_policy(cfg, tmp_path / "policy", cache_dir=tmp_path / "cache",
                            workdir=tmp_path / "wd", engine="hf")
     record = read_record(out)
     assert record["traces"]["gold"] == 6 and record["traces_too_long"] == 0
+    assert record["threads"] == 1 and record["config"]["threads"] == 1  # pinned, not the idle cores
     assert len(record["train_ids"]) == 6 and len(record["eval_ids"]) == 3
     assert not set(record["train_ids"]) & set(record["eval_ids"])
     assert record["trace_success"] == {k: 1.0 for k in record["traces"]}

@@ -83,13 +83,19 @@ class WarmstartConfig:
     """Also measure the warm-started policy greedily (temperature 0), beside the sampled run."""
     seed: int = 0
     """Seeds the trace draws, the batch order and the measurement's sampling."""
+    threads: int = 0
+    """Torch threads of the SFT; 0 = the cores idle when it starts (``auto_threads``). The weights
+    depend on it (the order of the sums), so a build that later runs must pair with, such as the
+    RL comparison's start (``bench/rl_real.sh``), gives it: the same number repeats the same
+    policy. Enters the input hash when set (0 leaves earlier hashes as they were)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "max_tokens", "eval_samples", "max_turns",
                      "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmstart: {name}={getattr(self, name)} must be >= 1")
-        for name in ("train_items", "eval_items", "trainable_layers", "warmup_steps", "seed"):
+        for name in ("train_items", "eval_items", "trainable_layers", "warmup_steps", "seed",
+                     "threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"warmstart: {name}={getattr(self, name)} must be >= 0")
         if not 0.0 <= self.recovery <= 1.0:
@@ -117,6 +123,8 @@ class WarmstartConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["env_args"] = dict(self.env_args)
+        if not self.threads:
+            del d["threads"]
         return d
 
 

@@ -46,7 +46,7 @@ def train_policy(config: WarmstartConfig, base_dir: Path, env: Environment, trai
     after, save it into ``staged``; return its record (``warmstart.json``)."""
     t_start = time.perf_counter()
     torch.manual_seed(config.seed)
-    threads = auto_threads()
+    threads = config.threads or auto_threads()
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     rng = random.Random(f"warmstart:{config.family}:{config.seed}")
