@@ -18,8 +18,9 @@ case $family in
   hotpotqa)  # RL on dev_rest (400 items), measured on dev_heldout (100) at the warm start's 0.7
     root=${RL_DIR:-/work/rl_hotpotqa}; rl=$root/rl
     # one SFT thread, as the committed runs' start was built: a build on two threads sums in
-    # another order and is another policy, so a seed run later would not pair with them
-    ws_args=(threads=1)
+    # another order and is another policy, so a seed run later would not pair with them; measured
+    # at the RL runs' temperature (and at 1.0 beside it)
+    ws_args=(threads=1 eval_temperature=0.7)
     learn=(--eval-temperature 0.7
            --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4) ;;
   *) echo "bench/rl_real.sh: family $family has no RL recipe here (bfcl, hotpotqa)" >&2; exit 2 ;;
