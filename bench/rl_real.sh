@@ -25,6 +25,10 @@ case $family in
            --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4) ;;
   *) echo "bench/rl_real.sh: family $family has no RL recipe here (bfcl, hotpotqa)" >&2; exit 2 ;;
 esac
+# the seeds before the warm start's hour: SEEDS=0 is a count of none (seed 0 alone is 0-0)
+.venv/bin/python -c 'import sys; from bench.learning_runs import parse_seeds
+try: print("bench/rl_real.sh: seeds", *parse_seeds(sys.argv[1]))
+except ValueError as e: sys.exit(f"bench/rl_real.sh: SEEDS: {e}")' "${SEEDS:?set SEEDS, e.g. 0-2}"
 here=bench/results/rl_$family
 WS=${WS:-$root/ws/policies/warmstart-$family-smollm2-s0}
 [ -f "$WS/warmstart.json" ] || .venv/bin/trace warmstart "family=$family" "${ws_args[@]}" --workdir "$root/ws"
