@@ -274,13 +274,21 @@ def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult
 
 def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any], policy: str) -> str:
     """What makes two runs of one method and seed the same run: the train config (every field
-    but the method and seed), the evaluation settings and the starting policy's record."""
+    but the method and seed), the evaluation settings, the starting policy's record and the
+    trainer's torch threads (``$TRACE_TORCH_THREADS``, named only when not the default 1, so the
+    records made at 1 keep their signatures): another thread count sums the update in another
+    order, so its runs do not pair with those."""
     import hashlib
+    import os
 
     record = Path(policy) / "bootstrap.json"
     policy_id = json.loads(record.read_text()).get("input_hash", "") if record.exists() else policy
-    blob = json.dumps({"base": base, "eval_steps": list(eval_steps), "ev": ev, "policy": policy_id},
-                      sort_keys=True, default=str)
+    parts: dict[str, Any] = {"base": base, "eval_steps": list(eval_steps), "ev": ev,
+                             "policy": policy_id}
+    threads = int(os.environ.get("TRACE_TORCH_THREADS", "1"))
+    if threads != 1:
+        parts["torch_threads"] = threads
+    blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

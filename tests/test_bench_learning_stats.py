@@ -211,3 +211,17 @@ def test_every_variant_is_a_valid_train_config():
         cfg = config_from_mapping(dict(overrides), f"variant {name}").model_dump()
         changed = {k for k in cfg if cfg[k] != plain[k]}
         assert changed == {k for k in overrides if k != "allocator"}, name
+
+
+def test_trainer_threads_other_than_one_make_another_run(monkeypatch, tmp_path):
+    """Runs whose updates sum in another order (another thread count) never pair with records
+    made at the default one thread, whose signatures stay as they were."""
+    from bench.learning_runs import signature
+
+    args = ({"family": "hotpotqa", "steps": 20}, [0, 10, 20], {"items": 100}, str(tmp_path))
+    monkeypatch.delenv("TRACE_TORCH_THREADS", raising=False)
+    default = signature(*args)
+    monkeypatch.setenv("TRACE_TORCH_THREADS", "1")
+    assert signature(*args) == default
+    monkeypatch.setenv("TRACE_TORCH_THREADS", "2")
+    assert signature(*args) != default
