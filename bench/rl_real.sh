@@ -21,6 +21,9 @@ case $family in
     # another order and is another policy, so a seed run later would not pair with them; measured
     # at the RL runs' temperature (and at 1.0 beside it)
     ws_args=(threads=1 eval_temperature=0.7)
+    # the policy update on both cores (the engine idles meanwhile): 200 s a step instead of 320
+    # (bench.update_threads: 1.79x on the update); the runs' signature names the thread count
+    export TRACE_TORCH_THREADS=${TRACE_TORCH_THREADS:-2}
     learn=(--eval-temperature 0.7
            --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4) ;;
   *) echo "bench/rl_real.sh: family $family has no RL recipe here (bfcl, hotpotqa)" >&2; exit 2 ;;
