@@ -279,13 +279,14 @@ def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any
     records made at 1 keep their signatures): another thread count sums the update in another
     order, so its runs do not pair with those."""
     import hashlib
-    import os
+
+    from trace_rl.environ import torch_threads
 
     record = Path(policy) / "bootstrap.json"
     policy_id = json.loads(record.read_text()).get("input_hash", "") if record.exists() else policy
     parts: dict[str, Any] = {"base": base, "eval_steps": list(eval_steps), "ev": ev,
                              "policy": policy_id}
-    threads = int(os.environ.get("TRACE_TORCH_THREADS", "1"))
+    threads = torch_threads()
     if threads != 1:
         parts["torch_threads"] = threads
     blob = json.dumps(parts, sort_keys=True, default=str)

@@ -40,6 +40,20 @@ def paths(vocab: int, n: int, tokens: int, seed: int = 0) -> list[Any]:
     return out
 
 
+def rl_settings(trainable_layers: int, reuse_trunk: bool, epochs: int = 2, micro_batch: int = 4,
+                guard: bool = True) -> Any:
+    """The update settings of the RL runs on the SmolLM2 warm starts (clip 0.2/0.28, no KL
+    penalty, two mini-batches); ``guard`` keeps the KL guard's re-scoring on without ever
+    stopping (every step is re-scored), off sets its limits to 0."""
+    from trace_rl.policy.update import UpdateSettings
+
+    limit = 1e3 if guard else 0.0
+    return UpdateSettings(
+        learning_rate=1e-5, clip_low=0.2, clip_high=0.28, kl_coef=0.0, epochs=epochs,
+        micro_batch=micro_batch, agg="seq-mean-token-mean", mini_batches=2, target_kl=limit,
+        target_position_kl=limit, trainable_layers=trainable_layers, reuse_trunk=reuse_trunk)
+
+
 def timed_update(policy: str, settings: Any, samples: Sequence[Any]) -> tuple[float, torch.Tensor]:
     """(seconds of one ``update``, the weights after it, flattened)."""
     from trace_rl.policy.update import PolicyTrainer
@@ -53,8 +67,6 @@ def timed_update(policy: str, settings: Any, samples: Sequence[Any]) -> tuple[fl
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from trace_rl.policy.update import UpdateSettings
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="smollm2",
                     help="an HF model directory, or a named policy (default: smollm2)")
@@ -77,16 +89,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     policy = resolve_policy(args.policy)
     vocab = AutoConfig.from_pretrained(policy).vocab_size
     samples = paths(vocab, args.paths, args.tokens)
-    guard = 0.0 if args.no_guard else 1e3  # on, never stopping: every step is re-scored
     times: dict[bool, list[float]] = {False: [], True: []}
     weights: dict[bool, torch.Tensor] = {}
     for _ in range(args.repeats):
         for reuse in (False, True):
-            settings = UpdateSettings(
-                learning_rate=1e-5, clip_low=0.2, clip_high=0.28, kl_coef=0.0, epochs=args.epochs,
-                micro_batch=args.micro_batch, agg="seq-mean-token-mean", mini_batches=2,
-                target_kl=guard, target_position_kl=guard, trainable_layers=args.trainable_layers,
-                reuse_trunk=reuse)
+            settings = rl_settings(args.trainable_layers, reuse, args.epochs, args.micro_batch,
+                                   guard=not args.no_guard)
             seconds, weights[reuse] = timed_update(policy, settings, samples)
             times[reuse].append(seconds)
             print(f"reuse_trunk={reuse}: {seconds:.1f} s", flush=True)

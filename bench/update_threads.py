@@ -22,14 +22,13 @@ from typing import Any, Sequence
 
 import torch
 
-from bench.trunk_reuse import paths, timed_update
+from bench.trunk_reuse import paths, rl_settings, timed_update
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from trace_rl.policy.named import resolve_policy
-    from trace_rl.policy.update import UpdateSettings
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="smollm2", help="HF directory or named policy")
@@ -41,17 +40,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     policy = resolve_policy(args.policy)
     samples = paths(AutoConfig.from_pretrained(policy).vocab_size, args.paths, args.tokens)
-    settings = UpdateSettings(
-        learning_rate=1e-5, clip_low=0.2, clip_high=0.28, kl_coef=0.0, epochs=2, micro_batch=4,
-        agg="seq-mean-token-mean", mini_batches=2, target_kl=1e3, target_position_kl=1e3,
-        trainable_layers=args.trainable_layers, reuse_trunk=True)
+    settings = rl_settings(args.trainable_layers, reuse_trunk=True)
     times: dict[int, list[float]] = {1: [], 2: []}
-    for _ in range(args.repeats):
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            seconds, _ = timed_update(policy, settings, samples)
-            times[threads].append(seconds)
-            print(f"threads={threads}: {seconds:.1f} s", flush=True)
+    before = torch.get_num_threads()
+    try:
+        for _ in range(args.repeats):
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                seconds, _ = timed_update(policy, settings, samples)
+                times[threads].append(seconds)
+                print(f"threads={threads}: {seconds:.1f} s", flush=True)
+    finally:
+        torch.set_num_threads(before)  # a caller (a test) keeps its own count
     one, two = statistics.median(times[1]), statistics.median(times[2])
     result = {"policy": args.policy, "paths": args.paths, "tokens": args.tokens,
               "trainable_layers": args.trainable_layers, "seconds": times, "speedup": one / two}

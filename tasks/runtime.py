@@ -8,7 +8,6 @@ here by reference (a path, a config), so a cache key never depends on a live obj
 from __future__ import annotations
 
 import hashlib
-import os
 import inspect
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,6 +20,7 @@ from prefect.context import TaskRunContext
 
 from trace_core.allocators import Allocator, make_allocator
 from trace_core.predictor import HashedNgramPredictor, HeadConfig
+from trace_rl import environ
 from trace_rl.config import TrainConfig
 from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.envs.registry import make_env
@@ -196,7 +196,7 @@ def configure_threads() -> int:
     """Torch threads for this worker: ``$TRACE_TORCH_THREADS``, default 1. The tiny CPU policy gains
     nothing from a second thread, and OpenMP spin-waiting against the rollout engine and other
     processes made a step 7x slower here (25 s vs 3.3 s per step)."""
-    n = int(os.environ.get("TRACE_TORCH_THREADS", "1"))
+    n = environ.torch_threads()
     torch.set_num_threads(n)
     return n
 

@@ -225,3 +225,14 @@ def test_trainer_threads_other_than_one_make_another_run(monkeypatch, tmp_path):
     assert signature(*args) == default
     monkeypatch.setenv("TRACE_TORCH_THREADS", "2")
     assert signature(*args) != default
+
+
+@pytest.mark.parametrize("raw", ["two", "0", "-1", ""])
+def test_a_bad_thread_count_is_named(monkeypatch, tmp_path, raw):
+    """A thread count that is not a positive integer stops the run with the variable's name,
+    before any run is signed or any trainer starts."""
+    from bench.learning_runs import signature
+
+    monkeypatch.setenv("TRACE_TORCH_THREADS", raw)
+    with pytest.raises(ValueError, match="TRACE_TORCH_THREADS"):
+        signature({"family": "hotpotqa"}, [0], {}, str(tmp_path))

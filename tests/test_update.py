@@ -286,3 +286,18 @@ def test_trunk_reuse_bench_times_both_settings_on_the_same_paths(tiny_model_dir,
     assert len(result["seconds_off"]) == len(result["seconds_on"]) == 1
     assert result["speedup"] > 0 and result["max_weight_difference"] < 1e-6
     assert json.loads(out.read_text()) == result
+
+
+def test_update_threads_bench_times_both_counts_and_restores_its_caller(tiny_model_dir, tmp_path):
+    """``python -m bench.update_threads`` on the test preset: one and two threads timed with the
+    RL runs' settings, and the caller's thread count left as it was."""
+    from bench.update_threads import main
+
+    before = torch.get_num_threads()
+    out = tmp_path / "threads.json"
+    result = main(["--policy", str(tiny_model_dir), "--trainable-layers", "1", "--paths", "4",
+                   "--tokens", "48", "--out", str(out)])
+    assert torch.get_num_threads() == before
+    assert {k: len(v) for k, v in result["seconds"].items()} == {1: 1, 2: 1}
+    assert result["speedup"] > 0
+    assert json.loads(out.read_text())["paths"] == 4

@@ -61,6 +61,19 @@ def cache_dir() -> Path:
     return Path(base) / "trace-rl"
 
 
+def torch_threads() -> int:
+    """Torch threads for a trainer or engine process: ``$TRACE_TORCH_THREADS``, default 1 (a
+    positive integer; anything else is a ``ValueError`` naming the variable)."""
+    raw = os.environ.get("TRACE_TORCH_THREADS", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"TRACE_TORCH_THREADS={raw!r}: expected a positive integer (torch threads)")
+    return n
+
+
 def apply() -> None:
     """Set each of ``DEFAULTS`` that the environment does not already hold."""
     for key, value in DEFAULTS.items():

@@ -45,7 +45,9 @@ class EngineWorker:
     def __init__(self, kind: str, model_dir: str, opts: dict[str, Any]) -> None:
         import torch
 
-        torch.set_num_threads(int(os.environ.get("TRACE_TORCH_THREADS", "1")))
+        from trace_rl.environ import torch_threads
+
+        torch.set_num_threads(torch_threads())
         t0 = time.perf_counter()
         self.engine = make_engine(kind, model_dir, **opts)
         self.group: WeightGroup | None = None

@@ -34,7 +34,9 @@ class TrainerRank:
     def __init__(self, rank: int, world: int) -> None:
         import torch
 
-        torch.set_num_threads(int(os.environ.get("TRACE_TORCH_THREADS", "1")))
+        from trace_rl.environ import torch_threads
+
+        torch.set_num_threads(torch_threads())
         self.rank, self.world = rank, world
         self.trainer: PolicyTrainer | None = None
         self.weight_store: Any = None
