@@ -128,10 +128,12 @@ def predictor_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]
 
 UPDATE_KEYS = ("rollout/reward_mean", "loss/pg_loss", "loss/grad_norm", "loss/approx_kl",
                "loss/approx_kl_max", "loss/ratio_max", "loss/entropy_proxy", "loss/kl_stopped",
-               "loss/kl_after_step_max")
+               "loss/kl_after_step_max", "time/step_s", "time/rollout_s")
 """Per-step statistics of the rollouts and the update kept in a run record (``extra["per_step"]``),
 so that a run's stability can be read after its store is gone (a replaced machine keeps only the
-committed records)."""
+committed records), and each step's seconds: a run resumed in a later process (``flows.train``
+resumes after the last complete step) has a ``wall_s`` of that process only, while the steps'
+seconds cover every step, whichever process ran it."""
 
 
 def update_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:

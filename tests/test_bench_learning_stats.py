@@ -134,6 +134,7 @@ def test_report_names_the_best_baseline_not_a_variant_and_the_root_auc(tmp_path,
 
     per_step = update_curves([{"loss/ratio_max": 7.5, "rollout/reward_mean": 0.25}, {}])
     assert set(per_step) == set(UPDATE_KEYS) and per_step["loss/ratio_max"][0] == 7.5
+    assert math.isnan(per_step["time/step_s"][1])  # a step that logged no seconds
     assert per_step["rollout/reward_mean"][0] == 0.25 and math.isnan(per_step["loss/pg_loss"][1])
     curves = predictor_curves([{"predictor/root_auc": 0.5}, {}, {"predictor/root_auc": 0.7,
                                                                   "predictor/flip_predicted": 0.1},
