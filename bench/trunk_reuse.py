@@ -40,11 +40,13 @@ def paths(vocab: int, n: int, tokens: int, seed: int = 0) -> list[Any]:
     return out
 
 
-def rl_settings(trainable_layers: int, reuse_trunk: bool, epochs: int = 2, micro_batch: int = 4,
-                guard: bool = True) -> Any:
-    """The update settings of the RL runs on the SmolLM2 warm starts (clip 0.2/0.28, no KL
-    penalty, two mini-batches); ``guard`` keeps the KL guard's re-scoring on without ever
-    stopping (every step is re-scored), off sets its limits to 0."""
+def timed_settings(trainable_layers: int, reuse_trunk: bool, epochs: int = 2, micro_batch: int = 4,
+                   guard: bool = True) -> Any:
+    """The update settings these benchmarks time: the RL runs' on the SmolLM2 warm starts where
+    they set the cost (PPO epochs, micro-batches, trainable layers, the KL guard's re-scoring),
+    but two mini-batches and ``seq-mean-token-mean`` where the runs take TrainConfig's one and
+    ``seq-mean-token-sum``, and lr 1e-5; ``guard`` keeps the re-scoring on without ever stopping
+    (every step is re-scored), off sets its limits to 0."""
     from trace_rl.policy.update import UpdateSettings
 
     limit = 1e3 if guard else 0.0
@@ -93,8 +95,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     weights: dict[bool, torch.Tensor] = {}
     for _ in range(args.repeats):
         for reuse in (False, True):
-            settings = rl_settings(args.trainable_layers, reuse, args.epochs, args.micro_batch,
-                                   guard=not args.no_guard)
+            settings = timed_settings(args.trainable_layers, reuse, args.epochs, args.micro_batch,
+                                      guard=not args.no_guard)
             seconds, weights[reuse] = timed_update(policy, settings, samples)
             times[reuse].append(seconds)
             print(f"reuse_trunk={reuse}: {seconds:.1f} s", flush=True)

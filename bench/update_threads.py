@@ -4,8 +4,9 @@ The RL runs' trainer takes ``$TRACE_TORCH_THREADS`` threads (default 1, ``tasks.
 the tiny policy a second thread gained nothing and spin-waited against the rollout engine. The
 update runs while the engine sits idle between steps, though, and SmolLM2's update is most of a
 HotpotQA step (260 s of a 320-s step, 2026-12-04). This times ``PolicyTrainer.update`` on the same
-synthetic paths as ``bench.trunk_reuse`` (its defaults: the RL runs' settings, the frozen trunk
-reused) with 1 and with 2 threads, alternating so that a busy machine slows both alike.
+synthetic paths and settings as ``bench.trunk_reuse`` (``timed_settings``: the RL runs' cost
+settings, the frozen trunk reused) with 1 and with 2 threads, alternating so that a busy machine
+slows both alike.
 
     python -m bench.update_threads                      # SmolLM2-135M-Instruct, 16 x 512 tokens
     python -m bench.update_threads --tokens 1024 --repeats 2
@@ -22,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from bench.trunk_reuse import paths, rl_settings, timed_update
+from bench.trunk_reuse import paths, timed_settings, timed_update
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     policy = resolve_policy(args.policy)
     samples = paths(AutoConfig.from_pretrained(policy).vocab_size, args.paths, args.tokens)
-    settings = rl_settings(args.trainable_layers, reuse_trunk=True)
+    settings = timed_settings(args.trainable_layers, reuse_trunk=True)
     times: dict[int, list[float]] = {1: [], 2: []}
     before = torch.get_num_threads()
     try:

@@ -290,7 +290,7 @@ def test_trunk_reuse_bench_times_both_settings_on_the_same_paths(tiny_model_dir,
 
 def test_update_threads_bench_times_both_counts_and_restores_its_caller(tiny_model_dir, tmp_path):
     """``python -m bench.update_threads`` on the test preset: one and two threads timed with the
-    RL runs' settings, and the caller's thread count left as it was."""
+    benchmark's settings, and the caller's thread count left as it was."""
     from bench.update_threads import main
 
     before = torch.get_num_threads()

@@ -65,13 +65,9 @@ def torch_threads() -> int:
     """Torch threads for a trainer or engine process: ``$TRACE_TORCH_THREADS``, default 1 (a
     positive integer; anything else is a ``ValueError`` naming the variable)."""
     raw = os.environ.get("TRACE_TORCH_THREADS", "1")
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
+    if not raw.strip().isdecimal() or int(raw) < 1:
         raise ValueError(f"TRACE_TORCH_THREADS={raw!r}: expected a positive integer (torch threads)")
-    return n
+    return int(raw)
 
 
 def apply() -> None:

@@ -34,6 +34,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError
 from trace_rl.cluster import accelerator, kill_actors
 from trace_rl.cluster.sync import Layout, WeightGroup
 from trace_rl.engines import make_engine
+from trace_rl.environ import torch_threads
 from trace_rl.rollout.types import Completion, GenRequest
 
 ROUTINGS = ("sticky", "round_robin")
@@ -44,8 +45,6 @@ class EngineWorker:
 
     def __init__(self, kind: str, model_dir: str, opts: dict[str, Any]) -> None:
         import torch
-
-        from trace_rl.environ import torch_threads
 
         torch.set_num_threads(torch_threads())
         t0 = time.perf_counter()

@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from trace_rl.cluster import accelerator, kill_actors
 from trace_rl.cluster.sync import Layout, WeightGroup, layout
 from trace_rl.cluster.fsdp import FSDPTrainer, make_trainer
+from trace_rl.environ import torch_threads
 from trace_rl.policy.update import PathSample, PolicyTrainer, Ranks, UpdateSettings
 
 
@@ -33,8 +34,6 @@ class TrainerRank:
 
     def __init__(self, rank: int, world: int) -> None:
         import torch
-
-        from trace_rl.environ import torch_threads
 
         torch.set_num_threads(torch_threads())
         self.rank, self.world = rank, world
