@@ -274,7 +274,8 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
         done = store.last_complete_step(run_id)
         start = 0 if done is None else done + 1
         initial = _initial_policy(cfg, workdir, watch)
-        policy_dir = str(initial) if done is None else str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
+        policy_dir = str(initial) if done is None else \
+            str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:
             logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)
         skip = evaluate.bootstrap_items(str(initial))
@@ -283,8 +284,10 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
             logger.info("held-out accuracy before training: %.3f (%d items x %d samples)",
                         before["accuracy"], before["items"], before["samples"])
         for step in range(start, cfg.steps):
-            store.mark_step(run_id, step, "running")
+            # Named running before the mark: a mark that is written but then fails to publish
+            # (a full disk) still gets the step marked failed, never left "running".
             running = step
+            store.mark_step(run_id, step, "running")
             policy_dir, metrics = run_step(cfg, workdir, run_id, step, policy_dir, mlflow_run_id,
                                            watch)
             store.mark_step(run_id, step, "complete", metrics)

@@ -137,6 +137,40 @@ def test_original_error_wins_over_a_failing_handler(tiny_model_dir, tmp_path, mo
     assert _mlflow_status(tmp_path, mlflow_run_id) == "FINISHED"
 
 
+def test_a_step_mark_written_but_not_published_is_still_marked_failed(tiny_model_dir, tmp_path,
+                                                                     monkeypatch):
+    """The disk fills between writing step 1's "running" mark and publishing it (the copy for
+    readers fails half-written, as on the real full disk below when it fills between steps):
+    the step ends "failed", not "running", in what readers see, the original ENOSPC is raised,
+    and no half-written copy is left holding the space."""
+    import trace_rl.storage.published as published
+    from flows.train import train
+
+    real_copy, real_mark = published.shutil.copyfile, TreeStore.mark_step
+    armed = []
+
+    def mark(self, run_id, step, status, metrics=None):
+        if (step, status) == (1, "running"):
+            armed.append(True)  # the next publish, this mark's, fails
+        return real_mark(self, run_id, step, status, metrics)
+
+    def copy_fails_once(src, dst, *args, **kwargs):
+        if armed and armed.pop():
+            Path(dst).write_bytes(b"\0" * 4096)  # what the copy wrote before the disk filled
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return real_copy(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(TreeStore, "mark_step", mark)
+    monkeypatch.setattr(published.shutil, "copyfile", copy_fails_once)
+    cfg = {**TINY, "policy": str(tiny_model_dir), "eval_items": 0, "run_id": "unpublished"}
+    with pytest.raises(OSError) as err:
+        train(config=cfg, workdir=str(tmp_path))
+    assert err.value.errno == errno.ENOSPC
+    assert _statuses(TreeStore(tmp_path, create=False), "unpublished") == \
+        ("failed", {0: "complete", 1: "failed"})
+    assert not list(tmp_path.glob(".*.publish-*"))
+
+
 # ---------------------------------------------------------------- a real full disk
 
 

@@ -219,8 +219,12 @@ class PublishedDatabase:
         (atomic: a reader sees the old snapshot or the new one, never a torn file)."""
         t0 = time.perf_counter()
         tmp = self.path.with_name(f".{self.path.name}.publish-{os.getpid()}")
-        shutil.copyfile(self.private, tmp)
-        os.replace(tmp, self.path)
+        try:
+            shutil.copyfile(self.private, tmp)
+            os.replace(tmp, self.path)
+        except BaseException:  # a full disk: no partial copy left to hold the space
+            tmp.unlink(missing_ok=True)
+            raise
         self._published_at = time.perf_counter()
         self.publish_seconds.append(self._published_at - t0)
         with PublishedDatabase._locks_guard:
