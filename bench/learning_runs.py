@@ -279,13 +279,17 @@ def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any
     but the method and seed), the evaluation settings, the starting policy's record and the
     trainer's torch threads (``$TRACE_TORCH_THREADS``, named only when not the default 1, so the
     records made at 1 keep their signatures): another thread count sums the update in another
-    order, so its runs do not pair with those."""
+    order, so its runs do not pair with those. The config's ``NEVER_HASHED`` fields are left out."""
     import hashlib
 
+    from trace_rl.config_hash import NEVER_HASHED
     from trace_rl.environ import torch_threads
 
     record = Path(policy) / "bootstrap.json"
     policy_id = json.loads(record.read_text()).get("input_hash", "") if record.exists() else policy
+    # where a run executes and what it keeps (--set cluster=..., keep_checkpoints=...) are not
+    # what it computes, as in the run id
+    base = {k: v for k, v in base.items() if k not in NEVER_HASHED}
     parts: dict[str, Any] = {"base": base, "eval_steps": list(eval_steps), "ev": ev,
                              "policy": policy_id}
     threads = torch_threads()

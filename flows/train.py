@@ -37,6 +37,7 @@ from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import Allocator, RootPool
 from trace_core.waves import outcome_counts, refill_wave
 from trace_rl.config import TrainConfig, check_inputs
+from trace_rl.config_hash import NEVER_HASHED
 from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
 from trace_rl.storage.locks import train_lock
@@ -142,10 +143,16 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
                "time/rollout_s": t_rollout, "time/sync_s": sync_s,
                "time/step_s": time.perf_counter() - t0}
     plot = cfg.plot_every > 0 and step % cfg.plot_every == 0
-    register = (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
+    register = _registered(cfg, step)
     t.log_step(workdir, mlflow_run_id, run_id, step, metrics, new_policy,
                str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot, register)
     return new_policy, metrics
+
+
+def _registered(cfg: TrainConfig, step: int) -> bool:
+    """Whether step ``step``'s policy is registered in MLflow (every ``checkpoint_every`` steps
+    and the last step)."""
+    return (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
 
 
 def _expand_wave(t: StepTasks, cfg: TrainConfig, workdir: str, run_id: str, step: int,
@@ -293,6 +300,8 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
             store.mark_step(run_id, step, "complete", metrics)
             running = None
             runtime.drop_optimizer_state(workdir, run_id, step - 1)  # only the newest resumes
+            runtime.drop_old_checkpoints(workdir, run_id, step, cfg.keep_checkpoints,
+                                         lambda s: _registered(cfg, s))
             history.append(metrics)
             _say_step(logger, step, metrics)
         if cfg.eval_items:
@@ -320,7 +329,12 @@ def _register_run(cfg: TrainConfig, workdir: str, store: Any, tracker: Tracker,
     store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
                    prefect_flow_run_id=str(flow_run.get_id() or ""))
     _hold_reserve(workdir)
-    tracker.log_config(cfg.to_dict())
+    # Params are immutable, and a run may resume on another cluster or with another checkpoint
+    # retention (not in the run id): those go in tags, which show the latest values.
+    config = cfg.to_dict()
+    tracker.log_config({k: v for k, v in config.items() if k not in NEVER_HASHED})
+    for k in NEVER_HASHED:
+        tracker.client.set_tag(mlflow_run_id, f"trace.{k}", str(config[k]))
     track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
 
 

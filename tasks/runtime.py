@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import shutil
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -190,6 +191,15 @@ def drop_optimizer_state(workdir: str, run_id: str, step: int) -> None:
 
     if step >= 0:
         Paths(Path(workdir)).policy_dir(run_id, step).joinpath(OPTIMIZER_STATE).unlink(missing_ok=True)
+
+
+def drop_old_checkpoints(workdir: str, run_id: str, step: int, keep: int, registered: Any) -> None:
+    """With step ``step`` complete, delete the weights of step ``step - keep`` (``keep`` >= 1;
+    0 keeps every step's) unless ``registered(that step)``: the newest ``keep`` checkpoints stay
+    (the newest resumes the run), and so do those registered in MLflow."""
+    old = step - keep
+    if keep > 0 and old >= 0 and not registered(old):
+        shutil.rmtree(Paths(Path(workdir)).policy_dir(run_id, old), ignore_errors=True)
 
 
 def configure_threads() -> int:

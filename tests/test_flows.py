@@ -177,6 +177,30 @@ def _check_summary(result: dict, workdir: Path, client) -> None:
     assert f"| {after['accuracy']:.3f} |" in artifact.data and "generated tokens" in artifact.data
 
 
+def test_keep_checkpoints_keeps_the_newest_and_the_registered(tiny_model_dir, tmp_path):
+    """keep_checkpoints=1 with checkpoint_every=2 over 4 steps: steps 1 and 3 are registered in
+    MLflow and stay, steps 0 and 2 go once a later step is complete; the run id is the one the
+    default retention gives (it resumes with either), and a resume after the run still finds
+    its newest checkpoint."""
+    from flows.train import train
+    from trace_rl.config import config_from_mapping
+
+    cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 4, "eval_items": 0, "plot_every": 0,
+           "checkpoint_every": 2, "keep_checkpoints": 1}
+    same = {k: v for k, v in cfg.items() if k != "keep_checkpoints"}
+    assert config_from_mapping(cfg).resolved_run_id == config_from_mapping(same).resolved_run_id
+    summary = train(config=cfg, workdir=str(tmp_path))
+    kept = [Paths(tmp_path).policy_dir(summary["run_id"], s).is_dir() for s in range(4)]
+    assert kept == [False, True, False, True]
+    assert (Paths(tmp_path).policy_dir(summary["run_id"], 3) / "optimizer.pt").exists()
+    again = train(config=same, workdir=str(tmp_path))
+    assert again["steps_run"] == 0
+    from mlflow import MlflowClient  # not a param (immutable): a tag, with the latest value
+
+    run = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(again["mlflow_run_id"])
+    assert run.data.tags["trace.keep_checkpoints"] == "0" and "keep_checkpoints" not in run.data.params
+
+
 def test_sigkill_mid_step_then_resume(tiny_model_dir, tmp_path):
     """Kill -9 the flow while step 1 is being written; the re-run resumes: finished phases are
     cache hits, no node is duplicated or lost, the same MLflow run continues."""

@@ -2,8 +2,8 @@
 
 A run id is ``<run_name>-<config hash>`` (``TrainConfig.resolved_run_id``), so the hash must stay
 the same for a config that computes the same thing: re-running it resumes the run. It covers
-every field that changes results, not the run's name or id, not where it executes
-(``NEVER_HASHED``), and fields added after runs were made only when set
+every field that changes results, not the run's name or id, not where it executes or what it
+keeps (``NEVER_HASHED``), and fields added after runs were made only when set
 (``HASHED_UNLESS_DEFAULT``), so adding one keeps the ids of the runs made before it.
 """
 
@@ -18,9 +18,11 @@ HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_h
                          "chain_hazard_b", "chain_alias_share", "chain_train_items", "chain_facts",
                          "chain_syllables", "trainable_layers", "clip_ratio_c")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
-NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy", "weight_sync")
-"""Where a run executes, not what it computes: never in ``config_hash`` (the run id), so a run
-resumes on a cluster of another size (docs/cluster.md)."""
+NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy", "weight_sync",
+                "keep_checkpoints")
+"""Where a run executes and what it keeps on disk, not what it computes: never in
+``config_hash`` (the run id), so a run resumes on a cluster of another size (docs/cluster.md)
+or with another checkpoint retention."""
 
 
 def config_hash(cfg: BaseModel) -> str:

@@ -424,9 +424,13 @@ class PolicyTrainer:
         out = Path(out_dir)
         tmp = out.with_name(out.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(tmp, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)
-        torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_STATE)
+        try:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_STATE)
+        except BaseException:  # a full disk: no half-written copy left holding the space
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)  # a kill mid-save never leaves a half-written checkpoint under `out`
