@@ -300,8 +300,9 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
             store.mark_step(run_id, step, "complete", metrics)
             running = None
             runtime.drop_optimizer_state(workdir, run_id, step - 1)  # only the newest resumes
-            runtime.drop_old_checkpoints(workdir, run_id, step, cfg.keep_checkpoints,
-                                         lambda s: _registered(cfg, s))
+            old = step - cfg.keep_checkpoints  # out of the newest keep_checkpoints (0: keep all)
+            if cfg.keep_checkpoints and old >= 0 and not _registered(cfg, old):
+                runtime.drop_checkpoint(workdir, run_id, old)
             history.append(metrics)
             _say_step(logger, step, metrics)
         if cfg.eval_items:

@@ -193,13 +193,9 @@ def drop_optimizer_state(workdir: str, run_id: str, step: int) -> None:
         Paths(Path(workdir)).policy_dir(run_id, step).joinpath(OPTIMIZER_STATE).unlink(missing_ok=True)
 
 
-def drop_old_checkpoints(workdir: str, run_id: str, step: int, keep: int, registered: Any) -> None:
-    """With step ``step`` complete, delete the weights of step ``step - keep`` (``keep`` >= 1;
-    0 keeps every step's) unless ``registered(that step)``: the newest ``keep`` checkpoints stay
-    (the newest resumes the run), and so do those registered in MLflow."""
-    old = step - keep
-    if keep > 0 and old >= 0 and not registered(old):
-        shutil.rmtree(Paths(Path(workdir)).policy_dir(run_id, old), ignore_errors=True)
+def drop_checkpoint(workdir: str, run_id: str, step: int) -> None:
+    """Delete step ``step``'s local policy checkpoint (``TrainConfig.keep_checkpoints``)."""
+    shutil.rmtree(Paths(Path(workdir)).policy_dir(run_id, step), ignore_errors=True)
 
 
 def configure_threads() -> int:
