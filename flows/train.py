@@ -330,12 +330,9 @@ def _register_run(cfg: TrainConfig, workdir: str, store: Any, tracker: Tracker,
     store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
                    prefect_flow_run_id=str(flow_run.get_id() or ""))
     _hold_reserve(workdir)
-    # Params are immutable, and a run may resume on another cluster or with another checkpoint
-    # retention (not in the run id): those go in tags, which show the latest values.
-    config = cfg.to_dict()
-    tracker.log_config({k: v for k, v in config.items() if k not in NEVER_HASHED})
-    for k in NEVER_HASHED:
-        tracker.client.set_tag(mlflow_run_id, f"trace.{k}", str(config[k]))
+    # a run may resume on another cluster or with another checkpoint retention (not in the run
+    # id): those fields are tags, not immutable params
+    tracker.log_config(cfg.to_dict(), mutable=NEVER_HASHED)
     track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
 
 

@@ -19,12 +19,12 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow import MlflowClient  # noqa: E402  (telemetry must be off before mlflow is imported)
-from mlflow.entities import Metric, Param  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 from trace_rl.storage.locks import file_lock  # noqa: E402
@@ -219,12 +219,18 @@ class Tracker(ModelRegistry):
 
     # ---------------------------------------------------------------- params and metrics
 
-    def log_config(self, config: Mapping[str, Any]) -> int:
-        """Log the full config as params (nested keys dotted). Returns how many were new.
+    def log_config(self, config: Mapping[str, Any], mutable: Collection[str] = ()) -> int:
+        """Log the config as params (nested keys dotted). Returns how many params were new.
 
         Params are immutable in MLflow: on resume, keys already logged must keep their values;
-        a changed value is an error naming the keys rather than a silently mixed run.
+        a changed value is an error naming the keys rather than a silently mixed run. The
+        top-level keys in ``mutable`` (those a run may resume with other values of) go in tags
+        ``trace.<key>`` instead, which hold the latest value.
         """
+        tags = [RunTag(f"trace.{k}", str(config[k])) for k in mutable if k in config]
+        if tags:
+            self.client.log_batch(self._run(), tags=tags)
+        config = {k: v for k, v in config.items() if k not in mutable}
         flat = {k: "None" if v is None else str(v) for k, v in flatten(config).items()}
         long = [k for k, v in flat.items() if len(v) > PARAM_VALUE_LIMIT]
         if long:
