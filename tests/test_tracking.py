@@ -40,6 +40,20 @@ def test_metrics_and_params_land(workdir):
     assert "sqlite:///" in tr.ui_command
 
 
+def test_mutable_fields_are_tags_and_a_refused_resume_changes_none(workdir):
+    tr = Tracker(workdir)
+    run_id = tr.start_or_resume("run-mutable")
+    assert tr.log_config({**CONFIG, "keep": 3}, mutable=["keep"]) == 6  # keep is not a param
+    data = tr.client.get_run(run_id).data
+    assert "keep" not in data.params and data.tags["trace.keep"] == "3"
+    assert tr.log_config({**CONFIG, "keep": 5}, mutable=["keep"]) == 0  # resumed with another value
+    assert tr.client.get_run(run_id).data.tags["trace.keep"] == "5"
+    with pytest.raises(TrackingError, match="run.lr"):
+        tr.log_config({**CONFIG, "run": {"steps": 3, "lr": 3e-4}, "keep": 9}, mutable=["keep"])
+    assert tr.client.get_run(run_id).data.tags["trace.keep"] == "5"
+    tr.end()
+
+
 def test_resume_continues_the_same_run(workdir):
     first = Tracker(workdir)
     run_id = first.start_or_resume("run-b", run_name="trial")

@@ -228,8 +228,6 @@ class Tracker(ModelRegistry):
         ``trace.<key>`` instead, which hold the latest value.
         """
         tags = [RunTag(f"trace.{k}", str(config[k])) for k in mutable if k in config]
-        if tags:
-            self.client.log_batch(self._run(), tags=tags)
         config = {k: v for k, v in config.items() if k not in mutable}
         flat = {k: "None" if v is None else str(v) for k, v in flatten(config).items()}
         long = [k for k, v in flat.items() if len(v) > PARAM_VALUE_LIMIT]
@@ -243,8 +241,9 @@ class Tracker(ModelRegistry):
                                 f"(e.g. {changed[0]}: {have[changed[0]]!r} -> {flat[changed[0]]!r});"
                                 f" start a new run to change them")
         new = [Param(k, v) for k, v in sorted(flat.items()) if k not in have]
-        for i in range(0, len(new), 100):  # MLflow's limit on params per batch
-            self.client.log_batch(self._run(), params=new[i:i + 100])
+        # tags only once the params are known to agree, so a refused resume changes nothing
+        for i in range(0, max(len(new), 1), 100):  # MLflow's limit on params per batch
+            self.client.log_batch(self._run(), params=new[i:i + 100], tags=tags if i == 0 else [])
         return len(new)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
