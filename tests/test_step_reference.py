@@ -7,8 +7,12 @@ that main at f399c1a stored for the same configs (tests/data/step_reference.json
 Sampling on the CPU is deterministic for a given torch build and CPU; with another torch version
 the reference does not apply, and the test says so rather than compare. Another CPU samples other
 trees from the same code (measured: f399c1a itself grows 29 nodes for DAPO on an AMD EPYC where
-the reference has 32), so the reference holds f399c1a's trees per CPU (``trees_by_cpu``,
-``cpu_key()``), and ``trees`` (the machine it was first computed on) for any other.
+the reference has 32; on an AVX2-only AMD EPYC 30), so the reference holds f399c1a's trees per
+CPU (``trees_by_cpu``, ``cpu_key()``), and ``trees`` (the machine it was first computed on) for any
+other. To add a CPU: ``git worktree add <dir> f399c1a``, copy this reference into its tests/data,
+run the three configs there through its own ``tiny_model_dir`` fixture and ``train`` flow (with
+``PYTHONPATH=<dir>`` so its modules, not this checkout's, are imported), and store the
+``stored_trees`` query's rows under ``trees_by_cpu[cpu_key()]``.
 """
 
 from __future__ import annotations
@@ -51,7 +55,11 @@ def test_same_trees_as_before_the_rewrite(case, tiny_model_dir, tmp_path):
     config = {**REFERENCE["base"], **REFERENCE["cases"][case], "policy": str(tiny_model_dir)}
     summary = train(config=config, workdir=str(tmp_path))
     got = stored_trees(TreeStore(tmp_path / "trace.duckdb", create=False), summary["run_id"])
-    want = REFERENCE.get("trees_by_cpu", {}).get(cpu_key(), REFERENCE["trees"])[case]
-    assert len(got) == len(want)
+    known = REFERENCE.get("trees_by_cpu", {})
+    want = known.get(cpu_key(), REFERENCE["trees"])[case]
+    assert len(got) == len(want), (
+        f"{len(got)} nodes, the reference {len(want)}" + ("" if cpu_key() in known else
+        f"; no f399c1a trees for this CPU ({cpu_key()!r}): compared with the first machine's, "
+        "and another CPU samples other trees; add this CPU's (module docstring)"))
     for mine, theirs in zip(got, want):
         assert mine == theirs, {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
