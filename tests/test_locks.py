@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -30,14 +31,39 @@ def _hold(workdir: Path, run_id: str) -> subprocess.Popen:
     return proc
 
 
-def test_a_busy_work_dir_is_refused_at_once_naming_the_holder(tmp_path):
+class Sleeps:
+    """``trace_rl.storage.locks``'s ``time`` with its sleeps recorded (and still slept), and an
+    event set at the first one: a test sees whether and when a lock waited, not for how long."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+        self.first = threading.Event()
+
+    def sleep(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        self.first.set()
+        time.sleep(seconds)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> Sleeps:
+    from trace_rl.storage import locks
+
+    s = Sleeps()
+    monkeypatch.setattr(locks, "time", s)
+    return s
+
+
+def test_a_busy_work_dir_is_refused_at_once_naming_the_holder(tmp_path, sleeps):
     proc = _hold(tmp_path, "demo-abc123")
     try:
-        t0 = time.perf_counter()
         with pytest.raises(WorkdirBusyError, match=f"pid {proc.pid}.*run demo-abc123") as info:
             with train_lock(tmp_path, "other"):
                 pass
-        assert time.perf_counter() - t0 < 2
+        assert sleeps.calls == []  # at once: refused on the first try, without a wait or a retry
         assert info.value.holder["pid"] == proc.pid and "--wait" in str(info.value)
         with pytest.raises(WorkdirBusyError):  # a bounded wait gives up too
             with train_lock(tmp_path, "other", wait=0.3, poll_s=0.1):
@@ -51,15 +77,22 @@ def test_a_busy_work_dir_is_refused_at_once_naming_the_holder(tmp_path):
     assert (tmp_path / TRAIN_LOCK).read_text() == ""  # no stale holder left behind
 
 
-def test_wait_starts_when_the_holder_ends(tmp_path):
+def test_wait_starts_when_the_holder_ends(tmp_path, sleeps):
     proc = _hold(tmp_path, "first")
-    try:
-        import threading
+    order: list[str] = []
 
-        threading.Timer(1.0, lambda: (proc.stdin.write("\n"), proc.stdin.flush())).start()
-        t0 = time.perf_counter()
+    def release() -> None:  # once the waiter has found the work dir busy and begun to wait
+        sleeps.first.wait()
+        order.append("holder released")
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+
+    try:
+        threading.Thread(target=release, daemon=True).start()
         with train_lock(tmp_path, "second", wait=True, poll_s=0.1) as mine:
-            assert mine["run_id"] == "second" and time.perf_counter() - t0 >= 0.9
+            order.append("second holds")
+            assert mine["run_id"] == "second"
+        assert order == ["holder released", "second holds"] and sleeps.calls
     finally:
         proc.kill()
         proc.wait()

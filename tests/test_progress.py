@@ -3,27 +3,79 @@
 from __future__ import annotations
 
 import io
-import time
+import threading
+import types
 
 import pytest
 
+from trace_rl import progress
 from trace_rl.progress import Progress, Silent
 
 
-def test_plain_lines_report_phases_fields_and_a_heartbeat():
+class Clock:
+    """``trace_rl.progress``'s clock, moved by the test alone, and a count of the heartbeat's
+    wake-ups: a test waits for the heartbeat to have looked (``looks``), never for seconds to
+    pass, so what it sees does not depend on how busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.wakes = 0
+        self.changed = threading.Condition()
+        clock = self
+
+        class Event(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                stopped = super().wait(timeout)
+                with clock.changed:
+                    clock.wakes += 1
+                    clock.changed.notify_all()
+                return stopped
+
+        self.threading = types.SimpleNamespace(Event=Event, Lock=threading.Lock,
+                                               Thread=threading.Thread)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def looks(self, n: int = 2) -> None:
+        """Return once the heartbeat has woken ``n`` more times: after two wake-ups it has checked
+        the clock at least once since the caller's last move."""
+        with self.changed:
+            target = self.wakes + n
+            assert self.changed.wait_for(lambda: self.wakes >= target, timeout=120), \
+                "the heartbeat thread never woke"
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(progress, "time", c)
+    monkeypatch.setattr(progress, "threading", c.threading)
+    return c
+
+
+def test_plain_lines_report_phases_fields_and_a_heartbeat(clock):
     out = io.StringIO()
-    with Progress("job", 10, stream=out, every_s=0.2, terminal=False) as p:
+    # every_s is on the test's clock; the heartbeat also wakes every 0.05 s of real time to look.
+    with Progress("job", 10, stream=out, every_s=0.05, terminal=False) as p:
         p.note("warming up")
         p.advance(3, epoch="1/2", loss=0.123456)
-        time.sleep(0.7)  # no report from the caller: the heartbeat must speak
+        clock.looks()
+        assert len(out.getvalue().splitlines()) == 1  # no time has passed: nothing more to say
+        for _ in range(2):
+            clock.advance(1.0)  # no report from the caller: the heartbeat must speak
+            clock.looks()
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("job: 0/10 steps") and lines[0].endswith("warming up")
     beats = [ln for ln in lines[1:-1] if "3/10 steps" in ln]
-    assert len(beats) >= 2, lines  # at least one line per 0.2 s while the caller was silent
+    assert [b.split(" | ")[1] for b in beats] == ["1 s", "2 s"], lines  # one line per silence
     assert "| done |" in lines[-1] and "epoch 1/2, loss 0.123" in lines[-1]
 
 
-def test_advance_is_throttled_between_heartbeats():
+def test_advance_is_throttled_between_heartbeats(clock):
     out = io.StringIO()
     with Progress("job", 1000, stream=out, every_s=60, terminal=False) as p:
         for _ in range(1000):
@@ -55,19 +107,22 @@ def test_silent_does_nothing(capsys):
     assert capsys.readouterr() == ("", "")
 
 
-def test_quiet_speaks_only_when_a_phase_runs_long():
+def test_quiet_speaks_only_when_a_phase_runs_long(clock):
     out = io.StringIO()
-    with Progress("train", 0, stream=out, every_s=0.3, quiet=True) as p:
-        for name in ("a", "b", "c", "d"):  # quick phases: nothing to say
+    with Progress("train", 0, stream=out, every_s=0.05, quiet=True) as p:
+        for name in ("a", "b", "c", "d"):  # quick phases (0.12 s in all): nothing to say
             p.note(name)
-            time.sleep(0.1)
+            clock.advance(0.03)
+            clock.looks()
         assert out.getvalue() == ""
         p.note("slow phase")
-        time.sleep(0.8)
+        clock.advance(1.0)
+        clock.looks()
         p.note(None)  # a phase that reports for itself: the watchdog pauses
         said = out.getvalue()
-        time.sleep(0.7)
+        clock.advance(1.0)
+        clock.looks()
     lines = out.getvalue().splitlines()
     assert said == out.getvalue()  # nothing while paused, nothing at close
-    assert 1 <= len(lines) <= 3 and all("slow phase (still running)" in ln for ln in lines)
+    assert len(lines) == 1 and "slow phase (still running)" in lines[0]
     assert lines[0].startswith("train: ") and "steps" not in lines[0]
