@@ -41,7 +41,10 @@ import pytest
 
 from trace_rl.envs.sandbox import SandboxLimits, probe_containment, run_python
 
-LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_bytes=1 << 30, max_processes=16)
+# The wall limit stops the sleeping program, the endless loop and the fork bomb (4 s ran out on
+# the loop, 2 s of CPU four at a time, on a busy 2-core box); the rest take 0.1-0.7 s here, and
+# 10 s leaves them room to start on a loaded machine (a box's Python once took over 2.5 s).
+LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=10.0, memory_bytes=1 << 30, max_processes=16)
 MARK = "ESC" + "APED"
 TOKEN = secrets.token_hex(6)
 
@@ -297,11 +300,15 @@ class Listener:
         self.tcp_port = self.socks[2].getsockname()[1]
         self.udp_port = self.socks[3].getsockname()[1]
         self.stop = threading.Event()
+        self.rounds, self.looked = 0, threading.Condition()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self) -> None:
         while not self.stop.is_set():
+            with self.looked:
+                self.rounds += 1
+                self.looked.notify_all()
             for key, _ in self.sel.select(timeout=0.1):
                 s, kind = key.fileobj, key.data
                 try:
@@ -317,6 +324,14 @@ class Listener:
                     conn.close()
                 except OSError:
                     continue
+
+    def drain(self) -> None:
+        """Return once every connection already made has been recorded: after two more rounds of
+        the listener, the second begun after this call, whose select saw whatever was queued."""
+        with self.looked:
+            target = self.rounds + 2
+            assert self.looked.wait_for(lambda: self.rounds >= target, timeout=120), \
+                "the listener thread stopped"
 
     def close(self) -> None:
         self.stop.set()
@@ -481,7 +496,12 @@ def battery(tmp_path_factory):
             results = dict(zip(PROGRAMS, pool.map(lambda n: run_python(host.program(n), LIMITS),
                                                   PROGRAMS)))
         elapsed = time.monotonic() - t0
-        time.sleep(0.3)  # let a listener record a late connection
+        # Nothing can connect late once no sandbox process is left: wait for that (a killed
+        # process can stay listed until it is reaped), then for the listener to record the rest.
+        deadline = time.monotonic() + 60
+        while leftover_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        host.listener.drain()
         problems = host.problems()
         yield host, results, problems, elapsed
     finally:
@@ -518,7 +538,7 @@ def test_program_is_contained(battery, name):
 
 def test_battery_runs_fast_and_leaves_the_sandbox_working(battery):
     _, _, _, elapsed = battery
-    # four at a time; the slowest programs run to the 4 s wall limit
+    # four at a time; the slowest programs run to the 10 s wall limit
     assert elapsed < 90, elapsed
     assert run_python("print(6 * 7)", LIMITS).stdout == "42\n"
     assert leftover_processes() == []
