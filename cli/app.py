@@ -17,12 +17,14 @@ from trace_rl import environ
 
 environ.apply()  # Prefect's start-up limit and quiet defaults, before any flow imports prefect
 
+from cli.data import data_app  # noqa: E402
 from cli.output import console, print_query, print_replay, print_summary, print_warmstart  # noqa: E402
 from cli.prepare import (WORKDIR_HELP, checked_eval_split, load_config_or_exit,  # noqa: E402
                          prefect_ready, resolve_workdir, with_data, with_policy)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="TRACE: tree rollout allocation for sample-efficient agentic RL.")
+app.add_typer(data_app, name="data")
 
 
 @app.command()
