@@ -268,53 +268,77 @@ def test_trace_sql_answers_while_training_writes(tiny_model_dir, tmp_path):
     assert answers[-1] > answers[0]
 
 
+SCRIPTED = {**TINY, "max_new_tokens": 48, "eval_items": 0, "plot_every": 0}
+"""The tiny config for scripted rollouts (tests/scripted_engine.py): room for a scripted turn
+(at most 31 tokens), no held-out evaluation."""
+
+
 def test_dapo_refills_through_the_flow(tiny_model_dir, tmp_path):
     """DAPO's first wave fills half its groups; groups that are not mixed are refilled with fresh
-    prompts in later waves, never past the leaf budget."""
+    prompts in later waves, never past the leaf budget. Scripted so that no group can be mixed
+    (each prompt is always answered right, or always wrong): the first wave's 2 groups of 2 are
+    uniform, so a refill wave must follow, and its 2 groups spend the rest of the 8 leaves."""
     from flows.train import train
+    from scripted_engine import ArithAgent, scripted_rollouts, uniform
 
-    cfg = {**TINY, "policy": str(tiny_model_dir), "allocator": "dapo", "steps": 1,
-           "group_size": 2, "pool_size": 8, "plot_every": 0}
-    summary = train(config=cfg, workdir=str(tmp_path))
+    cfg = {**SCRIPTED, "policy": str(tiny_model_dir), "allocator": "dapo", "steps": 1,
+           "group_size": 2, "pool_size": 8}
+    with scripted_rollouts(ArithAgent(lambda question: float(uniform("dapo", question) < 0.5))):
+        summary = train(config=cfg, workdir=str(tmp_path))
     m = summary["last_metrics"]
     store = TreeStore(tmp_path / "trace.duckdb", create=False)
-    trees = store.query("SELECT DISTINCT tree_id FROM nodes").column("tree_id").to_pylist()
     leaves = TINY["root_budget"] * (1 + TINY["multiplier"])
-    assert m["rollout/leaves"] <= leaves
-    if m["tree/effective_ratio"] < 1.0:  # some group was not mixed: a refill wave followed
-        assert m["alloc/refill_waves"] >= 1
-        assert max(trees) >= cfg["pool_size"]  # refill trees are numbered after the first wave's
-        waves = store.query("SELECT method, trajectories FROM ledger ORDER BY method").to_pylist()
-        assert waves[0]["method"] == "dapo" and waves[1]["method"] == "dapo:refill1"
-        assert sum(w["trajectories"] for w in waves) == m["ledger/trajectories"] == m["rollout/leaves"]
+    assert m["tree/effective_ratio"] == 0.0 and m["alloc/refill_waves"] == 1
+    assert m["rollout/leaves"] == leaves
+    waves = store.query("SELECT method, trajectories FROM ledger ORDER BY method").to_pylist()
+    assert waves == [{"method": "dapo", "trajectories": 4},
+                     {"method": "dapo:refill1", "trajectories": 4}]
+    assert m["ledger/trajectories"] == leaves
+    roots = store.query("SELECT tree_id, item_id FROM nodes WHERE depth = 0 ORDER BY tree_id").to_pylist()
+    first = [r for r in roots if r["tree_id"] < cfg["pool_size"]]
+    refill = [r for r in roots if r["tree_id"] >= cfg["pool_size"]]  # numbered after the first wave's
+    assert len(first) == len(refill) == 2
+    assert not {r["item_id"] for r in first} & {r["item_id"] for r in refill}  # fresh prompts
 
 
 def test_joint_split_through_the_flow(tiny_model_dir, tmp_path):
     """TRACE with the joint split: after the bare rollouts the rest of the leaf budget goes to
     continuations or to a level-0 wave of prompts not yet rolled out; the budget is spent exactly
-    either way and the wave's trees are numbered after the first wave's. The untrained test
-    policy's trees are what they are, so whether a fresh prompt wins is read from the store."""
+    and the wave's trees are numbered after the first wave's. Scripted so that the fresh prompts
+    must win: every episode answers at once, right in the even copies of a request and wrong in
+    the odd ones, so every group is mixed; a mixed root is no candidate for continuations and a
+    one-turn episode leaves no deeper prefix, so all M N leaves after the bare rollouts go to
+    fresh prompts, in both steps."""
     from flows.train import train
+    from scripted_engine import arith_answer, question_of, say, scripted_rollouts
 
-    cfg = {**TINY, "policy": str(tiny_model_dir), "steps": 2, "pool_size": 8, "plot_every": 0,
+    def respond(context: str, j: int, seed: int | None) -> str:
+        gold = arith_answer(question_of(context))
+        return say("answer", gold if j % 2 == 0 else gold + 1, "at once")
+
+    cfg = {**SCRIPTED, "policy": str(tiny_model_dir), "steps": 2, "pool_size": 8,
            "joint_split": True, "correlation_window": 1, "correlation_min_terms": 1}
-    summary = train(config=cfg, workdir=str(tmp_path))
+    with scripted_rollouts(respond):
+        summary = train(config=cfg, workdir=str(tmp_path))
     store = TreeStore(tmp_path / "trace.duckdb", create=False)
-    leaves = TINY["root_budget"] * (1 + TINY["multiplier"])
+    bare, fresh = TINY["root_budget"], TINY["root_budget"] * TINY["multiplier"]
     run = summary["run_id"]
     for step in range(2):
-        n = _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s AND is_leaf",
-                   r=run, s=step)
-        assert n == leaves
-        ledger = store.query("SELECT method, trajectories FROM ledger WHERE run_id = $r AND step = $s",
-                             {"r": run, "s": step}).to_pylist()
-        assert sum(w["trajectories"] for w in ledger) == leaves
-        fresh = sum(w["trajectories"] for w in ledger if w["method"] == "trace:refill1")
+        ledger = store.query("SELECT method, trajectories FROM ledger WHERE run_id = $r AND "
+                             "step = $s ORDER BY method", {"r": run, "s": step}).to_pylist()
+        assert ledger == [{"method": "trace", "trajectories": bare},
+                          {"method": "trace:refill1", "trajectories": fresh}]
         wave = _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s AND "
                              "is_leaf AND level = 0 AND tree_id >= $p", r=run, s=step, p=cfg["pool_size"])
-        assert fresh == wave
+        assert wave == fresh
+        assert _count(store, "SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s AND "
+                             "level = 1", r=run, s=step) == 0  # no continuation
+        mixed = store.query("SELECT tree_id, avg(reward) AS mean FROM nodes WHERE run_id = $r AND "
+                            "step = $s AND is_leaf GROUP BY tree_id", {"r": run, "s": step}).to_pylist()
+        assert all(0 < t["mean"] < 1 for t in mixed)
     m = summary["last_metrics"]
-    assert m["alloc/fresh_leaves"] == fresh and m["rollout/leaves"] == leaves
+    assert m["alloc/fresh_leaves"] == fresh and m["rollout/leaves"] == bare + fresh
+    assert m["tree/effective_ratio"] == 1.0
 
 
 def test_staleness_counts_from_first_offer_not_from_the_start():
