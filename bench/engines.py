@@ -179,4 +179,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from trace_rl.engines import entry_point
+
+    entry_point(main)  # its engines stop with it (trace_rl.engines.lifecycle)

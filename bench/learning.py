@@ -268,4 +268,6 @@ def summarise_recorded(workdir: Path, plot_path: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from trace_rl.engines import entry_point
+
+    entry_point(main)  # its engines stop with it (trace_rl.engines.lifecycle)

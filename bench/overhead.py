@@ -226,4 +226,6 @@ if __name__ == "__main__":
     from trace_rl import environ
 
     environ.apply()
-    sys.exit(main())
+    from trace_rl.engines import entry_point
+
+    sys.exit(entry_point(main))  # its engines stop with it (trace_rl.engines.lifecycle)

@@ -256,7 +256,11 @@ def export(
 
 
 def main() -> None:
-    app()
+    """The ``trace`` command: its rollout engines stop when it does, on success, on an error and
+    on SIGTERM/SIGINT (``trace_rl.engines.lifecycle``)."""
+    from trace_rl.engines.lifecycle import entry_point
+
+    entry_point(app)
 
 
 if __name__ == "__main__":

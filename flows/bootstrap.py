@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import resolve_workdir
+from flows.common import RELEASES_ENGINES, resolve_workdir
 from trace_rl.config import TrainConfig
 from trace_rl.environ import cache_dir
 from trace_rl.policy.bootstrap import bootstrap_policy
@@ -20,7 +20,7 @@ from trace_rl.policy.bootstrap import bootstrap_policy
 _DEFAULT = TrainConfig()
 
 
-@flow(name="bootstrap-policy", log_prints=True)
+@flow(name="bootstrap-policy", log_prints=True, **RELEASES_ENGINES)
 def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficulty,
               workdir: str | None = None, seed: int = _DEFAULT.seed, preset: str = "tiny",
               mix: list[int] | None = None, options: dict[str, Any] | None = None) -> str:

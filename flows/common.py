@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from prefect import Task
 
@@ -14,6 +15,23 @@ from tasks.runtime import PHASE_KEY, Paths, PhaseKey
 
 DEFAULT_WORKDIR = "trace_runs"
 """Where ``trace`` keeps the DuckDB file, the MLflow store and checkpoints unless told otherwise."""
+
+
+def _release_engines(flow: Any, flow_run: Any, state: Any) -> None:
+    """A flow run's last act when nothing outside it keeps the engines (a Prefect worker's
+    flow-run process, a test): shut its rollout engines down, whatever state it ended in."""
+    from trace_rl.engines import close_engines
+    from trace_rl.engines.lifecycle import in_scope
+
+    if not in_scope():
+        close_engines()
+
+
+RELEASES_ENGINES: dict[str, Any] = {hook: [_release_engines] for hook in (
+    "on_completion", "on_failure", "on_crashed", "on_cancellation")}
+"""``@flow(..., **RELEASES_ENGINES)``: the flow run shuts its engines down when it ends, unless
+it runs inside ``trace`` or a benchmark (an ``engine_scope``), which keeps them for its next flow
+and closes them itself (``trace_rl.engines.lifecycle``)."""
 
 
 def resolve_workdir(workdir: str | None) -> str:

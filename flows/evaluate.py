@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.common import resolve_workdir
+from flows.common import RELEASES_ENGINES, resolve_workdir
 from tasks import runtime
 from tasks.evaluate import rollout_eval
 from trace_rl.config import TrainConfig
@@ -36,7 +36,7 @@ def write_predictions(path: str, rows: list[dict[str, Any]]) -> str:
     return str(write_jsonl(path, rows))
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate", log_prints=True, **RELEASES_ENGINES)
 def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | None = None,
              limit: int | None = 64, samples: int = 4, temperature: float = 1.0,
              workdir: str | None = None, skip: int = 0,

@@ -18,7 +18,7 @@ import torch
 from prefect import flow, task
 from prefect.states import Completed
 
-from flows.common import resolve_workdir
+from flows.common import RELEASES_ENGINES, resolve_workdir
 from tasks import runtime
 from trace_core.predictor import auc, brier, ece
 from trace_rl.config import config_from_mapping
@@ -94,7 +94,7 @@ def _track(workdir: str, run_id: str, parent: str | None, out: dict[str, Any],
             "mlflow_run_id": tracker.run_id}
 
 
-@flow(name="retrain-predictor", log_prints=True, flow_run_name="retrain-predictor {run_id}")
+@flow(name="retrain-predictor", log_prints=True, flow_run_name="retrain-predictor {run_id}", **RELEASES_ENGINES)
 def retrain_predictor(run_id: str, workdir: str | None = None, epochs: int = 3) -> Any:
     """Refit the predictor over a run's stored trees; returns held-out calibration figures
     against the constant and the current predictor, and whether it was registered (the final

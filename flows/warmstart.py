@@ -10,12 +10,12 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import resolve_workdir
+from flows.common import RELEASES_ENGINES, resolve_workdir
 from trace_rl.environ import cache_dir
 from trace_rl.policy.warmstart import WarmstartConfig, read_record, warmstart_policy
 
 
-@flow(name="warmstart", log_prints=True)
+@flow(name="warmstart", log_prints=True, **RELEASES_ENGINES)
 def warmstart(config: dict[str, Any] | None = None, workdir: str | None = None,
               engine: str = "auto") -> dict[str, Any]:
     """Make (or reuse) the warm-started policy; return its directory and its record."""

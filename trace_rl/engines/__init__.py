@@ -8,12 +8,14 @@ the faster engine where it was measured (docs/results.md, "Engines benchmark").
 
 from __future__ import annotations
 
-import atexit
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_rl.engines import lifecycle
+from trace_rl.engines.lifecycle import engine_scope, entry_point
 from trace_rl.rollout.types import Engine
 
 
@@ -56,6 +58,12 @@ STARTUP_HINT: dict[str, str] = {"vllm": "20-65 s on this project's 2-core CPU ma
 """What an engine's start-up costs, as measured by bench/engines.py."""
 
 _CACHE: dict[tuple, Engine] = {}
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+"""Every engine ``make_engine`` built and nobody closed yet, cached or not (``close_engines``)."""
+
+SPAWNS_PROCESSES = {"vllm"}
+"""Engine kinds that run in child processes: the first one started also starts the reaper
+(``trace_rl.engines.lifecycle.watch_children``)."""
 
 
 def context_limit(model_dir: str | Path) -> int:
@@ -78,7 +86,12 @@ def make_engine(kind: str, model_dir: str | Path, **opts: Any) -> Engine:
     if not (Path(model_dir) / "config.json").is_file():
         raise FileNotFoundError(f"make_engine: {model_dir} is not a Hugging Face model directory "
                                 "(no config.json)")
-    return ENGINES[kind](model_dir, **opts)
+    if kind in SPAWNS_PROCESSES:
+        lifecycle.watch_children()
+    engine = ENGINES[kind](model_dir, **opts)
+    _LIVE.add(engine)
+    lifecycle.keep_exit_hook_first()  # after whatever the engine's start-up imported
+    return engine
 
 
 def get_engine(kind: str, model_dir: str | Path, **opts: Any) -> Engine:
@@ -101,12 +114,16 @@ def get_engine(kind: str, model_dir: str | Path, **opts: Any) -> Engine:
 
 
 def close_engines() -> None:
-    """Close every cached engine (also run at interpreter exit)."""
-    while _CACHE:
-        _CACHE.popitem()[1].close()
+    """Close every engine of this process, cached or not. Run when the outermost
+    ``engine_scope`` ends and at interpreter exit, before ``multiprocessing`` joins the engine
+    processes (``trace_rl.engines.lifecycle``)."""
+    _CACHE.clear()
+    for engine in list(_LIVE):
+        _LIVE.discard(engine)
+        engine.close()
 
 
-atexit.register(close_engines)
+lifecycle.on_close(close_engines)
 
 
 def default_engine_kind(device: str | None = None) -> str:
@@ -123,4 +140,4 @@ def default_engine_kind(device: str | None = None) -> str:
 
 
 __all__ = ["DEFAULT_ENGINE", "ENGINES", "HFEngine", "VLLMEngine", "close_engines",
-           "default_engine_kind", "get_engine", "make_engine"]
+           "default_engine_kind", "engine_scope", "entry_point", "get_engine", "make_engine"]
