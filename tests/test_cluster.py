@@ -11,7 +11,8 @@ import signal
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# A Ray cluster started once for the module (87 s beside other jobs), then 45-88 s per test.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ray = pytest.importorskip("ray")
 

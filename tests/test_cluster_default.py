@@ -15,6 +15,8 @@ from trace_rl.config import ConfigError, TrainConfig, config_from_mapping
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a subprocess importing every flow (16-57 s)
+@pytest.mark.timeout(600)
 def test_ray_is_not_imported_on_the_default(tiny_model_dir):
     """Everything a default `trace train` imports, and the engine it builds, leave Ray out."""
     code = (

@@ -15,7 +15,8 @@ import pytest
 
 from trace_rl.storage.store import TreeStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+# Two `trace train` subprocesses, one on a local Ray cluster (236 s + 71 s set-up at load 20).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(1800)]
 pytest.importorskip("ray")
 
 REPO = Path(__file__).resolve().parents[1]

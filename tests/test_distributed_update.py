@@ -17,6 +17,10 @@ import torch.multiprocessing as mp
 from trace_rl.cluster.fsdp import full, make_trainer
 from trace_rl.policy.update import OPTIMIZER_STATE, PathSample, PolicyTrainer, Ranks, UpdateSettings
 
+# Two spawned ranks per test (25-28 s each here, 79 s beside other jobs), after the one-process
+# updates of the module fixture.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
 SETTINGS = {  # 7 paths of 4 trees in micro-batches of 3: 3 micro-batches, rank 0 gets 2 of them
     # (the ranks run different numbers of forwards and backwards: FSDP2 must not all-gather there)
     "one_step": dict(epochs=1, mini_batches=1, micro_batch=3, target_kl=0.0,

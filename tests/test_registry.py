@@ -29,6 +29,7 @@ def _train_run(workdir: Path, run_id: str, policy: Path, score: float, name: str
     return {"version": version, **promotion}
 
 
+@pytest.mark.slow  # MLflow logs and loads two policy models (17 s here)
 def test_registry_champion_candidate_and_pyfunc_generation(tiny_model_dir, tmp_path, monkeypatch):
     import mlflow.pyfunc
 
@@ -77,6 +78,7 @@ def test_registry_champion_candidate_and_pyfunc_generation(tiny_model_dir, tmp_p
     assert client.get_model_version_by_alias(name, CHAMPION).version == better["version"]
 
 
+@pytest.mark.slow  # MLflow datasets, figures and three resumes (8 s here)
 def test_experiment_view_datasets_step_figures_and_resume_time(tmp_path):
     from trace_rl.envs.registry import make_env
 
@@ -127,6 +129,7 @@ def test_experiment_view_datasets_step_figures_and_resume_time(tmp_path):
     assert more.client.get_run(run_id).info.end_time > ended
 
 
+@pytest.mark.slow  # an MLflow pyfunc model logged and loaded back (6 s here)
 def test_the_predictor_is_a_pyfunc_model(tmp_path, monkeypatch):
     import mlflow.pyfunc
     import numpy as np

@@ -21,6 +21,7 @@ def runs():
     return sim, [logged_steps(sim, np.random.default_rng(seed)) for seed in range(RUNS)]
 
 
+@pytest.mark.slow  # simulated runs replayed (7-22 s each here)
 @pytest.mark.parametrize("name", ["trace", "grpo", "prompt_only"])
 def test_replay_matches_the_simulator_within_tolerance(runs, name):
     """Replaying each simulated run's stored trees estimates the expected contrastive groups the
@@ -34,6 +35,7 @@ def test_replay_matches_the_simulator_within_tolerance(runs, name):
         assert abs(e - t) <= PER_RUN * t, (estimates, truths)
 
 
+@pytest.mark.slow  # two subprocess CLIs (9 s here)
 def test_stored_trees_are_read_back_for_the_replay(tmp_path):
     """The adapter turns a stored step into the replay's input: Stage 1 scores, bare outcomes,
     prefixes with their Stage 2 scores and continuation outcomes, root continuations, and the

@@ -81,6 +81,7 @@ CHAIN = {"engine": "hf", "steps": 2, "root_budget": 8, "pool_size": 4, "max_per_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # Prefect's harness (up to 180 s) and a train flow: 51 s here at load 5
 @pytest.mark.usefixtures("prefect_harness")
 def test_chain_flow_scores_roots_by_the_posterior_and_logs_prediction_metrics(tiny_model_dir, tmp_path):
     from mlflow import MlflowClient

@@ -103,6 +103,8 @@ def test_a_run_without_evaluations_has_no_gain(workdir):
     assert "held-out accuracy" not in track.summary_markdown(s, {})
 
 
+@pytest.mark.slow  # starts the session's Prefect server (17 s here) and logs to MLflow
+@pytest.mark.timeout(600)  # the server may take its 180 s start-up limit on a loaded machine
 @pytest.mark.usefixtures("prefect_harness")
 def test_log_summary_puts_the_evaluations_into_mlflow(workdir, monkeypatch):
     from trace_rl.storage.tracking import Tracker
