@@ -31,12 +31,24 @@ from trace_rl import environ  # noqa: E402
 
 environ.apply()
 
+import data_dirs  # noqa: E402
+
+# The real families read the full data when TRACE_DATA_DIR (or ../shared/data) holds all of it,
+# else the fixtures of tests/data/families; `full_data` tests read the full data or skip.
+data_dirs.use_data()
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # Test models are tiny: their matmuls gain little from a second thread, while OpenMP spin-waiting
 # on a busy 2-core machine made a 30-step fit 8x slower with 2 threads than with 1 (25 s vs 3 s).
 torch.set_num_threads(1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The `full_data` marker's skip, and TRACE_REQUIRE_FULL_DATA=1 failing a session that skipped
+    # one where the full data directory exists (tests/data_dirs.py).
+    config.pluginmanager.register(data_dirs.FullDataPlugin(data_dirs.FULL_DATA), "trace-full-data")
 
 
 @pytest.fixture(scope="session")

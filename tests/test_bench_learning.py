@@ -8,8 +8,6 @@ import shutil
 
 import pytest
 
-from trace_rl.envs.datadir import default_data_dir
-
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
@@ -100,8 +98,6 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert "Holm-adjusted" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not (default_data_dir() / "multihop_qa").is_dir(),
-                    reason=f"HotpotQA data not under {default_data_dir()} (set TRACE_DATA_DIR)")
 def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tmp_path, tiny_model_dir):
     """bench.learning on HotpotQA from a given policy: the --set fields reach every run's config
     (parsed with that policy, which `trace train` would refuse as tiny), no synthetic split sizes
@@ -109,11 +105,11 @@ def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tm
     from bench.learning import _parser, _policy_and_base
 
     args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir),
-                                 "--set", "train_split=dev_rest", "trainable_layers=1",
-                                 'extra={"top_k":2}'])
+                                 "--set", "train_split=dev", "trainable_layers=1",
+                                 'extra={"top_k":2}', "pool_size=2"])  # (the fixtures: 8 items)
     policy, base, skip = _policy_and_base(args, tmp_path)
     assert policy == str(tiny_model_dir.resolve()) and skip == 0
-    assert base["extra"] == {"top_k": 2} and base["train_split"] == "dev_rest"
+    assert base["extra"] == {"top_k": 2} and base["train_split"] == "dev"
     assert base["trainable_layers"] == 1
     args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir)])
     assert _policy_and_base(args, tmp_path)[1]["extra"] == {}
@@ -128,7 +124,7 @@ def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tm
     args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(ws)])
     assert _policy_and_base(args, tmp_path)[1]["extra"] == {"max_chars": 400, "top_k": 3}
     args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(ws),
-                                 "--set", 'extra={"top_k":2}'])
+                                 "--set", 'extra={"top_k":2}', "pool_size=2"])
     assert _policy_and_base(args, tmp_path)[1]["extra"] == {"top_k": 2}
     args = _parser().parse_args(["--family", "hotpotqa", "--policy", str(tiny_model_dir),
                                  "--train-items", "12"])

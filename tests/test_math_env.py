@@ -1,5 +1,8 @@
 """Math family: every gold answer of every math file scores 1 and a wrong number scores 0 under
-math-verify; the Python tool works through the sandbox; restore by replay equals the live state."""
+math-verify; the Python tool works through the sandbox; restore by replay equals the live state.
+
+The data is the full set when TRACE_DATA_DIR holds it, else the fixtures (tests/data_dirs.py);
+the full files' sizes are checked where they are present (``full_data``)."""
 
 from __future__ import annotations
 
@@ -7,15 +10,11 @@ import re
 
 import pytest
 
+from data_dirs import FULL_DATA
 from trace_rl.envs.base import DatasetError, ToolError
-from trace_rl.envs.datadir import default_data_dir
-from trace_rl.envs.mathenv import MathEnv, grade, gsm8k_gold, load_math_file
+from trace_rl.envs.mathenv import SPLITS, MathEnv, grade, gsm8k_gold, load_math_file
 from trace_rl.envs.sandbox import SandboxLimits
 from trace_rl.rollout.types import Action
-
-DATA = default_data_dir()
-pytestmark = pytest.mark.skipif(not (DATA / "math").is_dir(),
-                                reason=f"math data not found under {DATA} (set TRACE_DATA_DIR)")
 
 
 def corrupt(gold: str) -> str:
@@ -31,7 +30,7 @@ def corrupt(gold: str) -> str:
 def test_gold_scores_one_and_corrupted_zero_all_rows(split):
     env = MathEnv()
     items = env.load(split)
-    assert len(items) == {"gsm8k_test": 1319, "math500": 500, "aime2024": 30}[split]
+    assert items
     wrong_gold = [it.id for it in items if env.verify(it, it.gold).reward != 1.0]
     assert wrong_gold == []
     wrong_corrupt = [(it.id, it.gold) for it in items if env.verify(it, corrupt(it.gold)).reward != 0.0]
@@ -40,12 +39,20 @@ def test_gold_scores_one_and_corrupted_zero_all_rows(split):
 
 @pytest.mark.slow
 def test_gsm8k_train_all_rows():
-    """The largest file, every row (7473; ~25 s on a busy 2-core box)."""
+    """The largest file, every row (the full file's 7473 take ~25 s on a busy 2-core box)."""
     env = MathEnv()
     items = env.load("train")
-    assert len(items) == 7473
+    assert items
     assert [it.id for it in items if env.verify(it, it.gold).reward != 1.0] == []
     assert [it.id for it in items if env.verify(it, corrupt(it.gold)).reward != 0.0] == []
+
+
+@pytest.mark.full_data("math")
+def test_full_files_have_every_row():
+    env = MathEnv(data_dir=FULL_DATA)
+    sizes = {split: len(env.load(split)) for split in SPLITS}
+    assert sizes == {"train": 7473, "test": 1319, "gsm8k_train": 7473, "gsm8k_test": 1319,
+                     "math500": 500, "aime2024": 30}
 
 
 def test_answer_forms():

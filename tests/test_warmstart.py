@@ -1,22 +1,22 @@
 """The warm-start recipe (trace_rl.policy.warmstart): traces from training data only, really run
-and graded; SFT end to end on a small model; the cache; the MLflow run; bad settings."""
+and graded; SFT end to end on a small model; the cache; the MLflow run; bad settings.
+
+The data is the full set when TRACE_DATA_DIR holds it, else the fixtures (tests/data_dirs.py),
+where ``dev_rest`` is empty (all 8 dev questions are in ``dev_heldout``, the first 100); the
+split sizes and the share of questions answered after one search are checked on the full data
+(``full_data``)."""
 
 from __future__ import annotations
 
 import random
 import pytest
 
-from trace_rl.envs.datadir import default_data_dir
+from data_dirs import FULL_DATA
 from trace_rl.envs.registry import make_env
 from trace_rl.policy.warmstart import (WarmstartConfig, build_traces, config_from_args,
                                        load_split_items, quote, read_record, warmstart_policy)
 
-DATA = default_data_dir()
-needs_data = pytest.mark.skipif(not (DATA / "multihop_qa").is_dir(),
-                                reason=f"multihop_qa data not found under {DATA}")
 
-
-@needs_data
 @pytest.mark.parametrize("thoughts", [False, True])
 def test_traces_come_from_training_items_and_succeed(tiny_model_dir, thoughts):
     from transformers import AutoTokenizer
@@ -28,7 +28,8 @@ def test_traces_come_from_training_items_and_succeed(tiny_model_dir, thoughts):
                           env_args=(("top_k", 2), ("max_chars", 200)))  # recipes 2-3
     env = make_env("hotpotqa", **dict(cfg.env_args))
     train, held = load_split_items(cfg, env)
-    assert len(train) == 500 and len(held) == cfg.eval_items == 100  # train + dev_rest
+    assert len(train) == len(env.load("train")) + len(env.load("dev_rest"))
+    assert len(held) == min(cfg.eval_items, len(env.load("dev_heldout")))
     traces = list(build_traces(cfg, env, train, random.Random(0)))
     assert {k for *_, k in traces} == {"gold", "recovery"}
     # the split: no evaluation item (by id or by question) among the training traces
@@ -65,23 +66,15 @@ def test_traces_come_from_training_items_and_succeed(tiny_model_dir, thoughts):
             assert any(span in t.obs_text for t in ep.turns[:i])
             assert turn.text.count(thought) == 1
             quoted += turn.action.kind == "tool"
-    assert quoted >= 10 if thoughts else quoted == 0
+    assert quoted >= len(traces[:60]) // 6 if thoughts else quoted == 0  # 16 of the full 60
 
 
-@needs_data
-def test_question_first_traces_search_the_question_then_quote_the_answer(tiny_model_dir):
-    """Recipe 4: the first search is the question; when its results hold the answer the trace
-    answers at once, quoting it; otherwise it searches the supporting entities not yet shown."""
-    from transformers import AutoTokenizer
-
-    from trace_rl.policy.bootstrap import _Scripted
-    from trace_rl.rollout.react import expert_episode
-
+def one_search_traces(env, items) -> tuple[list, int]:
+    """Recipe 4's traces of ``items`` (checked as they are built) and how many answer after
+    the question's own search."""
     cfg = config_from_args(["recovery=0.0"])  # recipe 4 is the default
-    env = make_env("hotpotqa", **dict(cfg.env_args))
-    train, _ = load_split_items(cfg, env)
-    traces = list(build_traces(cfg, env, train[:120], random.Random(0)))
-    assert len(traces) == 120
+    traces = list(build_traces(cfg, env, items, random.Random(0)))
+    assert len(traces) == len(items)
     one_search = 0
     for item, actions, said, _ in traces:
         queries = [a.arguments["query"] for a in actions if a.kind == "tool"]
@@ -95,7 +88,22 @@ def test_question_first_traces_search_the_question_then_quote_the_answer(tiny_mo
             assert set(queries[1:]) == {t.split(" (")[0] for t in
                                         set(item.meta["supporting_titles"]) - shown}
         one_search += len(queries) == 1
-    assert 50 <= one_search <= 110  # 64% of train+dev_rest answer after the question's search
+    return traces, one_search
+
+
+def test_question_first_traces_search_the_question_then_quote_the_answer(tiny_model_dir):
+    """Recipe 4: the first search is the question; when its results hold the answer the trace
+    answers at once, quoting it; otherwise it searches the supporting entities not yet shown."""
+    from transformers import AutoTokenizer
+
+    from trace_rl.policy.bootstrap import _Scripted
+    from trace_rl.rollout.react import expert_episode
+
+    cfg = config_from_args(["recovery=0.0"])
+    env = make_env("hotpotqa", **dict(cfg.env_args))
+    train, _ = load_split_items(cfg, env)
+    traces, one_search = one_search_traces(env, train[:120])
+    assert 0 < one_search < len(traces)  # both kinds of trace
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for item, actions, said, _ in traces[:20]:
         ep = expert_episode(_Scripted(env, actions), item, tokenizer, thoughts=said)
@@ -112,10 +120,22 @@ def test_quote_takes_a_whole_word_span():
     assert quote(obs, "known") == "not known"
 
 
-@needs_data
+@pytest.mark.full_data("hotpotqa")
+def test_full_splits_and_the_share_answered_after_one_search():
+    """The recipe's split sizes on the full data (train 100 + dev_rest 400; 100 measured), and
+    the first 120 training items' traces: 64% answer after the question's own search."""
+    cfg = config_from_args(["recovery=0.0"])
+    env = make_env("hotpotqa", data_dir=FULL_DATA, **dict(cfg.env_args))
+    train, held = load_split_items(cfg, env)
+    assert len(train) == 500 and len(held) == cfg.eval_items == 100
+    traces, one_search = one_search_traces(env, train[:120])
+    assert 50 <= one_search <= 110
+
+
 def test_training_splits_holding_an_eval_item_are_refused():
     env = make_env("hotpotqa")
-    with pytest.raises(ValueError, match="100 item.*dev_heldout.*are in train_split='train\\+dev'"):
+    held = len(env.load("dev_heldout"))
+    with pytest.raises(ValueError, match=f"{held} item.*dev_heldout.*are in train_split='train\\+dev'"):
         load_split_items(WarmstartConfig(train_split="train+dev"), env)
     with pytest.raises(ValueError, match="must differ"):
         WarmstartConfig(train_split="train+dev_heldout")
@@ -144,7 +164,6 @@ def test_pinned_threads_enter_the_hash_and_auto_leaves_it_as_it_was():
     assert config_from_args(["threads=1"]).to_json()["threads"] == 1
 
 
-@needs_data
 def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
     from trace_rl.storage.tracking import Tracker
 
@@ -184,11 +203,6 @@ def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
     assert "loss/sft" in runs[0].data.metrics and "eval/after_success" in runs[0].data.metrics
 
 
-needs_bfcl = pytest.mark.skipif(not (DATA / "function_calling" / "bfcl").is_dir(),
-                                reason=f"BFCL data not found under {DATA}")
-
-
-@needs_bfcl
 def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
@@ -203,13 +217,15 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
     assert config_from_args(["family=bfcl", "max_new_tokens=64"]).max_new_tokens == 64
     env = make_env("bfcl")
     train, held = load_split_items(cfg, env)
-    assert len(train) == 258 and len(held) == 100
+    assert len(train) == len(env.load("live_simple"))
+    assert len(held) == min(cfg.eval_items, len(env.load("simple_python")))
     # BFCL's `multiple` reuses simple_python's questions: refused as a training split
     with pytest.raises(ValueError, match="of eval_split='simple_python' are in train_split='multiple'"):
         load_split_items(config_from_args(["family=bfcl", "train_split=multiple"]), env)
     traces = list(build_traces(config_from_args(["family=bfcl", "recovery=1.0"]), env, train[:20],
                                random.Random(0)))
-    assert len(traces) == 20 and {k for *_, k in traces} == {"gold"}  # no recovery for one turn
+    # one turn: no recovery traces
+    assert len(traces) == len(train[:20]) and {k for *_, k in traces} == {"gold"}
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for item, actions, said, _ in traces:
         assert [a.kind for a in actions] == ["answer"] and said == [""]
