@@ -94,7 +94,8 @@ def _track(workdir: str, run_id: str, parent: str | None, out: dict[str, Any],
             "mlflow_run_id": tracker.run_id}
 
 
-@flow(name="retrain-predictor", log_prints=True, flow_run_name="retrain-predictor {run_id}", **RELEASES_ENGINES)
+@flow(name="retrain-predictor", log_prints=True, flow_run_name="retrain-predictor {run_id}",
+      **RELEASES_ENGINES)
 def retrain_predictor(run_id: str, workdir: str | None = None, epochs: int = 3) -> Any:
     """Refit the predictor over a run's stored trees; returns held-out calibration figures
     against the constant and the current predictor, and whether it was registered (the final

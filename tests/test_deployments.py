@@ -10,6 +10,7 @@ left. Only the process groups it started are stopped, always.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -175,10 +176,14 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                 assert client.read_flow_runs() == []
             workdir = str(tmp_path / "wd")
             config = {**TINY, "policy": str(tiny_model_dir)}
-            run = run_deployment("train/cpu", parameters={"config": config, "workdir": workdir},
+            # on vLLM where installed: its engine processes must end with the flow run's process
+            first_config = {**config, "engine": "vllm" if HAS_VLLM else "hf"}
+            run = run_deployment("train/cpu", parameters={"config": first_config,
+                                                          "workdir": workdir},
                                  timeout=600, poll_interval=2)
             assert run.state is not None and run.state.is_completed(), (
                 f"train/cpu ended {run.state}:\n{_tail(worker_log)}")
+            assert _flow_run_processes_end(worker) == [], _tail(worker_log)
             store = TreeStore(workdir, create=False)
             first = store.query("SELECT run_id FROM runs").column("run_id").to_pylist()
             assert len(first) == 1
@@ -204,6 +209,27 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
         assert levels == [0, 1]
     finally:
         _stop(worker, signal.SIGINT)  # Ctrl-C; a SIGTERM once left it running for over 8 s
+
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _flow_run_processes_end(worker: subprocess.Popen, within: float = 60.0) -> list[str]:
+    """The worker's descendants (its flow-run process, the engines it started) still running
+    ``within`` seconds after the flow run completed: a flow run shuts its engines down
+    (flows.common.RELEASES_ENGINES) and its process exits."""
+    import psutil
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            left = [p for p in psutil.Process(worker.pid).children(recursive=True)
+                    if p.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:
+            return []
+        if not left or time.monotonic() > deadline:
+            return [f"{p.pid} {p.name()}" for p in left if p.is_running()]
+        time.sleep(1)
 
 
 def _check_names_and_artifacts(run, run_id: str) -> None:

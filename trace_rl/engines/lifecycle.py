@@ -130,5 +130,5 @@ def reaper_pid() -> int | None:
 
 keep_exit_hook_first()
 
-__all__ = ["close_all", "engine_scope", "entry_point", "in_scope", "keep_exit_hook_first", "on_close",
-           "reaper_pid", "watch_children"]
+__all__ = ["close_all", "engine_scope", "entry_point", "in_scope", "keep_exit_hook_first",
+           "on_close", "reaper_pid", "watch_children"]
