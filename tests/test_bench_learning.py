@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+# The quick learning benchmark runs train flows: 122 s here at load 4-5, with the harness.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(1200)]
 
 
 def test_quick_learning_benchmark(tmp_path, capsys):

@@ -10,7 +10,8 @@ import pytest
 from tasks import runtime
 from trace_rl.config import TrainConfig
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+# Evaluate flows; the first test starts Prefect's harness (54 s here at load 6, up to 180 s alone).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(900)]
 
 
 def test_evaluate_flow_reports_what_its_predictions_file_holds(tiny_model_dir, tmp_path):

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
         "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
         "plot_every": 1, "eval_items": 4, "eval_samples": 2}
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+# Train flows with failures injected: 10-70 s each here at load 4, the first with the harness.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(900)]
 
 
 def _env(api_url: str | None = None) -> dict[str, str]:
@@ -285,6 +286,7 @@ def _kill_after(proc: subprocess.Popen, log: Path, phases: int, delay_s: float,
     return done[-1].split("Task run '")[1].split("'")[0] if done else "start-up"
 
 
+@pytest.mark.timeout(1800)  # eleven `trace train` processes: 338 s idle, 834 s at load 14-45
 def test_sigkill_at_ten_random_points_then_resume_matches_uninterrupted_run(tiny_model_dir,
                                                                             tmp_path):
     """Crash consistency as a test: a 3-step run SIGKILLed at 10 seeded random points (after

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
         "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
         "plot_every": 1, "eval_items": 6, "eval_samples": 2}
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+# Train flows: 4-47 s each here at load 3, the first with the harness; one took 337 s at load 45-70.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(900)]
 
 
 def _env() -> dict[str, str]:

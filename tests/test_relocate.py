@@ -15,7 +15,8 @@ from trace_rl.storage.store import TreeStore
 TINY = {"engine": "hf", "steps": 1, "root_budget": 4, "pool_size": 4, "max_turns": 2,
         "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
         "plot_every": 1, "eval_items": 4, "eval_samples": 2}
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+# Train flows (66 s for the first test here at load 6, with the harness; 404 s for both at load 20+).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(900)]
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:

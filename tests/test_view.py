@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = {"engine": "hf", "steps": 2, "root_budget": 4, "pool_size": 4, "max_turns": 2,
         "max_new_tokens": 16, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
         "plot_every": 0, "eval_items": 0}
-pytestmark = [pytest.mark.slow]
+# A trained run (the module fixture: 62 s here at load 3, with the harness), then servers and
+# subprocess trains beside it: up to 39 s each here, 823 s for one at load 45-70.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _env(**extra: str) -> dict[str, str]:
