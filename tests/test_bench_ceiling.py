@@ -58,6 +58,7 @@ def test_pool_shares_on_a_pool_of_coin_flips():
         pool_shares(0.5, 0.1, pool_size=32, leaves=50, group=4, draws=1, rng=np.random.default_rng())
 
 
+@pytest.mark.slow  # simulated runs (7 s here)
 def test_an_oracle_gains_most_on_a_polarised_pool():
     rng = np.random.default_rng(2)
     alike = pool_shares(0.8, 0.05, pool_size=32, leaves=48, group=4, draws=80, rng=rng)

@@ -192,6 +192,7 @@ def test_inputs_checked_policy_and_data_files(tmp_path):
         load_config(None, [f"policy={model}", "trainable_layers=5"])
 
 
+@pytest.mark.slow  # ten `trace train` subprocesses (4 s here, 18 s at load 10)
 def test_trace_train_refuses_bad_values_before_anything_slow(tmp_path):
     """The CLI validates before importing flows: no Prefect server, no work dir, exit status 2,
     one line naming the field and what it may be. The wall-time bound is loose on purpose (a

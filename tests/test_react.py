@@ -238,6 +238,7 @@ FAILURES = {  # name: (the bad turn, the start of its error observation)
 }
 
 
+@pytest.mark.slow  # waits out one tool time-out
 def test_error_paths_in_one_batch(tok):
     """Every failure in one batch: the batch finishes, each failing turn gets its error
     observation and counts as a turn, and each episode then recovers and answers correctly."""
@@ -264,6 +265,7 @@ def test_error_paths_in_one_batch(tok):
     assert [t.error for t in eps[-1].turns] == [False, False] and eps[-1].reward == 1.0
 
 
+@pytest.mark.slow  # waits out one tool time-out
 def test_stateful_env_is_rebuilt_after_a_timeout(tok):
     """A stateful tool that mutates and then hangs: after the timeout the episode's state is
     rebuilt by replay without that call, so the gold calls that follow still score 1, and the
@@ -352,6 +354,7 @@ def test_max_context_shrinks_turns_then_stops(tok):
     assert all(len(r.prompt_ids) + r.sampling.max_tokens <= limit for r in engine.requests)
 
 
+@pytest.mark.slow  # waits out one tool time-out
 def test_run_steps_timeout_is_shared_and_bounded():
     """Four steps that hang share one deadline: run_steps returns after one time-out (a deadline
     per step would take four), the hung steps still blocked, and the fast step's result kept."""

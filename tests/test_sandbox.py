@@ -67,6 +67,7 @@ def test_numpy_and_sympy_import_inside():
     assert r.stdout.strip() == "10 {2: 2, 3: 1, 5: 1}"
 
 
+@pytest.mark.slow  # twelve boxed attacks, two at a time (22 s here)
 def test_hostile_batch_is_contained(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET-7731")

@@ -41,6 +41,8 @@ import pytest
 
 from trace_rl.envs.sandbox import SandboxLimits, probe_containment, run_python
 
+# Over 70 boxed programs, four at a time (17 s here), once per xdist worker that runs one of them.
+pytestmark = pytest.mark.slow
 # The wall limit stops the sleeping program, the endless loop and the fork bomb (4 s ran out on
 # the loop, 2 s of CPU four at a time, on a busy 2-core box); the rest take 0.1-0.7 s here, and
 # 10 s leaves them room to start on a loaded machine (a box's Python once took over 2.5 s).
