@@ -10,9 +10,9 @@ handlers with a live engine waits for it forever. ``close_engines`` used to be r
 first imported (vLLM imports it); ``atexit`` runs hooks last-registered first, so the join ran
 before ``close_engines``. Whether a run exited then depended on luck: vLLM's own
 ``weakref.finalize`` shutdown hook runs before the join only when the process creates its first
-``weakref.finalize`` after importing ``multiprocessing.util``. On the HotpotQA family numba
-(imported with the retriever) creates one earlier, so ``trace eval`` on SmolLM2/HotpotQA printed
-its result and hung; on ``synth_arith`` it exited.
+``weakref.finalize`` after importing ``multiprocessing.util``. The HotpotQA environment imports
+its retriever, bm25s, which imports numba, which creates one earlier; so ``trace eval`` on
+SmolLM2/HotpotQA printed its result and hung, while on ``synth_arith`` (no such import) it exited.
 
 The mechanism now, in three layers:
 
