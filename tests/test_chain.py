@@ -488,6 +488,7 @@ def test_numbered_variant_numbers_the_path_and_each_hops_thought(env, joined):
         numbered_question(numbered, joined)  # already numbered
 
 
+@pytest.mark.slow  # SFT of a small model, then a copy warm-up (2.4 s here, 9 s at load 7)
 def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_path):
     """bench.chain_sft end to end on the test preset (a few steps), and its copy warm-up: a
     small model learns to write a random sequence again (loss on the copy falls far below the
