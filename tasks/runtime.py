@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import shutil
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -252,10 +253,13 @@ def engine_for(cfg: TrainConfig, policy_dir: str) -> Engine:
     if cfg.cluster:  # a pool of engine actors on Ray (docs/cluster.md)
         home = _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir)
         return cluster_for(cfg, kind).engine(home, policy_dir)
-    engine = get_engine(kind, _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir))
-    if _LOADED.get(id(engine)) not in (None, policy_dir):
+    home = _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir)
+    engine = get_engine(kind, home)
+    # an engine serves the weights it was started from (home) until it loads others; one that
+    # was closed and started again (a flow run ends its engines) starts from home once more
+    if _LOADED.get(engine, home) != policy_dir:
         engine.load_weights(policy_dir)
-    _LOADED[id(engine)] = policy_dir
+    _LOADED[engine] = policy_dir
     return engine
 
 
@@ -270,4 +274,4 @@ def cluster_for(cfg: TrainConfig, kind: str | None = None) -> Any:
 
 
 _ENGINE_HOME: dict[tuple[str, str], str] = {}
-_LOADED: dict[int, str] = {}
+_LOADED: "weakref.WeakKeyDictionary[Engine, str]" = weakref.WeakKeyDictionary()

@@ -266,3 +266,26 @@ def test_vllm_greedy_with_n_above_one(vllm_engine, hf, prompts):
     ref = hf.generate([GenRequest(prompts[0], 1, GREEDY)])[0][0]
     assert [len(o) for o in out] == [3, 1]
     assert all(c.token_ids == ref.token_ids for c in out[0])
+
+
+def test_an_engine_started_again_serves_the_run_s_latest_weights(tiny_model_dir, tmp_path):
+    """A flow run shuts its engines down when it ends (trace_rl.engines.lifecycle); the next flow
+    run of the same run in the same process (a resume) starts an engine from the run's first
+    policy again, which must then load the latest checkpoint instead of serving the first
+    policy's weights because a closed engine's bookkeeping said so."""
+    from scripted_engine import scripted_rollouts
+
+    from tasks import runtime
+    from trace_rl.config import TrainConfig
+    from trace_rl.engines import close_engines
+
+    cfg = TrainConfig(engine="hf", policy=str(tiny_model_dir), run_id="restarted-engine")
+    checkpoint = str(tmp_path / "step-1")
+    with scripted_rollouts(lambda context, j, seed: "") as built:
+        first = runtime.engine_for(cfg, str(tiny_model_dir))  # started from the first policy
+        assert runtime.engine_for(cfg, checkpoint) is first and first.loaded == [checkpoint]
+        close_engines()  # the flow run ended
+        again = runtime.engine_for(cfg, checkpoint)  # a resumed flow run, same process
+        assert again is not first and len(built) == 2
+        assert again.loaded == [checkpoint]  # started from the first policy, then synced
+        assert runtime.engine_for(cfg, checkpoint) is again and again.loaded == [checkpoint]
