@@ -256,8 +256,14 @@ class VLLMEngine:
                 hits += int(m.value)
         return queries, hits
 
+    SHUTDOWN_S = 30.0
+    """How long ``close`` lets the engine core stop by itself before vLLM kills it. vLLM's own
+    default, 5 s, is shorter than a graceful stop takes here (5.3 s for the tiny policy on 2
+    cores: the worker exits, then the core tears down), so every close ended with "force killing
+    remaining process EngineCore" warnings and an unreaped process."""
+
     def close(self) -> None:
-        """Shut the engine-core process down."""
+        """Shut the engine-core process (and its worker) down and wait for it."""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            llm.llm_engine.engine_core.shutdown(timeout=self.SHUTDOWN_S)
