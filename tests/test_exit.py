@@ -328,8 +328,8 @@ REAPED = r"""
 import subprocess, sys, time
 from trace_rl.engines import lifecycle
 
-lifecycle.watch_children()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+lifecycle.watch_children()  # returns once the reaper has noted the child
 print("child", child.pid, "reaper", lifecycle.reaper_pid(), flush=True)
 time.sleep(600)
 """
@@ -341,10 +341,12 @@ def test_reaper_ends_the_children_of_a_killed_parent(watched, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(REAPED)
     w = watched([sys.executable, str(script)], REPO)
-    w.wait_for(r"^child \d+ reaper \d+$", timeout=60)
-    time.sleep(1.5)  # the reaper notes descendants twice a second
+    w.wait_for(r"^child \d+ reaper \d+$", timeout=120)
+    child, reaper = (int(x) for x in next(line for _, line in w.lines
+                                          if line.startswith("child ")).split()[1::2])
+    for pid in (child, reaper):  # both running now; each must be gone 30 s after the kill
+        w.seen.setdefault(pid, psutil.Process(pid))
     os.kill(w.proc.pid, signal.SIGKILL)
     rc, _ = w.wait(timeout=30)
     assert rc == -signal.SIGKILL
-    assert len(w.seen) >= 2, w.seen  # the sleeping child and the reaper were running
     assert w.left_running() == []

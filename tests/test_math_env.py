@@ -84,8 +84,11 @@ def test_malformed_rows_name_file_and_line(tmp_path):
         load_math_file(aime)
 
 
+@pytest.mark.slow  # waits out a 10 s wall limit
 def test_python_tool_and_errors():
-    env = MathEnv(limits=SandboxLimits(cpu_seconds=1, wall_seconds=3))
+    # 10 s of wall time: a new box must start and print within it on a loaded machine; the
+    # endless sleep still times out
+    env = MathEnv(limits=SandboxLimits(cpu_seconds=1, wall_seconds=10))
     item = env.load("test", 1)[0]
     state = env.reset(item)
     assert env.call_tool(state, "python", {"code": "print(sum(range(10)))"}) == "45"

@@ -300,6 +300,7 @@ def test_eval_predictions_score_identically(tmp_path, tiny_model_dir):
         scored, 0.0)
 
 
+@pytest.mark.slow  # a trace eval subprocess (19 s idle, up to 87 s loaded)
 def test_trace_eval_data_end_to_end(tmp_path, tiny_model_dir):
     """``trace eval --data`` on a MuSiQue-style file built here, then ``trace score`` on its
     predictions: the plumbing of the command line (fails on f399c1a: no --data), on a machine

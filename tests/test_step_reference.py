@@ -80,7 +80,8 @@ CASES = {"trace": {}, "dapo": {"allocator": "dapo", "group_size": 2},
 """At ``multiplier`` 2 the joint split spends every leaf on continuations in both steps (the
 trees of ``trace``); at 3 its second step also buys fresh prompts, a second level-0 wave."""
 AGENT = ArithAgent(mixed_skill, seed=0)
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.usefixtures("prefect_harness")]
 
 
 def stored_trees(store: TreeStore, run_id: str) -> dict[str, list[dict]]:

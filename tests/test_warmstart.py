@@ -164,6 +164,7 @@ def test_pinned_threads_enter_the_hash_and_auto_leaves_it_as_it_was():
     assert config_from_args(["threads=1"]).to_json()["threads"] == 1
 
 
+@pytest.mark.slow  # SFT, rollouts and MLflow
 def test_warmstart_end_to_end_is_cached_and_tracked(tmp_path, tiny_model_dir):
     from trace_rl.storage.tracking import Tracker
 

@@ -44,6 +44,9 @@ import subprocess
 import sys
 from typing import Any, Callable, Iterator
 
+READY_S = 60.0
+"""How long ``watch_children`` waits for the reaper to start watching (a Python start-up)."""
+
 _depth = 0
 _reaper: subprocess.Popen | None = None
 _closers: list[Callable[[], None]] = []
@@ -109,8 +112,9 @@ def entry_point(main: Callable[[], Any]) -> Any:
 
 
 def watch_children() -> None:
-    """Start this process's reaper once (see the module docstring): called by an engine that
-    starts child processes, before it starts them. No-op where psutil is missing."""
+    """Start this process's reaper once (see the module docstring) and return when it watches
+    (it has noted the children this process has now): called by an engine that starts child
+    processes, before it starts them. No-op where psutil is missing."""
     global _reaper
     if _reaper is not None and _reaper.poll() is None:
         return
@@ -120,7 +124,14 @@ def watch_children() -> None:
         return
     _reaper = subprocess.Popen(
         [sys.executable, "-m", "trace_rl.engines.reaper", str(os.getpid())],
-        stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, close_fds=True)
+    # Returns once the reaper has noted this process's children (it says so): no engine runs
+    # unwatched. A reaper that died at start says nothing (EOF); then the engine runs without one.
+    import select
+
+    if select.select([_reaper.stdout], [], [], READY_S)[0]:
+        _reaper.stdout.readline()
+    _reaper.stdout.close()
 
 
 def reaper_pid() -> int | None:

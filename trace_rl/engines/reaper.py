@@ -2,7 +2,8 @@
 
 Started by ``trace_rl.engines.lifecycle.watch_children`` in its own session (a Ctrl-C to the
 terminal's process group does not reach it) as a child of PID. Twice a second it notes PID's
-descendants (itself excepted). When its parent is no longer PID (PID exited or was killed, even
+descendants (itself excepted); after the first look it says "watching" on its standard output,
+which ``watch_children`` waits for. When its parent is no longer PID (PID exited or was killed, even
 with ``SIGKILL``, and the reaper was handed to init), it sends ``SIGTERM`` to each noted process
 that still runs (psutil checks that a process id was not reused), ``SIGKILL`` to those still
 running after ``GRACE_S``, and exits. After a clean exit the engines are already closed and
@@ -56,10 +57,15 @@ def watch(parent: int, poll_s: float = POLL_S) -> int:
     """Note ``parent``'s descendants until it is gone, then end them; returns how many were
     left running after both signals (0 normally)."""
     noted: dict[int, object] = {}
+    ready = False
     while os.getppid() == parent:
         current = descendants(parent)
         if current or os.getppid() == parent:  # a snapshot taken while the parent still lived
             noted = {p.pid: p for p in current}
+        if not ready:  # the parent waits for this line: from now on its tree is watched
+            print("watching", flush=True)
+            sys.stdout.close()
+            ready = True
         time.sleep(poll_s)
     return len(end(list(noted.values())))
 
