@@ -10,8 +10,8 @@ least 0.3, else 0; exact match, F1 and ``strict`` are reported as metrics (``gra
 ``trace_rl.envs.qa_metrics`` with the normalisation: the official HotpotQA evaluation's, and its
 documented departures).
 
-Data (../shared/data/multihop_qa): ``dev`` = hotpotqa_dev_distractor_first500.jsonl (pooled corpus
-hotpotqa_dev_first500_corpus.jsonl), ``train`` = hotpotqa_train_distractor_100.jsonl (raw HotpotQA
+Data ($TRACE_DATA_DIR/multihop_qa; docs/families.md, "Data"): ``dev`` =
+hotpotqa_dev_distractor_first500.jsonl (pooled corpus hotpotqa_dev_first500_corpus.jsonl), ``train`` = hotpotqa_train_distractor_100.jsonl (raw HotpotQA
 rows; pooled corpus hotpotqa_train_100_corpus.jsonl); ``dev_heldout`` = the first 100 dev items and
 ``dev_rest`` = the other 400 (``BLOCKS``: disjoint, fixed by file order). The question/answer-only files
 (hotpotqa_dev_qa, musique_dev_500_qa, 2wiki_dev_500_qa, bamboogle_125) load for grading
@@ -132,7 +132,7 @@ def _qa_row(row: dict[str, Any]) -> TaskItem:
 
 
 def load_qa_file(path: str | Path, limit: int | None = None) -> list[TaskItem]:
-    """Items of one multi-hop QA file (any of the formats in ../shared/data/multihop_qa)."""
+    """Items of one multi-hop QA file (any of the formats of $TRACE_DATA_DIR/multihop_qa)."""
     return load_jsonl(path, _qa_row, limit)
 
 

@@ -1,4 +1,4 @@
-"""Math with a sandboxed Python tool: GSM8K, MATH-500 and AIME 2024 (../shared/data/math).
+"""Math with a sandboxed Python tool: GSM8K, MATH-500 and AIME 2024 ($TRACE_DATA_DIR/math).
 
 The agent may call ``python(code)`` (run by ``trace_rl.envs.sandbox.run_python``: a fresh
 interpreter in its own namespaces per call, so nothing persists between calls; ``reset`` refuses to

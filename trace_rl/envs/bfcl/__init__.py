@@ -1,4 +1,4 @@
-"""Function calling on BFCL v4 (../shared/data/function_calling/bfcl), plus a generic adapter that
+"""Function calling on BFCL v4 ($TRACE_DATA_DIR/function_calling/bfcl), plus a generic adapter that
 turns any OpenAI-style tool list and Python callables into an environment.
 
 Single-turn categories (simple_python, multiple, parallel, parallel_multiple and their live_*
