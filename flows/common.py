@@ -20,11 +20,10 @@ DEFAULT_WORKDIR = "trace_runs"
 def _release_engines(flow: Any, flow_run: Any, state: Any) -> None:
     """A flow run's last act when nothing outside it keeps the engines (a Prefect worker's
     flow-run process, a test): shut its rollout engines down, whatever state it ended in."""
-    from trace_rl.engines import close_engines
-    from trace_rl.engines.lifecycle import in_scope
+    from trace_rl.engines.lifecycle import close_all, in_scope
 
     if not in_scope():
-        close_engines()
+        close_all()
 
 
 RELEASES_ENGINES: dict[str, Any] = {hook: [_release_engines] for hook in (

@@ -123,9 +123,6 @@ def close_engines() -> None:
         engine.close()
 
 
-lifecycle.on_close(close_engines)
-
-
 def default_engine_kind(device: str | None = None) -> str:
     """The engine kind measured fastest on ``device`` ("cpu" | "cuda"; default: this machine's)."""
     if device is None:

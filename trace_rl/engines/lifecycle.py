@@ -49,21 +49,14 @@ READY_S = 60.0
 
 _depth = 0
 _reaper: subprocess.Popen | None = None
-_closers: list[Callable[[], None]] = []
-
-
-def on_close(closer: Callable[[], None]) -> None:
-    """Register the function that closes the process's engines (``trace_rl.engines``); it is
-    called when the outermost scope ends and at interpreter exit."""
-    if closer not in _closers:
-        _closers.append(closer)
-    keep_exit_hook_first()
 
 
 def close_all() -> None:
-    """Close every engine of this process (each closer once; safe to call again)."""
-    for closer in list(_closers):
-        closer()
+    """Close every engine of this process (``trace_rl.engines.close_engines``; safe to call
+    again). Imported here, not at the top: ``trace_rl.engines`` imports this module."""
+    from trace_rl.engines import close_engines
+
+    close_engines()
 
 
 def keep_exit_hook_first() -> None:
@@ -142,4 +135,4 @@ def reaper_pid() -> int | None:
 keep_exit_hook_first()
 
 __all__ = ["close_all", "engine_scope", "entry_point", "in_scope", "keep_exit_hook_first",
-           "on_close", "reaper_pid", "watch_children"]
+           "reaper_pid", "watch_children"]
