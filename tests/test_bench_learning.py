@@ -67,7 +67,7 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert json.dumps(again["table"]["trace"], sort_keys=True) == json.dumps(out["table"]["trace"],
                                                                                 sort_keys=True)
     # The calibration report reads the same work dir (one DuckDB store, --jobs 1 with --quick).
-    from bench.calibration import main as calibration, rows_for
+    from studies.calibration import main as calibration, rows_for
 
     rows = rows_for(tmp_path / "wd")
     assert {r["allocator"] for r in rows} == set(METHODS)

@@ -407,9 +407,9 @@ def test_oracle_success_is_what_an_agent_that_cannot_tell_homonyms_apart_achieve
 
 
 def test_chain_tokens_sorts_every_name_slot_of_an_expert_trace(env):
-    """bench.chain_tokens: on the bootstrap's tokenizer every name the expert writes is found in
+    """studies.chain_tokens: on the bootstrap's tokenizer every name the expert writes is found in
     its slot (two syllable tokens each; an alias's hyphen is not a name token)."""
-    from bench.chain_tokens import expert_tokens, token_kinds
+    from studies.chain_tokens import expert_tokens, token_kinds
     from trace_rl.policy.bootstrap import _tokenizer_texts, episode_example
     from trace_rl.policy.tiny import build_tokenizer
 
@@ -435,10 +435,10 @@ def test_chain_tokens_sorts_every_name_slot_of_an_expert_trace(env):
 
 
 def test_rest_of_path_thoughts_list_the_relations_still_to_follow(env):
-    """bench.chain_sft's ``rest`` variant: each hop's thought is the expert's, then the relations
+    """studies.chain_sft's ``rest`` variant: each hop's thought is the expert's, then the relations
     after it ("follow b > c"); the last names no more; a retry still thinks nothing; the trace
     still solves its item."""
-    from bench.chain_sft import rest_of_path_thoughts
+    from studies.chain_sft import rest_of_path_thoughts
     from trace_rl.policy.tiny import build_tokenizer
 
     tok = build_tokenizer()
@@ -458,11 +458,11 @@ def test_rest_of_path_thoughts_list_the_relations_still_to_follow(env):
 
 @pytest.mark.parametrize("joined", [False, True])
 def test_numbered_variant_numbers_the_path_and_each_hops_thought(env, joined):
-    """bench.chain_sft's ``numbered`` variant: the question lists "1 r1, 2 r2, ..." in place of
+    """studies.chain_sft's ``numbered`` variant: the question lists "1 r1, 2 r2, ..." in place of
     "r1 > r2 > ...", each hop's thought is its number then the expert's thought, the start and
     retries are unchanged, and the trace still solves its item; ``numbered-joined`` writes no
     space after the number ("1r1", "1r1 Name")."""
-    from bench.chain_sft import THOUGHT_VARIANTS, numbered_question
+    from studies.chain_sft import THOUGHT_VARIANTS, numbered_question
     from trace_rl.policy.tiny import build_tokenizer
 
     tok = build_tokenizer()
@@ -490,13 +490,13 @@ def test_numbered_variant_numbers_the_path_and_each_hops_thought(env, joined):
 
 @pytest.mark.slow  # SFT of a small model, then a copy warm-up (2.4 s here, 9 s at load 7)
 def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_path):
-    """bench.chain_sft end to end on the test preset (a few steps), and its copy warm-up: a
+    """studies.chain_sft end to end on the test preset (a few steps), and its copy warm-up: a
     small model learns to write a random sequence again (loss on the copy falls far below the
     chance level of the token pool)."""
     import math
 
-    from bench.chain_sft import copy_warmup, run
-    from bench.chain_tokens import FIRST_KINDS, KINDS, expert_tokens, measure, score
+    from studies.chain_sft import copy_warmup, run
+    from studies.chain_tokens import FIRST_KINDS, KINDS, expert_tokens, measure, score
     from trace_rl.policy.tiny import build_model, build_tokenizer
 
     out = tmp_path / "rows.jsonl"
@@ -506,7 +506,7 @@ def test_chain_sft_measures_each_kind_and_the_copy_warmup_learns_to_copy(tmp_pat
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
     assert {"name@query", "relation@think", "relation@rest", "other"} <= set(rows[-1]["accuracy"])
     assert rows[-1]["loss"] > 0
-    # bench.chain_tokens reads the saved policy along the family's own expert traces.
+    # studies.chain_tokens reads the saved policy along the family's own expert traces.
     read = measure(str(tmp_path / "policy"), items=2)
     assert {"name@query", "name@query/first", "relation@think", "other"} <= set(read) <= \
         set(KINDS + FIRST_KINDS)
@@ -533,7 +533,7 @@ def test_copy_warmup_gap_moves_the_second_copy():
     first token is labelled."""
     import random
 
-    from bench.chain_sft import copy_row
+    from studies.chain_sft import copy_row
     from trace_rl.policy.sft import IGNORE_INDEX
 
     rng = random.Random(0)

@@ -1,5 +1,5 @@
 """Model-backed predictor featurisers (trace_rl.policy.features) and the predictor study's
-online protocol (bench.predictor)."""
+online protocol (studies.predictor)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_bad_inputs(tmp_path):
 
 
 def test_online_protocol_scores_predictions_made_before_each_fit():
-    from bench.predictor import StepData, online, scores
+    from studies.predictor import StepData, online, scores
 
     def step(y):
         return StepData([f"h{i}" for i in range(len(y))], np.asarray(y, float), np.ones(len(y)))

@@ -52,9 +52,16 @@ def test_the_rule_sees_the_imports_it_checks():
 
 @pytest.mark.parametrize("floor", FLOORS)
 def test_imports_point_down(floor):
-    above = set(FLOORS[FLOORS.index(floor) + 1:]) | {"bench", "tests"}
+    above = set(FLOORS[FLOORS.index(floor) + 1:]) | {"bench", "studies", "tests"}
     bad = [f"{module_name(p)} imports {name}" for p in package_files(floor)
            for name in sorted(imports(p)) if name.split(".")[0] in above]
+    assert not bad, "\n".join(bad)
+
+
+def test_benchmarks_do_not_depend_on_studies():
+    """bench/ (the benchmarks behind the README's claims) runs without studies/ (one-off work)."""
+    bad = [f"{module_name(p)} imports {name}" for p in package_files("bench")
+           for name in sorted(imports(p)) if name.split(".")[0] == "studies"]
     assert not bad, "\n".join(bad)
 
 

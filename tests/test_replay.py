@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.replay import BUDGET, logged_steps, validate
+from studies.replay import BUDGET, logged_steps, validate
 from trace_core.replay import StoredPrefix
 from trace_core.simulator import SimConfig, Simulator
 

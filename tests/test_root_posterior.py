@@ -116,9 +116,9 @@ def test_chain_flow_scores_roots_by_the_posterior_and_logs_prediction_metrics(ti
         got = {h.step: h.value for h in history}[step]
         assert got == pytest.approx(expect["predictor/root_brier"])
     assert set(track.prediction_metrics.fn(workdir, run_id, 1)) <= set(logged)
-    # bench.roots reads the same run: the stored ranker's AUC is the logged one, and the
+    # studies.roots reads the same run: the stored ranker's AUC is the logged one, and the
     # posterior ranker over the text predictor (strength 4) is what Stage 1 used
-    from bench.roots import root_aucs
+    from studies.roots import root_aucs
 
     rows = root_aucs(workdir, run_id, strength=4.0)
     assert [r["step"] for r in rows] == [0, 1] and [r["rollouts"] for r in rows] == [8, 8]

@@ -277,8 +277,8 @@ def test_a_trunk_that_does_not_reproduce_the_model_is_not_reused(tiny_model_dir,
 
 
 def test_trunk_reuse_bench_times_both_settings_on_the_same_paths(tiny_model_dir, tmp_path):
-    """``python -m bench.trunk_reuse`` on the test preset: both settings timed, the same weights."""
-    from bench.trunk_reuse import main
+    """``python -m studies.trunk_reuse`` on the test preset: both settings timed, the same weights."""
+    from studies.trunk_reuse import main
 
     out = tmp_path / "trunk.json"
     result = main(["--policy", str(tiny_model_dir), "--trainable-layers", "1", "--paths", "4",
@@ -289,9 +289,9 @@ def test_trunk_reuse_bench_times_both_settings_on_the_same_paths(tiny_model_dir,
 
 
 def test_update_threads_bench_times_both_counts_and_restores_its_caller(tiny_model_dir, tmp_path):
-    """``python -m bench.update_threads`` on the test preset: one and two threads timed with the
+    """``python -m studies.update_threads`` on the test preset: one and two threads timed with the
     benchmark's settings, and the caller's thread count left as it was."""
-    from bench.update_threads import main
+    from studies.update_threads import main
 
     before = torch.get_num_threads()
     out = tmp_path / "threads.json"

@@ -11,7 +11,7 @@ attention mask, not on the hidden states), so the logits are the full forward's.
 
 Cost: one hidden-state tensor per micro-batch ([paths, tokens, hidden size] floats) held for the
 update. Saving: the frozen layers' forward in every pass after the first; with SmolLM2-135M and
-``trainable_layers=6`` those are 24 of 30 layers (``bench/trunk_reuse.py`` measures it).
+``trainable_layers=6`` those are 24 of 30 layers (``studies/trunk_reuse.py`` measures it).
 
 A model whose forward does more to ``inputs_embeds`` than to its own embeddings (Gemma scales
 both) would give other logits on the cut model; ``PolicyTrainer`` compares the two paths once on

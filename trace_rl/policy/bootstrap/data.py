@@ -120,7 +120,7 @@ def write_examples(config: BootstrapConfig, env: Environment, train: Sequence[Ta
     """(SFT examples, traces per kind, mean reward per kind) of ``train``: per item the expert
     trace or, for a share ``config.noise``, an imperfect one (``trace_actions``), really run and
     graded by ``expert_episode`` with the family's expert thoughts (or ``thoughts``, for an
-    experiment with other ones: ``bench.chain_sft``)."""
+    experiment with other ones: ``studies.chain_sft``)."""
     think = thoughts or THOUGHTS.get(config.family, no_thoughts)
     examples, kinds, rewards = [], {}, {}
     for item, actions, kind in trace_actions(env, train, config.noise, rng):

@@ -3,7 +3,7 @@ tree (the command and every descendant: Ray's raylets and actors, vLLM's engine 
 every ``--every`` seconds. ``/usr/bin/time`` reports the largest single process instead, which
 says little about a run spread over a dozen processes.
 
-    python -m bench.peak_rss [--every 1] [--out FILE] -- COMMAND ...
+    python -m studies.peak_rss [--every 1] [--out FILE] -- COMMAND ...
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ featuriser on each step's histories the first time they are seen, cache included
 pays it), the fit cost per step, and the one-off load time. The constant predictor (running
 weighted base rate) is the reference.
 
-    python -m bench.predictor --workdir DIR [--run-id ID] [--featurizers ...] [--seeds 0 1 2]
+    python -m studies.predictor --workdir DIR [--run-id ID] [--featurizers ...] [--seeds 0 1 2]
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def best(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-    ap = argparse.ArgumentParser(prog="python -m bench.predictor", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m studies.predictor", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True, help="work dir of a finished `trace train` run")
     ap.add_argument("--run-id", default=None, help="run to replay (default: the newest in the work dir)")
     ap.add_argument("--featurizers", nargs="+", default=list(FEATURIZERS), choices=list(FEATURIZERS))

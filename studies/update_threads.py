@@ -1,15 +1,15 @@
-"""What a second torch thread gives the policy update: ``python -m bench.update_threads``.
+"""What a second torch thread gives the policy update: ``python -m studies.update_threads``.
 
 The RL runs' trainer takes ``$TRACE_TORCH_THREADS`` threads (default 1, ``tasks.runtime``): for
 the tiny policy a second thread gained nothing and spin-waited against the rollout engine. The
 update runs while the engine sits idle between steps, though, and SmolLM2's update is most of a
 HotpotQA step (260 s of a 320-s step, 2026-12-04). This times ``PolicyTrainer.update`` on the same
-synthetic paths and settings as ``bench.trunk_reuse`` (``timed_settings``: the RL runs' cost
+synthetic paths and settings as ``studies.trunk_reuse`` (``timed_settings``: the RL runs' cost
 settings, the frozen trunk reused) with 1 and with 2 threads, alternating so that a busy machine
 slows both alike.
 
-    python -m bench.update_threads                      # SmolLM2-135M-Instruct, 16 x 512 tokens
-    python -m bench.update_threads --tokens 1024 --repeats 2
+    python -m studies.update_threads                      # SmolLM2-135M-Instruct, 16 x 512 tokens
+    python -m studies.update_threads --tokens 1024 --repeats 2
 
 The closing line: ``update threads: 1 -> <a> s, 2 -> <b> s (<x>x faster)``.
 """
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from bench.trunk_reuse import paths, timed_settings, timed_update
+from studies.trunk_reuse import paths, timed_settings, timed_update
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

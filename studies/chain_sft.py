@@ -6,7 +6,7 @@ the bootstrap's own model on the bootstrap's own traces (synth_chain's ``FAMILY_
 ``split_names`` tokenizer, 800 traces a quarter of them imperfect, batch 16, AdamW 2e-3 with
 warm-up and a cosine over the 600 steps of 12 epochs) and every ``--every`` steps reads the
 policy's teacher-forced argmax along held-out expert traces, by kind of token
-(``bench.chain_tokens``), with the relation a thought starts with (``relation@think``) apart from
+(``studies.chain_tokens``), with the relation a thought starts with (``relation@think``) apart from
 the relations it lists after it (``relation@rest``).
 
 Variants, one option each:
@@ -32,8 +32,8 @@ Variants, one option each:
 * ``--sft-examples N --epochs E``: more (fresh) traces, the schedule planned over E epochs of
   them (the bootstrap's 800 traces are seen 12 times each).
 
-    python -m bench.chain_sft --steps 300 [--copy-steps 600] [--thoughts rest] [--out FILE]
-    python -m bench.chain_sft --steps 600 --sft-examples 9600 --epochs 1
+    python -m studies.chain_sft --steps 300 [--copy-steps 600] [--thoughts rest] [--out FILE]
+    python -m studies.chain_sft --steps 600 --sft-examples 9600 --epochs 1
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 import torch
 
-from bench.chain_tokens import FIRST_KINDS, expert_tokens, score
+from studies.chain_tokens import FIRST_KINDS, expert_tokens, score
 from trace_rl.envs.base import TaskItem
 from trace_rl.rollout.types import Action
 
@@ -171,7 +171,7 @@ def run(steps: int, every: int = 50, copy_steps: int = 0, thoughts: str = "exper
     from trace_rl.policy.tiny import build_model, build_tokenizer, save_policy
 
     if thoughts not in THOUGHT_VARIANTS:
-        raise ValueError(f"bench.chain_sft: thoughts={thoughts!r}; choose one of "
+        raise ValueError(f"studies.chain_sft: thoughts={thoughts!r}; choose one of "
                          f"{sorted(THOUGHT_VARIANTS)}")
     think = THOUGHT_VARIANTS[thoughts]
     config = family_config("synth_chain", difficulty=1, preset=preset, seed=seed,

@@ -1,8 +1,8 @@
 """Readers and writers of a work dir (issue 24): the acceptance runs, and what publishing costs.
 
-    python -m bench.readers_writers race    [--reps 20] [--policy DIR] [--out DIR]
-    python -m bench.readers_writers reader  [--hold-s 600] [--steps 5] [--policy DIR] [--out DIR]
-    python -m bench.readers_writers publish [--sizes-mb 5,25,100] [--out DIR]
+    python -m studies.readers_writers race    [--reps 20] [--policy DIR] [--out DIR]
+    python -m studies.readers_writers reader  [--hold-s 600] [--steps 5] [--policy DIR] [--out DIR]
+    python -m studies.readers_writers publish [--sizes-mb 5,25,100] [--out DIR]
 
 ``race``: per repetition, two ``trace train steps=1`` started together on a fresh work dir, each
 with its own embedded Prefect server, as a user would. Pass when exactly one exits 0 and the other
@@ -195,7 +195,7 @@ def publish(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.readers_writers",
+    ap = argparse.ArgumentParser(prog="python -m studies.readers_writers",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=("race", "reader", "publish"))
     ap.add_argument("--reps", type=int, default=20)

@@ -2,7 +2,7 @@
 process (the figure and numbers in docs/viewer.md, "Replay"; the same check as
 tests/test_replay.py).
 
-    python -m bench.replay [--runs 4] [--out docs/viewer/replay_validation.png]
+    python -m studies.replay [--runs 4] [--out docs/viewer/replay_validation.png]
 
 A simulated run stores, per step, a pool of prompts with Stage 1 scores (the true V plus noise),
 STORED_BARE bare rollouts each and one continuation from every prefix on them. The truth for an

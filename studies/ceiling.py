@@ -26,7 +26,7 @@ benchmark's leaves per step, of
                     ``leaves / n`` is odd): allocations that chase the ratio itself (fewer, larger
                     groups), with true p.
 
-    python -m bench.ceiling --workdir bench_runs/n2
+    python -m studies.ceiling --workdir bench_runs/n2
 
 The last line reads ``ceiling: oracle Stage 1 <x>x GRPO; oracle two waves <w>x; oracle top-<k> <y>x;
 oracle top-<k/2> x 2n <z>x``
@@ -129,13 +129,13 @@ def read_groups(workdir: Path, allocator: str = "grpo") -> list[tuple[str, int, 
     rows: list[tuple[str, int, float, int]] = []
     for db in dbs:
         if not db.exists():
-            raise FileNotFoundError(f"bench.ceiling: no DuckDB store at {db}")
+            raise FileNotFoundError(f"studies.ceiling: no DuckDB store at {db}")
         t = TreeStore(db, create=False).query(
             "SELECT run_id, step, value, n_leaves FROM nodes WHERE depth = 0 AND allocator = $a "
             "AND value IS NOT NULL", {"a": allocator}).to_pylist()
         rows += [(f"{db}:{r['run_id']}", r["step"], r["value"], r["n_leaves"]) for r in t]
     if not rows:
-        raise ValueError(f"bench.ceiling: no {allocator} roots with backed-up values under {workdir}")
+        raise ValueError(f"studies.ceiling: no {allocator} roots with backed-up values under {workdir}")
     return rows
 
 
@@ -145,7 +145,7 @@ def ceiling(groups: list[tuple[str, int, float, int]], *, window: int, pool_size
     ``pool_shares`` at the groups' size and the runs' leaves per step."""
     sizes = {n for *_, n in groups}
     if len(sizes) != 1:
-        raise ValueError(f"bench.ceiling: the groups have sizes {sorted(sizes)}; need one GRPO size")
+        raise ValueError(f"studies.ceiling: the groups have sizes {sorted(sizes)}; need one GRPO size")
     (group,) = sizes
     spent: dict[tuple[str, int], int] = {}
     for run, step, _, n in groups:
@@ -159,7 +159,7 @@ def ceiling(groups: list[tuple[str, int, float, int]], *, window: int, pool_size
         try:
             mu, rho = fit_pool(v, group)
         except ValueError as exc:
-            raise ValueError(f"bench.ceiling, steps {lo}-{lo + window - 1}: {exc} "
+            raise ValueError(f"studies.ceiling, steps {lo}-{lo + window - 1}: {exc} "
                              "(try a larger --window)") from exc
         shares = pool_shares(mu, rho, pool_size=pool_size, leaves=leaves, group=group, draws=draws,
                              rng=rng, first=first)

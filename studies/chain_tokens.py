@@ -20,7 +20,7 @@ is also given for its first token alone (``name@query/first``): the model may co
 (the second syllable of a name whose first it wrote, an induction copy) long before it can
 start one.
 
-    python -m bench.chain_tokens --policy DIR [--items 24]
+    python -m studies.chain_tokens --policy DIR [--items 24]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ happened (``trace_core.calibration``):
 rho = 1 - realised / predicted is the intra-class correlation the pipeline estimates online
 (``TrainConfig.correlation_window``); 0 means the independent-draw reading holds.
 
-    python -m bench.calibration --workdir bench_runs/learning7
+    python -m studies.calibration --workdir bench_runs/learning7
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def rows_for(workdir: Path) -> list[dict]:
     out = []
     for db in dbs:
         if not db.exists():
-            raise FileNotFoundError(f"bench.calibration: no DuckDB store at {db}")
+            raise FileNotFoundError(f"studies.calibration: no DuckDB store at {db}")
         runs = TreeStore(db, create=False).query(
             "SELECT r.run_id, max(n.step) AS last, any_value(n.allocator) AS allocator FROM runs r "
             "JOIN nodes n USING (run_id) GROUP BY r.run_id ORDER BY r.run_id").to_pylist()

@@ -1,4 +1,4 @@
-"""What reusing the frozen trunk saves in a policy update: ``python -m bench.trunk_reuse``.
+"""What reusing the frozen trunk saves in a policy update: ``python -m studies.trunk_reuse``.
 
 Times ``PolicyTrainer.update`` on the same synthetic paths with ``reuse_trunk`` off and on
 (``trace_rl.policy.trunk``), alternating the two so that a busy machine slows both alike, and
@@ -6,8 +6,8 @@ checks that both land on the same weights. The defaults are those of the RL runs
 warm starts (``trainable_layers=6`` of 30, two PPO epochs, micro-batches of 4, the KL guard's
 re-scoring on): 16 paths of 512 tokens, a quarter of them prompt.
 
-    python -m bench.trunk_reuse                                  # SmolLM2-135M-Instruct
-    python -m bench.trunk_reuse --policy DIR --trainable-layers 2 --tokens 256
+    python -m studies.trunk_reuse                                  # SmolLM2-135M-Instruct
+    python -m studies.trunk_reuse --policy DIR --trainable-layers 2 --tokens 256
 
 The closing line: ``trunk reuse: update <off> s -> <on> s (<x>x faster); weights differ by <d>``.
 """

@@ -11,7 +11,7 @@ outcome_pairs``), and the AUC is taken within the step. Rankers, all of the same
   predictor, counts from the bare rollouts of the earlier steps;
 * ``oracle``: the family's ``Environment.oracle_success`` (synth_chain: 0.5 per homonym).
 
-    python -m bench.roots --workdir trace_runs [--run RUN_ID] [--strength 4]
+    python -m studies.roots --workdir trace_runs [--run RUN_ID] [--strength 4]
 
 Prints one row per step and the mean over the steps from ``--from-step`` on.
 """
@@ -37,7 +37,7 @@ def root_aucs(workdir: str, run_id: str, strength: float = 4.0) -> list[dict[str
     store = runtime.store(workdir)
     stored_cfg = store.get_run(run_id)
     if stored_cfg is None:
-        raise KeyError(f"bench.roots: no run {run_id!r} in {workdir}")
+        raise KeyError(f"studies.roots: no run {run_id!r} in {workdir}")
     cfg = config_from_mapping(stored_cfg["config"], f"run {run_id}")
     env, items = runtime.env_for(cfg), runtime.items_for(cfg, cfg.train_split)
     steps = [r["step"] for r in store.query(
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if run is None:
         ids = [r["run_id"] for r in runtime.store(workdir).query("SELECT run_id FROM runs").to_pylist()]
         if len(ids) != 1:
-            raise SystemExit(f"bench.roots: {len(ids)} runs in {workdir}; choose one with --run: {ids}")
+            raise SystemExit(f"studies.roots: {len(ids)} runs in {workdir}; choose one with --run: {ids}")
         run = ids[0]
     rows = root_aucs(workdir, run, args.strength)
     names = [k for k in rows[0] if k not in ("step", "rollouts", "recurring")] if rows else []
