@@ -89,7 +89,7 @@ def test_every_problem_is_reported_at_once_one_line_each():
     lines = str(err.value).splitlines()
     assert len(lines) == 5, lines
     says = {"family='nope'": "'synth_arith'", "steps=-1": "greater than or equal to 1",
-            "allocator='trace2'": "'grpo', 'dapo', 'prompt_only', 'random_prefix' or 'trace'",
+            "allocator='trace2'": "'random_prefix', 'trace' or 'trace_cover'",
             "exploration=2.0": "less than or equal to 1", "unknown field 'zzz'": "known: run_name"}
     for (field, allowed), line in zip(sorted(says.items()), sorted(lines)):
         assert line.startswith("config: ") and field in line and allowed in line, line
@@ -205,7 +205,7 @@ def test_trace_train_refuses_bad_values_before_anything_slow(tmp_path):
     (tmp_path / "b.yaml").write_text('steps: "three"\n')
     cases = [(["family=nope"], "family='nope'", "'synth_arith'"),
              (["steps=-1"], "steps=-1", "greater than or equal to 1"),
-             (["allocator=trace2"], "allocator='trace2'", "'random_prefix' or 'trace'"),
+             (["allocator=trace2"], "allocator='trace2'", "'trace' or 'trace_cover'"),
              (["exploration=2"], "exploration=2.0", "less than or equal to 1"),
              (["-c", str(tmp_path / "a.yaml")], "root_budget=4.5", "valid integer"),
              (["-c", str(tmp_path / "b.yaml")], "steps='three'", "valid integer")]

@@ -115,6 +115,12 @@ class AllocatorConfig:
     expected mixed groups), instead of m_i N continuations inside tree i. With independent
     draws (rho 0) a continuation's predicted flip chance usually beats a fresh pair's gain per
     leaf; with the calibrated rho of ``trace_core.calibration`` it often does not."""
+    multiplier: int | None = None
+    """N, continuations per bare rollout: trace_cover values a prompt by its whole tree of m
+    bare rollouts and m N continuations (``trace_core.coverage``); None = trace_cover refuses."""
+    cover_eps: float = 0.02
+    """trace_cover's coverage floor (GRPO's prompt count at the same leaf budget) counts only
+    prompts whose explored prediction lies in [cover_eps, 1 - cover_eps]."""
     max_per_prefix: int | None = None
     """Stage 2: cap on continuations per prefix; None = no cap."""
     dapo_batch_groups: int | None = None
@@ -125,6 +131,8 @@ class AllocatorConfig:
     def __post_init__(self) -> None:
         if self.group_size < 2 or self.tree_group < 2 or self.min_per_root < 2:
             raise ValueError("AllocatorConfig: group_size, tree_group and min_per_root must be >= 2")
+        if not 0.0 <= self.cover_eps < 0.5:
+            raise ValueError(f"AllocatorConfig.cover_eps must be in [0, 0.5), got {self.cover_eps}")
         if self.exploration < 0:
             raise ValueError(f"AllocatorConfig.exploration must be >= 0, got {self.exploration}")
 

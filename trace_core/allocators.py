@@ -35,6 +35,10 @@ Methods (the registry ``ALLOCATORS`` maps a name to a factory taking ``Allocator
   (``AllocatorConfig.branch_from_root``; ``root_prefix``).
   With ``AllocatorConfig.joint_split`` the M N continuation leaves are instead split across the
   step between prefixes and prompts not yet rolled out (``allocate_joint``).
+* ``trace_cover``: TRACE with a coverage-aware Stage 1 (``trace_core.coverage.allocate_cover``):
+  a prompt is valued by its whole tree (bare rollouts and the m_i N continuations), one bare
+  rollout is allowed when N >= 1, and no fewer prompts are activated than GRPO's groups at the
+  same leaf budget unless the predictor puts them outside [eps, 1 - eps]; Stage 2 as ``trace``.
 * ``oracle``: TRACE's two stages on the true V, without exploration (simulation only).
 
 The inputs (``Budget``, ``RootPool``, ``PrefixSet``, ``AllocatorConfig``, ``LeafLedger``) are
@@ -54,6 +58,7 @@ import numpy as np
 from trace_core.allocation import allocate_joint, allocate_prefixes, allocate_roots, explore
 from trace_core.allocator_inputs import (AllocatorConfig, Budget, LeafLedger,  # noqa: F401 (re-exported)
                                          PrefixSet, RootPool)
+from trace_core.coverage import allocate_cover
 
 
 class Allocator(ABC):
@@ -229,6 +234,32 @@ class Trace(Allocator):
                               prefix_correlation=self.correlations(prefixes), seen=prefixes.seen)
 
 
+class TraceCover(Trace):
+    """Coverage-aware Stage 1 (``trace_core.coverage``): each prompt valued by its whole tree
+    (m bare rollouts and the m N continuations Stage 2 adds, with the roots' rho), one bare
+    rollout allowed when N >= 1, and at least as many active prompts as GRPO's groups at the
+    same leaf budget among those predicted in [eps, 1 - eps]. Stage 2 is TRACE's."""
+
+    name = "trace_cover"
+
+    def coverage_floor(self, v: np.ndarray, budget: Budget) -> int:
+        """GRPO's prompt count at the leaf budget, less the prompts predicted near 0 or 1."""
+        eps = self.config.cover_eps
+        eligible = int(np.count_nonzero((v >= eps) & (v <= 1.0 - eps)))
+        return min(budget.total // self.config.group_size, eligible)
+
+    def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
+        n = self.config.multiplier
+        if n is None:
+            raise ValueError("trace_cover: AllocatorConfig.multiplier (N) is required")
+        v = self.root_values(pool)
+        return allocate_cover(v, leaves, multiplier=n,
+                              min_active=self.coverage_floor(v, Budget(max(leaves, 2), n)),
+                              min_per_root=self.config.min_per_root,
+                              max_per_root=self.config.max_per_root,
+                              correlation=self.correlations(pool))
+
+
 class Oracle(Trace):
     """TRACE's stages on the true V (no exploration: the truth needs none)."""
 
@@ -303,7 +334,7 @@ def bare_prefixes(parent: Sequence[int], reward: Sequence[float], bare_leaves: S
 
 
 ALLOCATORS: dict[str, Callable[[AllocatorConfig], Allocator]] = {
-    cls.name: cls for cls in (Grpo, Dapo, PromptOnly, RandomPrefix, Trace, Oracle)
+    cls.name: cls for cls in (Grpo, Dapo, PromptOnly, RandomPrefix, Trace, TraceCover, Oracle)
 }
 """The one registry at the config edge: method name -> factory."""
 

@@ -87,7 +87,8 @@ class TrainConfig(BaseModel):
     """Rollout engine: ``hf`` (transformers), ``vllm``, or ``auto`` (per-device default chosen by
     bench/engines.py)."""
     allocator: AllocatorName = "trace"
-    """Budget allocator: trace, grpo, dapo, prompt_only, random_prefix."""
+    """Budget allocator: trace, trace_cover (coverage-aware Stage 1), grpo, dapo, prompt_only,
+    random_prefix."""
     advantage: AdvantageName = "branch"
     """Tree advantage estimator (trace_core.advantages): branch, treepo, tree_grpo, segment, grpo.
     ``branch`` (each turn against the value of the last branch point above it; on a flat group
@@ -357,7 +358,7 @@ class TrainConfig(BaseModel):
             group_size=self.group_size, tree_group=self.tree_group,
             min_per_root=self.min_per_root, max_per_root=self.max_per_root,
             exploration=self.exploration, branch_from_root=self.branch_from_root,
-            joint_split=self.joint_split,
+            joint_split=self.joint_split, multiplier=self.multiplier,
             dapo_batch_groups=max(1, self.leaf_budget // self.group_size // 2))
 
     @property
