@@ -2,8 +2,8 @@
 model of the multi-hop chain family, trained with the project's own allocators, backup and
 advantage estimators.
 
-    python -m bench.learning_sim --structure chain --seeds 0-19
-    python -m bench.learning_sim --structure arith --seeds 0-19      # negative control
+    python -m bench.learning_sim --regime paper --seeds 0-29     # the chain family and the control
+    python -m bench.learning_sim --regime default --seeds 0-29
 
 Why: bench.learning trains the tiny LM, a few seeds an hour; a 3-point effect needs 20+ paired
 seeds. Here a policy is 12 numbers, its expected return and gradient are exact (a dynamic
@@ -47,14 +47,33 @@ the stored prefix's state), each tree's advantages come from the configured esti
 estimated gradient sum_paths sum_turns A * grad log pi(turn), averaged over the batch's turns (the
 loss's token-mean with one cost per turn), takes one Adam step (AdamW as in the pipeline, no decay).
 
+The protocol (issue 47). The primary budget is equal generated tokens per step with an equal
+number of optimiser steps: the reference row (``trace_cover``) runs first at the leaf budget
+M (1 + N); each flat baseline (grpo, dapo, prompt_only) then spends, at every step, whole groups
+sized so that its generated tokens match the reference's at that step (``Run.matched_budget``:
+its own tokens per leaf on its previous step; at step 0 the reference's bare rollouts from the
+same starting policy). Tree rows (trace, the oracles, ablations) keep the leaf budget; their
+tokens are shown beside. ``--protocol leaves`` gives the old equal-leaf budget to everyone.
+Every seed also runs every method on a negative control, ``--structure arith`` (every item the
+same one-homonym chain: constant difficulty, nothing for an allocator to target), on the same
+settings; the closing line's difference must come out ~0 there.
+
+Regimes (``--regime``; ``--hops`` and ``--hazard-a/-b`` override): ``default`` is the chain mix
+above (hops 2:0.35,3:0.40,4:0.25, hazard Beta(1, 2): GRPO mixes ~70% of its 4-groups at the
+start); ``paper`` is hops 1:0.2,6:0.4,8:0.4 with hazard Beta(1, 1), where the expected share of
+mixed 4-groups under the starting policy is 0.343 (4000 items), as the paper's 0.27-0.35: most
+groups are all-wrong (long hazardous chains) and carry no signal.
+
 Reported per method (means over seeds; intervals paired over seeds, ``trace_core.stats``):
-mixed groups per step (trees whose leaves hold a success and a failure), the cosine of the
-estimated gradient with the exact gradient of the mean return over the train pool, generated
-tokens per step (``TOKENS_PER_TURN`` per generated turn; a continuation generates only its new
-turns; the prompt is read, not generated), and held-out accuracy = the exact expected return on
-``--eval-items`` test items from the same generator, at equal leaves (after the last step) and at
-equal generated tokens (each seed's curve of accuracy against cumulative tokens, read by linear
-interpolation at the smallest total any method of the run reached).
+mixed prompts per step (a count: trees whose leaves hold a success and a failure), the effective
+ratio (pooled mixed / active prompts), prompts per step, generated and training (forward/
+backward: every root-to-leaf path's turns) tokens per step, leaves per step, the gradient cosine,
+the final held-out accuracy (mean of the last ``LAST`` steps' exact expected return on
+``--eval-items`` test items), its paired difference from GRPO, and the generated tokens each
+method needs to reach GRPO's final accuracy, as a ratio to GRPO's (bootstrap over seeds).
+Records: one JSON file per (structure, method, seed) under ``--records`` (default
+``bench/results/learning_sim/<regime>-<protocol>``), written as each seed finishes; a later
+invocation skips the seeds already there and reports on every seed the folder holds.
 
 Predictors: ``learned`` is a weighted logistic regression on the visible features of a history
 (the cues above, and for a prefix its turn, hops found, the retry flag and how many first matches
@@ -65,9 +84,10 @@ reward everywhere. ``posterior`` scores roots by ``trace_core.posterior.PromptPo
 from each prompt's rollouts from the root, shrunk to the learned predictor's estimate) and
 prefixes by the learned predictor.
 
-Closing line: ``TRACE vs best baseline at equal tokens: <+-d> points (95% CI <lo>, <hi>) over <n>
-seeds``, best baseline = the better of GRPO and prompt_only by mean accuracy at equal tokens, TRACE
-= the better of faithful TRACE and TRACE+ (named on the line before).
+Closing line: ``TRACE-cover vs best baseline at equal tokens and steps: <+-d> points (95% CI
+<lo>, <hi>) over <n> seeds; control <+-d> (95% CI <lo>, <hi>)``; best baseline = the best of
+grpo, dapo and prompt_only by mean final accuracy on the chain family, the same pair on the
+control.
 
 Departures: a tabular policy stands in for the LM, and one action per turn for a turn's tokens;
 the PPO clip is not modelled (one gradient step per batch, so every ratio is 1).
@@ -78,20 +98,38 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from bench.sim.model import INIT_PROBS, TOKENS_PER_TURN, ChainParams, dynamics, exact, make_items
-from bench.sim.run import PLUS, Method, Run, SimSettings, methods
-from trace_core.stats import paired_gain, verdict
+from bench.sim.model import INIT_PROBS, ChainParams, dynamics, exact, make_items
+from bench.sim.report import best_baseline, closing, describe, detectable, print_table, rows_of
+from bench.sim.run import LOG_KEYS, PLUS, REFERENCE, Method, Run, SimSettings, methods
+from trace_core.stats import paired_gain
 from trace_rl.config import TrainConfig
+
+REGIMES = {
+    "default": {"hops": ChainParams.hops, "hazard_a": ChainParams.hazard_a,
+                "hazard_b": ChainParams.hazard_b},
+    "paper": {"hops": "1:0.2,6:0.4,8:0.4", "hazard_a": 1.0, "hazard_b": 1.0},
+}
+"""The chain family's generator per regime (module docstring)."""
+DEFAULT_ROWS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "oracle_pred", "cover_oracle")
+"""The rows run unless ``--methods`` adds more."""
+RESULTS = Path(__file__).resolve().parent / "results" / "learning_sim"
 
 # ----------------------------------------------------------------------------- a seed
 
 
-def run_seed(seed: int, rows: list[Method], params: ChainParams, settings: SimSettings) -> dict:
-    """Every method on one seed: same train pool, candidate order, test items and sampling seeds."""
+def run_seed(seed: int, rows: list[Method], params: ChainParams, settings: SimSettings,
+             protocol: str = "tokens") -> dict:
+    """Every method on one seed: same train pool, candidate order, test items and sampling seeds.
+    With ``protocol`` "tokens" the reference row runs first and the matched rows spend its
+    generated tokens per step."""
+    if protocol not in ("tokens", "leaves"):
+        raise ValueError(f"--protocol {protocol!r}: choose tokens or leaves")
     rng = np.random.default_rng([seed, 0])
     train = make_items(settings.train_items, params, rng, "train")
     test = make_items(settings.eval_items, params, rng, "test")
@@ -99,17 +137,24 @@ def run_seed(seed: int, rows: list[Method], params: ChainParams, settings: SimSe
     order = np.concatenate([rng.permutation(train.size) for _ in range(
         settings.steps * settings.pool_size // train.size + 1)])
     acc0 = float(exact(dyn_test, np.log(INIT_PROBS), grad=False).start.mean())
-    out = {}
-    for method in rows:
+    matched = protocol == "tokens" and any(m.match_tokens for m in rows)
+    if matched and REFERENCE not in {m.name for m in rows}:
+        raise ValueError(f"the tokens protocol needs the reference row {REFERENCE!r}")
+    out: dict[str, dict] = {}
+    for method in sorted(rows, key=lambda m: m.name != REFERENCE):  # the reference first
         run = Run(method, settings, train, dyn)
+        ref = out.get(REFERENCE) if matched and method.match_tokens else None
         for step in range(settings.steps):
             pool_idx = order[step * settings.pool_size:(step + 1) * settings.pool_size]
             truth = exact(dyn, run.theta)
-            trees, predicted = run.step(step, pool_idx, np.random.default_rng([seed, 1, step]), truth)
+            budget = (run.matched_budget(ref["tokens"][step], ref["bare_tokens"][0] / ref["bare"][0])
+                      if ref else None)
+            trees, predicted = run.step(step, pool_idx, np.random.default_rng([seed, 1, step]),
+                                        truth, budget)
             run.learn(trees, predicted, step, truth.grad.mean(axis=0))
             run.log["accuracy"].append(float(exact(dyn_test, run.theta, grad=False).start.mean()))
         out[method.name] = {"acc0": acc0, **run.log}
-    return out
+    return {m.name: out[m.name] for m in rows}
 
 
 def at_tokens(log: dict, budget: float) -> float:
@@ -117,31 +162,6 @@ def at_tokens(log: dict, budget: float) -> float:
     tokens = np.concatenate([[0.0], np.cumsum(log["tokens"])])
     acc = np.concatenate([[log["acc0"]], log["accuracy"]])
     return float(np.interp(budget, tokens, acc))
-
-
-def summarise(results: list[dict], rows: list[Method]) -> tuple[list[dict], dict]:
-    names = [m.name for m in rows]
-    budget = [min(float(np.sum(r[n]["tokens"])) for n in names) for r in results]  # per seed
-    table = []
-    per_seed = {}
-    for n in names:
-        leaves_acc = np.array([r[n]["accuracy"][-1] for r in results]) * 100
-        tok_acc = np.array([at_tokens(r[n], b) for r, b in zip(results, budget)]) * 100
-        per_seed[n] = {"leaves": leaves_acc, "tokens": tok_acc}
-        table.append({
-            "method": n,
-            "mixed": float(np.mean([np.mean(r[n]["mixed"]) for r in results])),
-            "active": float(np.mean([np.mean(r[n]["active"]) for r in results])),
-            "cosine": float(np.mean([np.mean(r[n]["cosine"]) for r in results])),
-            "tokens": float(np.mean([np.mean(r[n]["tokens"]) for r in results])),
-            "acc_leaves": float(leaves_acc.mean()), "acc_tokens": float(tok_acc.mean()),
-        })
-    for row in table:
-        for key in ("leaves", "tokens"):
-            if len(results) >= 2:
-                iv = paired_gain(per_seed["grpo"][key], per_seed[row["method"]][key])
-                row[f"vs_grpo_{key}"] = (iv.mean, iv.low, iv.high)
-    return table, per_seed
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -157,42 +177,137 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
+# ----------------------------------------------------------------------------- records
+
+
+def _record_path(root: Path, structure: str, method: str, seed: int) -> Path:
+    return root / structure / method / f"seed{seed}.json"
+
+
+def write_records(root: Path, structure: str, seed: int, out: dict, meta: dict) -> None:
+    """One compact JSON file per method: the settings and the per-step logs."""
+    for name, log in out.items():
+        path = _record_path(root, structure, name, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"meta": meta, "seed": seed, "acc0": round(log["acc0"], 6),
+                **{k: [round(float(x), 6) for x in log[k]] for k in LOG_KEYS}}
+        path.write_text(json.dumps(body, separators=(",", ":")) + "\n")
+
+
+def load_records(root: Path, structure: str, names: Sequence[str], meta: dict) -> dict[int, dict]:
+    """{seed: {method: log}} for every seed whose records hold all ``names``; a record written
+    under other settings is an error (use another --records folder)."""
+    seeds: dict[int, dict] = {}
+    for name in names:
+        for path in sorted((root / structure / name).glob("seed*.json")):
+            body = json.loads(path.read_text())
+            if body["meta"] != meta:
+                raise ValueError(f"{path}: written with other settings {body['meta']}; "
+                                 f"this run has {meta}")
+            seeds.setdefault(body["seed"], {})[name] = body
+    return {s: logs for s, logs in sorted(seeds.items()) if set(logs) >= set(names)}
+
+
+# ----------------------------------------------------------------------------- main
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
-    params = ChainParams(args.hops, args.hazard_a, args.hazard_b, args.alias_share, args.cue_rate,
-                         args.structure)
+    regime = REGIMES[args.regime]
+    params = ChainParams(args.hops or regime["hops"],
+                         regime["hazard_a"] if args.hazard_a is None else args.hazard_a,
+                         regime["hazard_b"] if args.hazard_b is None else args.hazard_b,
+                         args.alias_share, args.cue_rate, "chain")
+    control = ChainParams(structure="arith")
     if args.root_budget < 2:
         raise ValueError(f"--root-budget {args.root_budget}: must be >= 2")
     settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items,
                            args.learning_rate, args.strength,
                            TrainConfig(root_budget=args.root_budget))
-    seeds = parse_seeds(args.seeds)
-    rows = methods([p for p in args.plus.split(",") if p])
-    if args.methods:
-        keep = set(args.methods.split(",")) | {"grpo", "prompt_only", "trace"}
-        unknown = keep - {m.name for m in rows}
-        if unknown:
-            raise ValueError(f"--methods: unknown {sorted(unknown)}; choose from {[m.name for m in rows]}")
-        rows = [m for m in rows if m.name in keep]
+    all_rows = methods([p for p in args.plus.split(",") if p])
+    keep = set(DEFAULT_ROWS) | {m for m in args.methods.split(",") if m}
+    unknown = keep - {m.name for m in all_rows}
+    if unknown:
+        raise ValueError(f"--methods: unknown {sorted(unknown)}; choose from {[m.name for m in all_rows]}")
+    rows = [m for m in all_rows if m.name in keep]
+    names = [m.name for m in rows]
+    root = Path(args.records) if args.records else RESULTS / f"{args.regime}-{args.protocol}"
+    meta = {"params": asdict(params), "steps": settings.steps, "pool": settings.pool_size,
+            "train_items": settings.train_items, "eval_items": settings.eval_items,
+            "lr": settings.learning_rate, "root_budget": args.root_budget,
+            "protocol": args.protocol}
+    structures = {"chain": (params, meta), "control": (control, {**meta, "params": asdict(control)})}
     start = time.time()
-    results = [run_seed(s, rows, params, settings) for s in seeds]
-    table, per_seed = summarise(results, rows)
-    best, base, iv = _report(results, table, per_seed, rows, params, settings, seeds,
-                             time.time() - start)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"seeds": seeds, "params": params.__dict__, "table": table,
-                       "per_seed": {k: {kk: vv.tolist() for kk, vv in v.items()}
-                                    for k, v in per_seed.items()}}, fh, indent=1)
-    return {"table": table, "per_seed": per_seed, "best": best, "base": base, "gain": iv}
+    for seed in parse_seeds(args.seeds):
+        for structure, (p, m) in structures.items():
+            done = load_records(root, structure, names, m)
+            if seed in done:
+                continue
+            t0 = time.time()
+            out = run_seed(seed, rows, p, settings, args.protocol)
+            write_records(root, structure, seed, out, m)
+            print(f"seed {seed} {structure}: {time.time() - t0:.0f} s", flush=True)
+    wall = time.time() - start
+    return _report(root, names, structures, params, settings, args, wall)
+
+
+def _report(root: Path, names: list[str], structures: dict, params: ChainParams,
+            settings: SimSettings, args: argparse.Namespace, wall: float) -> dict:
+    """Print the settings, both tables, the power statement and the closing line."""
+    cfg = settings.train
+    print(f"regime {args.regime}: hops {params.hops}, hazard Beta({params.hazard_a}, "
+          f"{params.hazard_b}), alias share {params.alias_share}, cue rate {params.cue_rate}; "
+          f"{settings.train_items} train items, pool {settings.pool_size}, {settings.steps} steps, "
+          f"{settings.eval_items} test items, lr {settings.learning_rate}; protocol "
+          f"{args.protocol}; records {root}")
+    print(f"reference {REFERENCE}: M = {cfg.root_budget}, N = {cfg.multiplier} "
+          f"({cfg.root_budget * (1 + cfg.multiplier)} leaves/step); matched rows spend its "
+          f"generated tokens per step; final accuracy = mean of the last 5 steps; "
+          f"this invocation {wall:.0f} s")
+    finals: dict[str, dict] = {}
+    tables: dict[str, list] = {}
+    for structure, (_, meta) in structures.items():
+        logs = load_records(root, structure, names, meta)
+        results = [logs[s] for s in logs]
+        if not results:
+            print(f"{structure}: no complete seeds yet")
+            return {}
+        table, per_seed = rows_of(results, names)
+        finals[structure], tables[structure] = per_seed, table
+        first = results[0]["grpo"]["acc0"]
+        print(f"\n{structure} ({len(results)} seeds, seeds {min(logs)}-{max(logs)}; start accuracy "
+              f"{100 * first:.1f}; GRPO's effective ratio over its first 5 steps "
+              f"{next(r['ratio_start'] for r in table if r['method'] == 'grpo'):.2f})")
+        print_table(table)
+    main_, ctl = finals["chain"], finals.get("control")
+    n = len(main_[REFERENCE])
+    if n < 2:
+        return {"tables": tables}
+    line, iv, civ = closing(main_, ctl, REFERENCE)
+    base = best_baseline(main_)
+    sd = float(np.std(main_[REFERENCE] - main_[base], ddof=1))
+    print(f"\npower: SD of the paired difference {sd:.2f} points; detectable at 80% power: "
+          f"{detectable(sd, n):.1f} points over {n} seeds ({detectable(sd, 20):.1f} over 20, "
+          f"{detectable(sd, 40):.1f} over 40)")
+    for other in ("trace", "cover_oracle", "oracle_pred"):
+        if other in main_:
+            print(f"{other} vs {base}: {describe(paired_gain(main_[base], main_[other]))}")
+    print(f"trace_cover vs {base}: {describe(iv)}; control: {describe(civ) if civ else '-'}")
+    print(line)
+    return {"tables": tables, "finals": finals, "gain": iv, "control": civ, "line": line}
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--structure", default="chain", help="chain, or arith (negative control)")
-    ap.add_argument("--hops", default=ChainParams.hops, help="hop-count distribution H:weight,...")
-    ap.add_argument("--hazard-a", type=float, default=ChainParams.hazard_a, help="Beta a of the per-item hazard rate")
-    ap.add_argument("--hazard-b", type=float, default=ChainParams.hazard_b, help="Beta b of the per-item hazard rate")
+    ap.add_argument("--regime", choices=sorted(REGIMES), default="default",
+                    help="the chain family's generator: default, or paper (GRPO mixes ~1/3 of its groups)")
+    ap.add_argument("--protocol", choices=("tokens", "leaves"), default="tokens",
+                    help="tokens: baselines matched to trace_cover's generated tokens per step")
+    ap.add_argument("--records", default="", help="records folder (default bench/results/"
+                    "learning_sim/<regime>-<protocol>)")
+    ap.add_argument("--hops", default="", help="hop-count distribution H:weight,... (default: the regime's)")
+    ap.add_argument("--hazard-a", type=float, default=None, help="Beta a of the per-item hazard rate (default: the regime's)")
+    ap.add_argument("--hazard-b", type=float, default=None, help="Beta b of the per-item hazard rate (default: the regime's)")
     ap.add_argument("--alias-share", type=float, default=ChainParams.alias_share, help="share of hazards that are aliases")
     ap.add_argument("--cue-rate", type=float, default=ChainParams.cue_rate, help="chance a hazard shows its text cue")
     ap.add_argument("--pool-size", type=int, default=TrainConfig.model_fields["pool_size"].default, help="candidate prompts per step")
@@ -204,48 +319,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", default="0-19", help="paired seeds, e.g. 0-19")
     ap.add_argument("--learning-rate", type=float, default=SimSettings.learning_rate, help="Adam step size on the logits")
     ap.add_argument("--strength", type=float, default=SimSettings.strength, help="posterior prior weight k (pseudo-rollouts)")
-    ap.add_argument("--plus", default=",".join(m.name for m in PLUS), help="TRACE+ candidates to run")
-    ap.add_argument("--methods", default="", help="run only these rows (comma list; grpo, "
-                    "prompt_only and trace are always run, the closing line needs them)")
-    ap.add_argument("--json", default="", help="write the per-seed figures here")
+    ap.add_argument("--plus", default="", help=f"TRACE+ candidates to run ({', '.join(m.name for m in PLUS)})")
+    ap.add_argument("--methods", default="", help=f"more rows beside {', '.join(DEFAULT_ROWS)} "
+                    "(comma list, e.g. cover_joint,joint_split,random_prefix)")
     return ap
-
-
-def _report(results: list[dict], table: list[dict], per_seed: dict, rows: list[Method],
-            params: ChainParams, settings: SimSettings, seeds: list[int], wall: float) -> tuple:
-    """Print the settings, the table and the closing lines; (best TRACE row, best baseline,
-    its paired gain at equal tokens or None with one seed)."""
-    cfg = settings.train
-    print(f"structure {params.structure}; hops {params.hops}, hazard Beta({params.hazard_a}, "
-          f"{params.hazard_b}), alias share {params.alias_share}, cue rate {params.cue_rate}; "
-          f"{settings.train_items} train items, pool {settings.pool_size}, {settings.steps} steps, "
-          f"{len(seeds)} seeds, {settings.eval_items} test items")
-    print(f"budget {cfg.root_budget * (1 + cfg.multiplier)} leaves/step (M = {cfg.root_budget}, "
-          f"N = {cfg.multiplier}), {TOKENS_PER_TURN} tokens per generated turn, estimator "
-          f"{cfg.advantage}; start accuracy {100 * results[0]['grpo']['acc0']:.1f}")
-    print(f"{'method':<20}{'mixed/step':>11}{'prompts':>8}{'cos':>6}{'tok/step':>9}"
-          f"{'acc@leaves':>11}{'acc@tokens':>11}   {'vs GRPO @tokens (95% CI)':<26}")
-    for row in table:
-        d = row.get("vs_grpo_tokens")
-        ci = f"{d[0]:+5.1f} ({d[1]:+.1f}, {d[2]:+.1f})" if d else ""
-        print(f"{row['method']:<20}{row['mixed']:>11.2f}{row['active']:>8.1f}{row['cosine']:>6.2f}"
-              f"{row['tokens']:>9.0f}{row['acc_leaves']:>11.1f}{row['acc_tokens']:>11.1f}   {ci}")
-    means = {r["method"]: r["acc_tokens"] for r in table}
-    base = max(("grpo", "prompt_only"), key=lambda n: means[n])
-    contenders = ["trace"] + [m.name for m in rows if m.role == "plus"]
-    best = max(contenders, key=lambda n: means[n])
-    iv = paired_gain(per_seed[base]["tokens"], per_seed[best]["tokens"]) if len(seeds) >= 2 else None
-    faithful = (paired_gain(per_seed[base]["tokens"], per_seed["trace"]["tokens"])
-                if len(seeds) >= 2 else None)
-    print(f"wall time {wall:.0f} s; best baseline {base}; TRACE = {best}"
-          + (" (faithful)" if best == "trace" else " (TRACE+)")
-          + (f"; faithful TRACE vs {base}: {faithful.mean:+.1f} ({faithful.low:+.1f}, "
-             f"{faithful.high:+.1f}), {verdict(faithful.mean, faithful.low, faithful.high)}"
-             if faithful else ""))
-    if iv is not None:
-        print(f"TRACE vs best baseline at equal tokens: {iv.mean:+.1f} points (95% CI "
-              f"{iv.low:+.1f}, {iv.high:+.1f}) over {len(seeds)} seeds")
-    return best, base, iv
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.learning_sim import at_tokens, parse_seeds, run_seed
+from bench.learning_sim import at_tokens, load_records, main, parse_seeds, run_seed, write_records
 from bench.sim.model import (ALIAS, INIT_PROBS, NEAR_DUP, NO_HAZARD, TOKENS_PER_TURN, ChainParams,
                              Items, dynamics, exact, make_items, parse_hops, sample)
-from bench.sim.run import SimSettings, methods
+from bench.sim.report import closing, detectable, reach_ratio, tokens_to_reach
+from bench.sim.run import REFERENCE, SimSettings, methods
 
 
 def _items(hops, hazard, first_wrong=None) -> Items:
@@ -130,7 +131,7 @@ def test_short_paired_run_keeps_the_ledger():
     rows = [m for m in methods(["trace+post"]) if m.name in
             ("grpo", "dapo", "trace", "root_only", "oracle_pred", "joint_split", "trace+post", "N=1")]
     settings = SimSettings(steps=3, pool_size=16, train_items=32, eval_items=20)
-    out = run_seed(0, rows, ChainParams(), settings)
+    out = run_seed(0, rows, ChainParams(), settings, protocol="leaves")
     budget = settings.train.root_budget * (1 + settings.train.multiplier)
     for name, log in out.items():
         assert len(log["accuracy"]) == 3 and all(0.0 <= a <= 1.0 for a in log["accuracy"])
@@ -145,3 +146,67 @@ def test_short_paired_run_keeps_the_ledger():
     # accuracy at equal tokens interpolates the curve against cumulative tokens
     log = {"acc0": 0.2, "accuracy": [0.4, 0.6], "tokens": [100, 100]}
     assert at_tokens(log, 150) == pytest.approx(0.5) and at_tokens(log, 0) == pytest.approx(0.2)
+
+
+def test_matched_baselines_spend_the_references_tokens(tmp_path):
+    rows = [m for m in methods([]) if m.name in (REFERENCE, "grpo", "prompt_only", "trace")]
+    settings = SimSettings(steps=6, pool_size=32, train_items=64, eval_items=20)
+    out = run_seed(1, rows, ChainParams(hops="2:0.2,6:0.8"), settings)
+    assert list(out) == [m.name for m in rows]
+    ref = np.array(out[REFERENCE]["tokens"], float)
+    budget = settings.train.root_budget * (1 + settings.train.multiplier)
+    assert out[REFERENCE]["leaves"] == [budget] * 6 and out["trace"]["leaves"] == [budget] * 6
+    for name in ("grpo", "prompt_only"):
+        tokens = np.array(out[name]["tokens"], float)
+        assert abs(tokens.sum() / ref.sum() - 1) < 0.2, (name, tokens, ref)  # matched, not equal leaves
+        assert out[name]["leaves"] != [budget] * 6
+    assert all(x % settings.train.group_size == 0 for x in out["grpo"]["leaves"])
+    # training tokens: every path's turns, so a tree trains on more tokens than it generates
+    assert sum(out[REFERENCE]["train_tokens"]) > sum(out[REFERENCE]["tokens"])
+    assert out["grpo"]["train_tokens"] == out["grpo"]["tokens"]
+    # a matched row without the reference is refused
+    with pytest.raises(ValueError, match="reference"):
+        run_seed(1, rows[1:], ChainParams(), settings)
+    # the records round-trip, and other settings are refused
+    write_records(tmp_path, "chain", 1, out, {"a": 1})
+    back = load_records(tmp_path, "chain", list(out), {"a": 1})
+    assert list(back) == [1] and back[1]["grpo"]["tokens"] == out["grpo"]["tokens"]
+    with pytest.raises(ValueError, match="other settings"):
+        load_records(tmp_path, "chain", list(out), {"a": 2})
+
+
+def test_tokens_to_reach_and_the_ratio():
+    log = {"acc0": 0.2, "accuracy": [0.4, 0.6, 0.5], "tokens": [100, 100, 100]}
+    assert tokens_to_reach(log, 50.0) == pytest.approx(150.0)
+    assert tokens_to_reach(log, 10.0) == 0.0 and np.isnan(tokens_to_reach(log, 70.0))
+    # GRPO reaches its final accuracy (mean of the last steps) at 200 tokens; a method twice as
+    # fast per token needs half
+    grpo = {"acc0": 0.0, "accuracy": [0.25, 0.5] + [0.5] * 5, "tokens": [100] * 7}
+    fast = {"acc0": 0.0, "accuracy": [0.5] * 7, "tokens": [100] * 7}
+    ratio, low, high, never = reach_ratio([fast, fast], [grpo, grpo])
+    assert ratio == pytest.approx(0.5) and low == high == pytest.approx(0.5) and never == 0
+    slow = {"acc0": 0.0, "accuracy": [0.1] * 7, "tokens": [100] * 7}
+    assert reach_ratio([slow, fast], [grpo, grpo])[3] == 1
+
+
+def test_power_and_closing_line():
+    assert detectable(1.0, 1) == pytest.approx(2.8016, abs=1e-3)
+    assert detectable(5.0, 25) == pytest.approx(2.8016, abs=1e-3)
+    main_ = {"grpo": np.array([50.0, 52, 54]), "dapo": np.array([40.0, 41, 42]),
+             "prompt_only": np.array([51.0, 53, 55]), REFERENCE: np.array([53.0, 55, 57])}
+    ctl = {k: v - 20 for k, v in main_.items()}
+    line, iv, civ = closing(main_, ctl, REFERENCE)
+    assert line == ("TRACE-cover vs best baseline at equal tokens and steps: +2.0 points (95% CI "
+                    "+2.0, +2.0) over 3 seeds; control +2.0 (95% CI +2.0, +2.0)")
+
+
+def test_cli_accumulates_seeds_in_its_records(tmp_path, capsys):
+    argv = ["--regime", "paper", "--steps", "2", "--pool-size", "16", "--train-items", "32",
+            "--eval-items", "10", "--records", str(tmp_path)]
+    main(argv + ["--seeds", "0"])
+    out = main(argv + ["--seeds", "1"])
+    text = capsys.readouterr().out
+    assert text.count("seed 0 chain") == 1 and "seed 1 chain" in text
+    assert text.splitlines()[-1].startswith("TRACE-cover vs best baseline at equal tokens and steps:")
+    assert "over 2 seeds; control" in text.splitlines()[-1] and out["gain"].n == 2
+    assert len(list((tmp_path / "control" / REFERENCE).glob("seed*.json"))) == 2

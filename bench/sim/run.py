@@ -17,9 +17,11 @@ from trace_core.allocators import (
     Allocator,
     Budget,
     LeafLedger,
+    Oracle,
     PrefixSet,
     RootPool,
     Trace,
+    TraceCover,
     _uniform_groups,
 )
 from trace_core.calibration import Term, estimate, tree_terms
@@ -29,6 +31,10 @@ from trace_rl.config import TrainConfig
 
 # ----------------------------------------------------------------------------- methods
 
+LOG_KEYS = ("tokens", "train_tokens", "bare_tokens", "bare", "leaves", "mixed", "active", "cosine",
+            "accuracy")
+"""What a run logs per step (the records file keeps them all)."""
+
 
 class PrefixOnly(Trace):
     """Ablation: uniform roots (random_prefix's tree_group per prompt), TRACE's Stage 2."""
@@ -37,6 +43,16 @@ class PrefixOnly(Trace):
 
     def allocate_roots(self, pool: RootPool, leaves: int, rng: np.random.Generator) -> np.ndarray:
         return _uniform_groups(pool.size, self.config.tree_group, leaves, rng)
+
+
+class CoverOracle(Oracle, TraceCover):
+    """trace_cover's stages on the true V (simulation only): the coverage allocator's ceiling."""
+
+    name = "cover_oracle"
+
+
+SIM_ALLOCATORS = {**ALLOCATORS, PrefixOnly.name: PrefixOnly, CoverOracle.name: CoverOracle}
+"""The registry plus the simulator's ablation and oracle rows."""
 
 
 @dataclass(frozen=True)
@@ -52,16 +68,20 @@ class Method:
     joint_split: bool | None = None
     flip_gate: float = 0.0  # Stage 2 drops depth >= 1 prefixes whose predicted flip chance is below
     token_budget: bool = False  # Stage 2 spends the tokens of m_i N full rollouts, not m_i N leaves
-    role: str = "ablation"  # baseline, trace, plus, ablation
+    match_tokens: bool = False  # a flat method whose leaves per step match the reference's tokens
+    role: str = "ablation"  # baseline, trace, cover, plus, ablation
 
 
 def methods(plus_names: Sequence[str]) -> list[Method]:
     rows = [
-        Method("grpo", "grpo", role="baseline"),
-        Method("dapo", "dapo", role="baseline"),
-        Method("prompt_only", "prompt_only", role="baseline"),
+        Method(REFERENCE, "trace_cover", role="cover"),
+        Method("grpo", "grpo", match_tokens=True, role="baseline"),
+        Method("dapo", "dapo", match_tokens=True, role="baseline"),
+        Method("prompt_only", "prompt_only", match_tokens=True, role="baseline"),
         Method("random_prefix", "random_prefix", role="baseline"),
         Method("trace", "trace", role="trace"),
+        Method("cover_oracle", "cover_oracle", predictor="oracle"),
+        Method("cover_joint", "trace_cover", joint_split=True),
         Method("root_only", "trace", root_only=True),
         Method("prefix_only", "prefix_only"),
         Method("constant_pred", "trace", predictor="constant"),
@@ -69,7 +89,7 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("N=1", "trace", multiplier=1),
         Method("count_turns_once", "trace", count_turns_once=True),
         Method("joint_split", "trace", joint_split=True),
-        Method("prompt_only+post", "prompt_only", predictor="posterior"),
+        Method("prompt_only+post", "prompt_only", predictor="posterior", match_tokens=True),
     ]
     plus = {m.name: m for m in PLUS}
     unknown = [p for p in plus_names if p not in plus]
@@ -77,6 +97,9 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         raise ValueError(f"--plus: unknown {unknown}; choose from {sorted(plus)}")
     return rows + [plus[p] for p in plus_names]
 
+
+REFERENCE = "trace_cover"
+"""The row whose generated tokens per step the matched baselines spend (issue 47's protocol)."""
 
 PLUS = (
     Method("trace+post", "trace", predictor="posterior", role="plus"),
@@ -113,10 +136,12 @@ class Run:
         cfg = settings.train
         self.method, self.settings, self.train, self.dyn = method, settings, train, dyn
         joint = cfg.joint_split if method.joint_split is None else method.joint_split
-        acfg = replace(cfg.allocator_config, joint_split=joint)
-        factory = PrefixOnly if method.allocator == "prefix_only" else ALLOCATORS[method.allocator]
-        self.allocator: Allocator = factory(acfg)
         n = cfg.multiplier if method.multiplier is None else method.multiplier
+        acfg = replace(cfg.allocator_config, joint_split=joint, multiplier=n,
+                       # matched DAPO: half the groups of each step's own leaf budget
+                       dapo_batch_groups=None if method.match_tokens else
+                       cfg.allocator_config.dapo_batch_groups)
+        self.allocator: Allocator = SIM_ALLOCATORS[method.allocator](acfg)
         total = cfg.root_budget * (1 + cfg.multiplier)  # equal leaves whatever N
         if total % (1 + n):
             raise ValueError(f"{method.name}: N = {n} does not divide the leaf budget {total}")
@@ -133,8 +158,8 @@ class Run:
         self.terms: list[list[Term]] = []
         self.last_sampled = np.full(train.size, -1)
         self.first_offered = np.full(train.size, -1)
-        self.log: dict[str, list[float]] = {k: [] for k in ("tokens", "leaves", "mixed", "active",
-                                                             "cosine", "accuracy")}
+        self.log: dict[str, list[float]] = {k: [] for k in LOG_KEYS}
+        self.leaf_tokens = 0.0  # generated tokens per leaf of the last step (token matching)
 
     # -- predictions ---------------------------------------------------------------------------
 
@@ -176,8 +201,19 @@ class Run:
 
     # -- one step ------------------------------------------------------------------------------
 
+    def matched_budget(self, target: float, start_leaf_tokens: float) -> Budget:
+        """A flat method's budget whose expected generated tokens match ``target``: whole groups
+        of ``group_size`` (grpo, dapo; pairs for prompt_only), sized by this method's generated
+        tokens per leaf on its last step (the first step: ``start_leaf_tokens``, the reference's
+        bare rollouts from the same starting policy)."""
+        group = self.settings.train.group_size if self.method.allocator in ("grpo", "dapo") else 2
+        per_leaf = self.leaf_tokens or start_leaf_tokens
+        return Budget(roots=group * max(1, round(target / (group * per_leaf))), multiplier=0)
+
     def step(self, step: int, pool_idx: np.ndarray, rng: np.random.Generator,
-             truth: Exact) -> tuple[list[SimTree], dict[int, dict[int, float]]]:
+             truth: Exact, budget: Budget | None = None) -> tuple[list[SimTree], dict[int, dict[int, float]]]:
+        """One step's trees; ``budget`` overrides the method's leaf budget for this step."""
+        self.budget = budget or self.budget
         alloc, budget = self.allocator, self.budget
         ledger = LeafLedger(budget.total)
         offered = self.first_offered[pool_idx]
@@ -346,6 +382,7 @@ class Run:
             entries += len(nodes)
             np.add.at(g, (typ, act), adv)
             np.subtract.at(g, typ, adv[:, None] * probs[typ])
+        self._entries = entries  # path turns = what the update reads (training tokens / turn)
         return g / max(entries, 1), mixed
 
     def learn(self, trees: list[SimTree], predicted: dict[int, dict[int, float]], step: int,
@@ -357,6 +394,10 @@ class Run:
         self.log["active"].append(len(trees))
         self.log["leaves"].append(sum(int(np.sum(~np.isnan(t.arrays()[1]))) for t in trees))
         self.log["tokens"].append(TOKENS_PER_TURN * sum(t.turns for t in trees))
+        self.log["train_tokens"].append(TOKENS_PER_TURN * self._entries)
+        self.log["bare_tokens"].append(TOKENS_PER_TURN * sum(t.bare_turns for t in trees))
+        self.log["bare"].append(sum(len(t.bare_leaves) for t in trees))
+        self.leaf_tokens = self.log["tokens"][-1] / max(self.log["leaves"][-1], 1)
         # Adam (the pipeline's optimiser, no weight decay), ascending the return.
         b1, b2 = 0.9, 0.999
         self.adam_m = b1 * self.adam_m + (1 - b1) * g

@@ -28,6 +28,7 @@ class SimTree:
     root_successes: float = 0.0  # outcomes of rollouts started at the root (unbiased draws)
     root_rollouts: int = 0
     turns: int = 0  # generated turns
+    bare_turns: int = 0  # of which in bare rollouts (from the root)
 
     def add(self, at: int, batch: Batch, r: int, bare: bool) -> None:
         node = at
@@ -44,6 +45,7 @@ class SimTree:
         self.reward[node] = float(batch.reward[r])
         self.turns += int(batch.length[r])
         if bare:
+            self.bare_turns += int(batch.length[r])
             self.bare_leaves.append(node)
         if at == 0:
             self.root_successes += float(batch.reward[r])
@@ -77,7 +79,7 @@ def features(items: Items, item: np.ndarray, state: np.ndarray, firsts: np.ndarr
     prefix's progress (turn, hops found, retry flag, first matches taken, at the answer)."""
     hops = items.hops[item]
     j, s, t = state[:, 0], state[:, 1], state[:, 3]
-    onehot = (hops[:, None] == np.arange(1, 6)[None, :]).astype(np.float64)  # [B, 5]
+    onehot = (hops[:, None] == np.arange(1, 9)[None, :]).astype(np.float64)  # [B, 8]
     cues = items.cues[item].astype(np.float64)  # [B, 2]
     cols = [np.ones(len(item)), cues[:, 0], cues[:, 1], t / 4.0, (hops - j) / 2.0, s,
             firsts.astype(np.float64), (j >= hops).astype(np.float64), (items.cap[item] - t) / 4.0,

@@ -1,0 +1,131 @@
+"""The simulator's figures under issue 47's protocol: per-method table rows, the paired
+differences, tokens to reach GRPO's final accuracy (a ratio with a bootstrap interval over
+seeds), the detectable effect at 80% power, and the closing line."""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import numpy as np
+
+from trace_core.stats import Interval, paired_gain, verdict
+
+LAST = 5
+"""Final accuracy = the mean held-out accuracy of the last LAST steps (declared before any run:
+averaging the last checkpoints cuts the seed-to-seed noise of a single step)."""
+START = 5
+"""GRPO's effective ratio "at the start" is pooled over its first START steps."""
+BASELINES = ("grpo", "dapo", "prompt_only")
+"""The baselines the closing line's best is taken from (at equal tokens and steps)."""
+
+
+def final_accuracy(log: dict) -> float:
+    return 100.0 * float(np.mean(log["accuracy"][-LAST:]))
+
+
+def tokens_to_reach(log: dict, target: float) -> float:
+    """Cumulative generated tokens at which the accuracy curve (points, linear in between) first
+    reaches ``target`` (points); NaN if it never does."""
+    tokens = np.concatenate([[0.0], np.cumsum(log["tokens"])])
+    acc = 100.0 * np.concatenate([[log["acc0"]], log["accuracy"]])
+    hit = np.flatnonzero(acc >= target)
+    if not len(hit):
+        return float("nan")
+    k = int(hit[0])
+    if k == 0:
+        return 0.0
+    frac = (target - acc[k - 1]) / (acc[k] - acc[k - 1])
+    return float(tokens[k - 1] + frac * (tokens[k] - tokens[k - 1]))
+
+
+def reach_ratio(logs: list[dict], grpo: list[dict], seed: int = 0,
+                draws: int = 2000) -> tuple[float, float, float, int]:
+    """(ratio, 95% low, high, censored seeds): sum over seeds of the tokens a method needs to reach
+    GRPO's final accuracy over GRPO's own; a seed that never reaches it counts its whole run (a
+    lower bound). Percentile bootstrap over seeds."""
+    targets = [final_accuracy(g) for g in grpo]
+    need = np.array([tokens_to_reach(lg, t) for lg, t in zip(logs, targets)])
+    base = np.array([tokens_to_reach(g, t) for g, t in zip(grpo, targets)])
+    censored = int(np.isnan(need).sum())
+    need = np.where(np.isnan(need), [float(np.sum(lg["tokens"])) for lg in logs], need)
+    ratio = float(need.sum() / base.sum())
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(need), size=(draws, len(need)))
+    boot = need[idx].sum(axis=1) / np.maximum(base[idx].sum(axis=1), 1e-9)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return ratio, float(low), float(high), censored
+
+
+def detectable(sd: float, n: int, power: float = 0.8, level: float = 0.95) -> float:
+    """Smallest true paired difference a two-sided test at ``level`` detects with ``power``
+    over ``n`` seeds whose differences have standard deviation ``sd`` (normal approximation, as
+    trace_core.stats's intervals): (z_{1 - a/2} + z_power) sd / sqrt(n)."""
+    z = NormalDist()
+    return (z.inv_cdf(0.5 + level / 2) + z.inv_cdf(power)) * sd / np.sqrt(n)
+
+
+def rows_of(results: list[dict], names: list[str]) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Table rows (means over seeds) and each method's final accuracy per seed."""
+    finals = {n: np.array([final_accuracy(r[n]) for r in results]) for n in names}
+    grpo = [r["grpo"] for r in results] if "grpo" in names else None
+    table = []
+    for n in names:
+        logs = [r[n] for r in results]
+        mixed = np.array([np.sum(lg["mixed"]) for lg in logs])
+        active = np.array([np.sum(lg["active"]) for lg in logs])
+        row = {
+            "method": n,
+            "mixed": float(np.mean([np.mean(lg["mixed"]) for lg in logs])),
+            "ratio": float(mixed.sum() / active.sum()),
+            "ratio_start": float(sum(np.sum(lg["mixed"][:START]) for lg in logs)
+                                 / sum(np.sum(lg["active"][:START]) for lg in logs)),
+            "active": float(np.mean([np.mean(lg["active"]) for lg in logs])),
+            "tokens": float(np.mean([np.mean(lg["tokens"]) for lg in logs])),
+            "train_tokens": float(np.mean([np.mean(lg["train_tokens"]) for lg in logs])),
+            "leaves": float(np.mean([np.mean(lg["leaves"]) for lg in logs])),
+            "cosine": float(np.mean([np.mean(lg["cosine"]) for lg in logs])),
+            "acc": float(finals[n].mean()),
+        }
+        if len(results) >= 2 and grpo is not None:
+            iv = paired_gain(finals["grpo"], finals[n])
+            row["vs_grpo"] = (iv.mean, iv.low, iv.high)
+            row["reach"] = reach_ratio(logs, grpo)
+        table.append(row)
+    return table, finals
+
+
+def print_table(table: list[dict]) -> None:
+    print(f"{'method':<17}{'mixed/step':>11}{'eff.ratio':>10}{'prompts':>8}{'gen tok':>8}"
+          f"{'train tok':>10}{'leaves':>7}{'cos':>6}{'acc':>6}   {'vs GRPO (95% CI)':<22}"
+          f"{'tokens to GRPO final (95% CI)':<30}")
+    for r in table:
+        d = r.get("vs_grpo")
+        ci = f"{d[0]:+5.1f} ({d[1]:+.1f}, {d[2]:+.1f})" if d else ""
+        q = r.get("reach")
+        reach = (f"{q[0]:.2f} ({q[1]:.2f}, {q[2]:.2f})" + (f" {q[3]} never" if q[3] else "")
+                 if q else "")
+        print(f"{r['method']:<17}{r['mixed']:>11.2f}{r['ratio']:>10.2f}{r['active']:>8.1f}"
+              f"{r['tokens']:>8.0f}{r['train_tokens']:>10.0f}{r['leaves']:>7.1f}{r['cosine']:>6.2f}"
+              f"{r['acc']:>6.1f}   {ci:<22}{reach:<30}")
+
+
+def best_baseline(finals: dict[str, np.ndarray]) -> str:
+    return max((n for n in BASELINES if n in finals), key=lambda n: float(finals[n].mean()))
+
+
+def closing(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None,
+            contender: str) -> tuple[str, Interval, Interval | None]:
+    """The closing line: ``contender`` against the best baseline (chosen on the main family) at
+    equal tokens and steps, and the same pair on the control family."""
+    base = best_baseline(main)
+    iv = paired_gain(main[base], main[contender])
+    ctl = paired_gain(control[base], control[contender]) if control else None
+    line = (f"TRACE-cover vs best baseline at equal tokens and steps: {iv.mean:+.1f} points "
+            f"(95% CI {iv.low:+.1f}, {iv.high:+.1f}) over {iv.n} seeds")
+    if ctl is not None:
+        line += f"; control {ctl.mean:+.1f} (95% CI {ctl.low:+.1f}, {ctl.high:+.1f})"
+    return line, iv, ctl
+
+
+def describe(iv: Interval) -> str:
+    return f"{iv.mean:+.1f} ({iv.low:+.1f}, {iv.high:+.1f}), {verdict(iv.mean, iv.low, iv.high)}"
