@@ -186,7 +186,8 @@ def test_tokens_to_reach_and_the_ratio():
     ratio, low, high, never = reach_ratio([fast, fast], [grpo, grpo])
     assert ratio == pytest.approx(0.5) and low == high == pytest.approx(0.5) and never == 0
     slow = {"acc0": 0.0, "accuracy": [0.1] * 7, "tokens": [100] * 7}
-    assert reach_ratio([slow, fast], [grpo, grpo])[3] == 1
+    ratio, low, high, never = reach_ratio([slow, fast, slow], [grpo] * 3)
+    assert never == 2 and ratio == np.inf and low == 0.5 and high == np.inf  # never: not flattered
 
 
 def test_power_and_closing_line():
