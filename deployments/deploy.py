@@ -35,6 +35,7 @@ schedule is active. Running the command again changes nothing else than what its
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +163,28 @@ def ensure_pools(pools: Sequence[PoolSpec]) -> dict[str, bool]:
     return created
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^a-z\s])(?!\d+:)")
+"""Where a description's first sentence ends: a full stop, then a word that starts a sentence
+(not a lower-case word, nor a value being explained, as in ``2: two tokens each``)."""
+
+
+def form_help(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (a parameter schema as JSON) with every property's description cut to its
+    first sentence: the help the UI's run form shows under a field. The whole docstring, with
+    the measurements behind a default, stays in trace_rl/config.py (and docs/results.md)."""
+    def cut(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: cut(v) for k, v in node.items()}
+            if isinstance(out.get("properties"), dict):
+                for prop in out["properties"].values():
+                    if isinstance(prop, dict) and isinstance(prop.get("description"), str):
+                        text = " ".join(prop["description"].split())
+                        prop["description"] = _SENTENCE_END.split(text, maxsplit=1)[0]
+            return out
+        return [cut(v) for v in node] if isinstance(node, list) else node
+    return cut(schema)
+
+
 def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
                 source: Path = REPO_ROOT, paused: bool = True) -> list[Any]:
     """Each spec's deployment (a ``RunnerDeployment``, not yet sent to a server) on each of its
@@ -178,7 +201,7 @@ def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
         # Loads the flow from the checkout (imports its module) and records a pull step that sets
         # the working directory to it: what a process worker on this machine needs.
         flow = Flow.from_source(source=str(source), entrypoint=spec.entrypoint)
-        out += [flow.to_deployment(
+        made = [flow.to_deployment(
             name=deployment_name(pool), description=spec.description,
             parameters=dict(spec.parameters), tags=["trace"], work_pool_name=pool,
             enforce_parameter_schema=True,
@@ -186,6 +209,10 @@ def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
             # schedule toggle and `prefect deployment schedule resume` switch it on
             schedules=[Cron(spec.cron, timezone="UTC", active=not paused, slug="cron")]
             if spec.cron else None) for pool in targets]
+        for d in made:
+            d._parameter_openapi_schema = type(d._parameter_openapi_schema).model_validate(
+                form_help(d._parameter_openapi_schema.model_dump()))
+        out += made
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.common import resolve_workdir
+from flows.common import resolve_workdir, run_config
 from flows.train import train
 from trace_rl.config import TrainConfig, config_from_mapping
 from trace_rl.storage.tracking import Tracker
@@ -59,11 +59,28 @@ def champion_checkpoint(workdir: str | Path) -> tuple[str, str] | None:
     return str(dest / "model"), champ.version
 
 
-@flow(name="retrain-latest", log_prints=True)
+def retrain_run_name() -> str:
+    """The retrain-latest flow run's name: the config's run name and when the run was due, e.g.
+    ``retrain-latest trace-default 2026-12-05 03:00 UTC``, instead of Prefect's random two words."""
+    from prefect.runtime import flow_run
+
+    cfg = run_config()
+    name = "(invalid config)" if cfg is None else cfg.run_name
+    return f"retrain-latest {name} {flow_run.scheduled_start_time:%Y-%m-%d %H:%M} UTC"
+
+
+@flow(name="retrain-latest", log_prints=True, flow_run_name=retrain_run_name)
 def retrain_latest(config: TrainConfig = TrainConfig(), workdir: str | None = None) -> dict[str, Any]:
-    """Train ``config`` starting from the registry's ``champion`` policy in ``workdir`` (or from
-    ``config['policy']`` when there is none); returns train's summary plus ``started_from`` and
-    ``champion_version``."""
+    """Train from the registry's champion policy: the best held-out score so far.
+
+    Returns train's summary plus ``started_from`` and ``champion_version``.
+
+    Args:
+        config: The run to train (a TrainConfig); its policy is replaced by the registry's
+            champion, and used only while there is none. Leave run_id empty.
+        workdir: The work dir whose MLflow registry holds the champion, and where the run's
+            DuckDB file, MLflow store and checkpoints go (default trace_runs).
+    """
     cfg = config
     if cfg.run_id:
         raise ValueError(f"retrain_latest: config sets run_id={cfg.run_id!r}, which would pin every "

@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import RELEASES_ENGINES, resolve_workdir
+from flows.common import NAMES_ITS_TASK_RUN, RELEASES_ENGINES, resolve_workdir
 from trace_rl.config import TrainConfig
 from trace_rl.environ import cache_dir
 from trace_rl.policy.bootstrap import bootstrap_policy
@@ -20,15 +20,27 @@ from trace_rl.policy.bootstrap import bootstrap_policy
 _DEFAULT = TrainConfig()
 
 
-@flow(name="bootstrap-policy", log_prints=True, **RELEASES_ENGINES)
+@flow(name="bootstrap-policy", log_prints=True,
+      flow_run_name="bootstrap-policy {family} d{difficulty} seed {seed}", **RELEASES_ENGINES,
+      **NAMES_ITS_TASK_RUN)
 def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficulty,
               workdir: str | None = None, seed: int = _DEFAULT.seed, preset: str = "tiny",
               mix: list[int] | None = None, options: dict[str, Any] | None = None) -> str:
-    """Make (or reuse) the tiny policy for ``family`` (default: what ``trace train`` with no
-    config bootstraps); return its HF directory. ``mix``: item difficulties taken in turn
-    (``SynthConfig.mix``). ``options``: the family's generator options
-    (``TrainConfig.family_options``); policies of other options get their own directory (options
-    at their ``TrainConfig`` defaults are left out of the directory name and the input hash)."""
+    """Make (or reuse) the tiny policy for a family; return its HF directory.
+
+    Policies of other options get their own directory (options at their ``TrainConfig``
+    defaults are left out of the directory name and the input hash).
+
+    Args:
+        family: The task family the policy is warm-started on (default: what trace train with
+            no config bootstraps).
+        difficulty: Difficulty of the synthetic items.
+        workdir: The work dir that gets a copy of the policy (default trace_runs).
+        seed: Seed of the build.
+        preset: Model size (tiny policy presets).
+        mix: Item difficulties taken in turn (SynthConfig.mix); empty means difficulty alone.
+        options: The family's generator options (TrainConfig.family_options).
+    """
     tag = f"-m{''.join(str(d) for d in mix)}" if mix else ""
     # Only the options that differ from their defaults name the policy: a family that gains an
     # option (with a default) keeps its policies' directories and cache keys.

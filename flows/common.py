@@ -33,6 +33,22 @@ it runs inside ``trace`` or a benchmark (an ``engine_scope``), which keeps them 
 and closes them itself (``trace_rl.engines.lifecycle``)."""
 
 
+def _name_subflow_task_run(flow: Any, flow_run: Any, state: Any) -> None:
+    """A subflow's run, once named: its tracking task run in the parent flow run (which Prefect
+    names ``<flow>-<n>``, e.g. ``bootstrap-policy-0``) gets the same name."""
+    if flow_run.parent_task_run_id is None:
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.set_task_run_name(flow_run.parent_task_run_id, flow_run.name)
+
+
+NAMES_ITS_TASK_RUN: dict[str, Any] = {"on_running": [_name_subflow_task_run]}
+"""``@flow(..., **NAMES_ITS_TASK_RUN)`` on a flow that runs as a subflow: the task run standing
+for it in the parent's Task Runs list carries the subflow run's readable name."""
+
+
 def resolve_workdir(workdir: str | None) -> str:
     path = Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve()
     path.mkdir(parents=True, exist_ok=True)
@@ -91,20 +107,32 @@ def bind(task: Task, workdir: str) -> Task:
                              cache_policy=policy.configure(key_storage=str(results / "keys")))
 
 
-def train_run_name() -> str:
-    """The train flow run's name: its run id and the steps it will run, e.g.
-    ``trace-default-3f2a9c01de steps 2-4`` (a resumed run starts after its last complete step,
-    read from the work dir's store), instead of Prefect's random two words."""
+def run_config() -> Any:
+    """The running flow's ``config`` parameter as a ``TrainConfig`` (missing: the default), or
+    None when it does not validate (the flow run then fails on it, with Prefect's message)."""
     from prefect.runtime import flow_run
 
     from trace_rl.config import TrainConfig
+
+    cfg = flow_run.parameters.get("config")
+    try:
+        return cfg if isinstance(cfg, TrainConfig) else TrainConfig.model_validate(cfg or {})
+    except ValueError:
+        return None
+
+
+def train_run_name() -> str:
+    """The train flow run's name: its run id and the steps it will run, e.g.
+    ``trace-default-3f2a9c01de steps 2-4`` or ``... step 0`` (a resumed run starts after its last
+    complete step, read from the work dir's store), instead of Prefect's random two words. It
+    replaces a name typed in the UI's Run Name field: a run is named by ``config.run_name``."""
+    from prefect.runtime import flow_run
+
     from trace_rl.storage.store import DB_FILENAME, TreeStore
 
     params = flow_run.parameters
-    cfg = params.get("config")
-    try:
-        cfg = cfg if isinstance(cfg, TrainConfig) else TrainConfig.model_validate(cfg or {})
-    except ValueError:
+    cfg = run_config()
+    if cfg is None:
         return "train (invalid config)"
     run_id, start = cfg.resolved_run_id, 0
     workdir = Path(params.get("workdir") or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR))
@@ -116,4 +144,5 @@ def train_run_name() -> str:
         start = 0 if done is None else done + 1
     if start >= cfg.steps:
         return f"{run_id} (all {cfg.steps} steps done)"
-    return f"{run_id} steps {start}-{cfg.steps - 1}"
+    last = cfg.steps - 1
+    return f"{run_id} step {start}" if start == last else f"{run_id} steps {start}-{last}"

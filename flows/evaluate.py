@@ -12,14 +12,14 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.common import RELEASES_ENGINES, resolve_workdir
+from flows.common import RELEASES_ENGINES, resolve_workdir, run_config
 from tasks import runtime
 from tasks.evaluate import rollout_eval
 from trace_rl.config import TrainConfig
 from trace_rl.policy.named import resolve_policy
 
 
-@task(name="evaluate-rollouts")
+@task(name="evaluate-rollouts", task_run_name="evaluate-rollouts")
 def evaluate_rollouts(cfg: TrainConfig, policy_dir: str, split: str, limit: int | None,
                       samples: int, temperature: float, skip: int = 0) -> dict[str, Any]:
     """``limit`` items of ``split`` after the first ``skip`` (e.g. those a bootstrap selected on);
@@ -36,15 +36,41 @@ def write_predictions(path: str, rows: list[dict[str, Any]]) -> str:
     return str(write_jsonl(path, rows))
 
 
-@flow(name="evaluate", log_prints=True, **RELEASES_ENGINES)
+def evaluate_run_name() -> str:
+    """The evaluate flow run's name: the policy and where it is measured, e.g. ``evaluate
+    tiny-synth_arith-d1-s0 on synth_arith/test``, instead of Prefect's random two words."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    cfg = run_config()
+    if cfg is None:
+        return "evaluate (invalid config)"
+    policy = Path(str(params.get("policy_dir") or "?"))
+    name = policy.parent.name if policy.name == "model" else policy.name
+    return f"evaluate {name} on {cfg.family}/{Path(params.get('split') or cfg.eval_split).name}"
+
+
+@flow(name="evaluate", log_prints=True, flow_run_name=evaluate_run_name, **RELEASES_ENGINES)
 def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | None = None,
              limit: int | None = 64, samples: int = 4, temperature: float = 1.0,
              workdir: str | None = None, skip: int = 0,
              predictions: str | None = None) -> dict[str, Any]:
-    """Accuracy, the verifier's metrics and contrast metrics of ``policy_dir`` on ``split``
-    (default: the config's eval split; a data file works too). ``predictions``: where the
-    per-item predictions go (JSONL, ``tasks.evaluate.prediction_row``; default
-    ``<workdir>/predictions/<family>-<split>.jsonl``)."""
+    """Accuracy, the verifier's metrics and contrast metrics of a policy on a held-out split.
+
+    Args:
+        policy_dir: The policy to measure: a Hugging Face model directory (a run's checkpoint)
+            or a named policy such as smollm2.
+        config: The family, engine and rollout settings (a TrainConfig; its other fields are
+            not used).
+        split: The split or data file to measure on; empty means the config's eval split.
+        limit: How many items to measure (empty means all of them).
+        samples: Rollouts per item; an item's score is their mean.
+        temperature: Sampling temperature of the rollouts.
+        workdir: The work dir the predictions file goes under (default trace_runs).
+        skip: Items to leave out at the start of the split (those a bootstrap selected on).
+        predictions: Where the per-item predictions go (JSONL); empty means
+            <workdir>/predictions/<family>-<split>.jsonl.
+    """
     workdir = resolve_workdir(workdir)
     runtime.configure_threads()
     policy_dir = resolve_policy(policy_dir)  # a named policy (smollm2) or a directory

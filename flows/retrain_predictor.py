@@ -30,7 +30,7 @@ def _examples(workdir: str, run_id: str, step: int) -> tuple[list[str], np.ndarr
     return StepTrees(runtime.store(workdir).read_step(run_id, step)).predictor_examples()
 
 
-@task(name="refit-predictor")
+@task(name="refit-predictor", task_run_name="refit-predictor {run_id}")
 def refit(run_id: str, workdir: str, epochs: int) -> dict[str, Any]:
     known = runtime.store(workdir).get_run(run_id)
     if known is None:
@@ -99,7 +99,13 @@ def _track(workdir: str, run_id: str, parent: str | None, out: dict[str, Any],
 def retrain_predictor(run_id: str, workdir: str | None = None, epochs: int = 3) -> Any:
     """Refit the predictor over a run's stored trees; returns held-out calibration figures
     against the constant and the current predictor, and whether it was registered (the final
-    state's message says so too)."""
+    state's message says so too).
+
+    Args:
+        run_id: The train run whose trees are refit (its last step is held out).
+        workdir: The work dir that holds the run (default trace_runs).
+        epochs: Passes over the run's steps.
+    """
     result = refit(run_id, resolve_workdir(workdir), epochs)
     print(result["verdict"])
     return Completed(message=result["verdict"], data=result)

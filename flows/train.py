@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.common import bind, RELEASES_ENGINES, resolve_workdir, train_run_name
+from flows.common import (bind, NAMES_ITS_TASK_RUN, RELEASES_ENGINES, resolve_workdir,
+                          train_run_name)
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import Allocator, RootPool
 from trace_core.waves import outcome_counts, refill_wave
@@ -42,6 +43,7 @@ from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
 from trace_rl.storage.locks import train_lock
 from trace_rl.storage.tracking import Tracker
+from trace_rl.view.server import page_url
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     update = t.policy_update(cfg, workdir, run_id, step, policy_dir, paths)
     # this work dir's checkpoint: a cached result names the work dir it was written in
     new_policy = str(runtime.Paths(Path(workdir)).policy_dir(run_id, step))
-    sync_s = t.sync_weights(cfg, new_policy)
+    sync_s = t.sync_weights(cfg, new_policy, step)
     metrics = {**t.tree_metrics(workdir, run_id, step), **pred_stats,
                **t.prediction_metrics(workdir, run_id, step), **update["stats"],
                **_allocation_metrics(scored, scored_prefixes, chosen, waves, fresh_leaves),
@@ -240,19 +242,27 @@ def _record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, work
                            "the one above", what, type(secondary).__name__, secondary)
 
 
-@flow(name="train", log_prints=True, flow_run_name=train_run_name, **RELEASES_ENGINES)
+@flow(name="train", log_prints=True, flow_run_name=train_run_name, **RELEASES_ENGINES,
+      **NAMES_ITS_TASK_RUN)
 def train(config: TrainConfig = TrainConfig(), workdir: str | None = None,
           wait: bool = False) -> dict[str, Any]:
     """Train a policy with TRACE (or a baseline allocator) and return a summary.
 
-    ``config``: the run (``TrainConfig``; Prefect validates it before the flow run starts, so
-    the UI's run form is typed and refuses a bad value). ``workdir``: where the DuckDB file,
-    MLflow store and checkpoints live. One run trains a work dir at a time: the work-dir lock is
-    taken before MLflow or DuckDB are set up, and if another run holds it this fails at once
-    naming it (pid, run id), or with ``wait`` waits for it to finish. The config's inputs (data
-    files, policy directory) are checked before the run is registered; from then on any failure
-    (the bootstrap included) marks the running step and the run failed in DuckDB and MLflow and
-    re-raises the original error, and running the flow again resumes after the last complete step.
+    Prefect validates ``config`` before the flow run starts, so the UI's run form is typed and
+    refuses a bad value. One run trains a work dir at a time: the work-dir lock is taken before
+    MLflow or DuckDB are set up. The config's inputs (data files, policy directory) are checked
+    before the run is registered; from then on any failure (the bootstrap included) marks the
+    running step and the run failed in DuckDB and MLflow and re-raises the original error, and
+    running the flow again resumes after the last complete step. The flow run is named after the
+    run id and its steps (a name typed in the form's Run Name is replaced: name a run with
+    config's run_name).
+
+    Args:
+        config: The run (a TrainConfig): family, policy, allocator, budget and the rest.
+        workdir: Where the run's DuckDB file, MLflow store and checkpoints go (default
+            trace_runs, under the directory the worker runs in).
+        wait: If another run holds the work dir: wait for it to finish (true) or fail at once
+            naming it (false).
     """
     with train_lock(resolve_workdir(workdir), config.resolved_run_id, wait=wait):
         return _train(config, workdir)
@@ -275,19 +285,20 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
     history = []
     # A phase silent for 15 s gets a line while it runs: the README promises one every 30 s.
     watch = Progress("train", 0, every_s=15, quiet=True)
-    held_out = _watched(bind(evaluate.evaluate_policy, workdir), watch, "held-out evaluation")
+    held_out = _watched(bind(track.named(evaluate.evaluate_policy), workdir), watch,
+                        "held-out evaluation")
     try:
         _register_run(cfg, workdir, store, tracker, mlflow_run_id)
         done = store.last_complete_step(run_id)
         start = 0 if done is None else done + 1
         initial = _initial_policy(cfg, workdir, watch)
-        policy_dir = str(initial) if done is None else \
+        policy_dir = initial if done is None else \
             str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:
             logger.info("run %s already has %d complete steps; nothing to do", run_id, cfg.steps)
-        skip = evaluate.bootstrap_items(str(initial))
+        skip = evaluate.bootstrap_items(initial)
         if cfg.eval_items:  # a stored evaluation (a resumed run) is read back, not redone
-            before = held_out(cfg, workdir, run_id, 0, str(initial), skip)
+            before = held_out(cfg, workdir, run_id, 0, initial, skip)
             logger.info("held-out accuracy before training: %.3f (%d items x %d samples)",
                         before["accuracy"], before["items"], before["samples"])
         for step in range(start, cfg.steps):
@@ -307,7 +318,7 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
             _say_step(logger, step, metrics)
         if cfg.eval_items:
             held_out(cfg, workdir, run_id, cfg.steps, policy_dir, skip)
-        where = where_to_look(workdir, run_id)
+        where = where_to_look(workdir, run_id, tracker)
         summary = _watched(bind(track.log_summary, workdir), watch, "summary")(
             workdir, mlflow_run_id, run_id, where)
         store.set_run(run_id, status="complete")
@@ -336,15 +347,21 @@ def _register_run(cfg: TrainConfig, workdir: str, store: Any, tracker: Tracker,
     track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
 
 
-def _initial_policy(cfg: TrainConfig, workdir: str, watch: Progress) -> Any:
+def _initial_policy(cfg: TrainConfig, workdir: str, watch: Progress) -> str:
     """The policy the run starts from: the tiny policy, bootstrapped by SFT on the family (once
     per work dir, cached), or a named policy or model directory."""
-    if cfg.policy == "tiny":
-        from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
-    watch.note(None)  # the bootstrap reports its own progress
-    return (bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
-                      options=cfg.family_options() or None)
-            if cfg.policy == "tiny" else resolve_policy(cfg.policy))
+    watch.note(None)  # the bootstrap (or a named policy's first build) reports its own progress
+    if cfg.policy != "tiny":
+        return resolve_policy(cfg.policy)
+    from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
+
+    made = bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
+                     options=cfg.family_options() or None)
+    # Prefect links a subflow's return value to the subflow run by object identity, and a task
+    # given that very object records a `flow_run` task input, which the UI of the pinned Prefect
+    # cannot render (the flow run's Task Runs tab stays empty). The tasks get an equal string
+    # that is a new object (str of a Path), so their inputs are plain values.
+    return str(Path(made))
 
 
 def _say_step(logger: Any, step: int, metrics: dict[str, float]) -> None:
@@ -354,9 +371,12 @@ def _say_step(logger: Any, step: int, metrics: dict[str, float]) -> None:
                 metrics["rollout/leaves"], metrics["time/step_s"])
 
 
-def where_to_look(workdir: str, run_id: str) -> dict[str, str]:
+def where_to_look(workdir: str, run_id: str, tracker: Tracker) -> dict[str, str]:
     """Commands that open what a run left behind (printed by the CLI, in the flow's artifact)."""
-    return {"MLflow UI": f"mlflow ui --backend-store-uri sqlite:///{Path(workdir) / 'mlflow.db'}",
+    return {"MLflow UI": tracker.ui_command,
+            "MLflow run (on that UI)": tracker.ui_url(),
+            "Rollout trees": f"trace view --workdir {workdir}",
+            "Rollout trees of the run (on that server)": page_url(run_id),
             "SQL on the trees": f"trace sql --workdir {workdir} \"SELECT step, level, count(*) AS "
                                 f"nodes, avg(reward) AS reward FROM nodes WHERE run_id = "
                                 f"'{run_id}' GROUP BY ALL ORDER BY ALL\"",

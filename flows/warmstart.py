@@ -15,10 +15,28 @@ from trace_rl.environ import cache_dir
 from trace_rl.policy.warmstart import WarmstartConfig, read_record, warmstart_policy
 
 
-@flow(name="warmstart", log_prints=True, **RELEASES_ENGINES)
+def warmstart_run_name() -> str:
+    """The warmstart flow run's name: family, base model and seed, e.g. ``warmstart hotpotqa
+    SmolLM2-135M-Instruct seed 0``, instead of Prefect's random two words."""
+    from prefect.runtime import flow_run
+
+    given = flow_run.parameters.get("config") or {}
+    value = lambda k: given.get(k, getattr(WarmstartConfig, k))  # noqa: E731
+    return f"warmstart {value('family')} {Path(str(value('base'))).name} seed {value('seed')}"
+
+
+@flow(name="warmstart", log_prints=True, flow_run_name=warmstart_run_name, **RELEASES_ENGINES)
 def warmstart(config: dict[str, Any] | None = None, workdir: str | None = None,
               engine: str = "auto") -> dict[str, Any]:
-    """Make (or reuse) the warm-started policy; return its directory and its record."""
+    """Make (or reuse) the warm-started policy; return its directory and its record.
+
+    Args:
+        config: WarmstartConfig fields (family, base model, SFT settings); empty means its
+            defaults.
+        workdir: The work dir that gets a copy of the policy and the build's MLflow run
+            (default trace_runs).
+        engine: The engine that measures the policy: hf, vllm or auto.
+    """
     values = dict(config or {})
     if "env_args" in values and isinstance(values["env_args"], dict):
         values["env_args"] = tuple(sorted(values["env_args"].items()))

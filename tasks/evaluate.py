@@ -90,7 +90,7 @@ def bootstrap_items(policy_dir: str) -> int:
     return int(seen["eval_items"]) + int(seen["report_items"])
 
 
-@task(name="evaluate-policy", task_run_name="evaluate-policy-step{step}")
+@task(name="evaluate-policy")
 def evaluate_policy(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
                     skip: int) -> dict[str, Any]:
     """The train flow's held-out evaluation of ``policy_dir`` as of ``step`` (0 = before any

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from tasks import runtime
 from trace_core.stats import paired_gain, verdict
 from trace_rl.storage.tracking import Tracker
+from trace_rl.view.server import page_url
 
 
 def fmt_value(x: float | None) -> str:
@@ -17,8 +18,9 @@ def fmt_value(x: float | None) -> str:
 
 
 def step_markdown(tracker: Tracker, workdir: str, run_id: str, step: int,
-                  metrics: Mapping[str, float], roots: list[Mapping[str, Any]], page: str) -> str:
-    """The Markdown of a step's Prefect artifact."""
+                  metrics: Mapping[str, float], roots: list[Mapping[str, Any]]) -> str:
+    """The Markdown of a step's Prefect artifact. Its links are http URLs (a browser will not
+    open a file:// link from a web page), each beside the command that starts its server."""
     run = tracker.client.get_run(tracker._run())
     m = lambda k: metrics.get(k, float("nan"))  # noqa: E731
     spent = [r["k"] for r in roots]
@@ -34,14 +36,15 @@ def step_markdown(tracker: Tracker, workdir: str, run_id: str, step: int,
                   f"({sum(1 for k in spent if k > 0)} given any; most {max(spent)}, fewest "
                   f"{min(spent)}); the table artifact `allocation-{slug(run_id)}-{step}` lists "
                   f"them.", ""]
-    lines += [f"* MLflow run: `{run.info.run_name}` (id `{run.info.run_id}`, experiment "
-              f"`{tracker.experiment}`); open with `{tracker.ui_command}`, then "
-              f"<http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/"
-              f"{run.info.run_id}>",
-              f"* Rollout trees of step {step}: [{page}]({page}) (MLflow artifact "
-              f"`view/step_{step:04d}.html`)",
-              f"* Live, while the run writes: `trace view {run_id} --step {step} --workdir "
-              f"{workdir}`"]
+    page = f"view/step_{step:04d}.html"
+    live = page_url(run_id, step)
+    lines += [f"* MLflow run: [{run.info.run_name}]({tracker.ui_url(run.info.run_id)}) (id "
+              f"`{run.info.run_id}`, experiment `{tracker.experiment}`), once `{tracker.ui_command}`"
+              f" serves the store",
+              f"* Rollout trees of step {step}: [in MLflow]"
+              f"({tracker.ui_url(run.info.run_id, page)}) (the artifact `{page}`, same server), "
+              f"or [live]({live}) once `trace view --workdir {workdir}` serves them (also while "
+              f"the run writes)"]
     return "\n".join(lines) + "\n"
 
 
@@ -106,7 +109,8 @@ def summary_markdown(summary: Mapping[str, Any], where: Mapping[str, str]) -> st
               f"{s['generated_tokens']} |" for s in summary["steps"]]
     lines += ["", f"Spent: {summary['leaves']} leaves, {summary['generated_tokens']} generated "
               "tokens in training.", ""]
-    lines += [f"* {name}: `{value}`" for name, value in where.items()]
+    lines += [f"* {name}: " + (f"<{value}>" if value.startswith("http://") else f"`{value}`")
+              for name, value in where.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -109,7 +109,7 @@ def run_tags(cfg: Any) -> dict[str, str]:
             "trace.allocator": cfg.allocator, "trace.policy": str(cfg.policy)}
 
 
-@task(name="log-datasets")
+@task(name="log-datasets", task_run_name="log-datasets")
 def log_datasets(cfg: Any, workdir: str, mlflow_run_id: str, run_id: str) -> dict[str, str]:
     """The task items of the train and eval splits as the run's MLflow inputs (``log_input``:
     name ``<family>/<split>``, context ``train`` / ``eval``, MLflow's digest of the rows);
@@ -192,18 +192,23 @@ def log_step_page(tracker: Tracker, workdir: str, run_id: str, step: int,
 
     store = runtime.store(workdir)
     uri = tracker.log_text(step_page(store, run_id, step), f"view/step_{step:04d}.html")
-    roots = store.query("SELECT item_id, predicted_v, true_v, k FROM allocations WHERE run_id = $r "
-                        "AND step = $s AND level = 0 ORDER BY k DESC, item_id",
+    # realised V: the root's backed-up value (success rate of the leaves below it), as the page
+    # shows it; allocations.true_v is the true V, which only a simulation has
+    roots = store.query("SELECT a.item_id, a.predicted_v, n.value AS realised_v, a.k "
+                        "FROM allocations a LEFT JOIN nodes n ON n.run_id = a.run_id "
+                        "AND n.node_id = a.node_id WHERE a.run_id = $r AND a.step = $s "
+                        "AND a.level = 0 ORDER BY a.k DESC, a.item_id",
                         {"r": run_id, "s": step}).to_pylist()
     create_markdown_artifact(key=f"view-{_slug(run_id)}-step-{step}",
                              markdown=step_markdown(tracker, workdir, run_id, step, metrics or {},
-                                                    roots, uri),
+                                                    roots),
                              description=f"TRACE run {run_id}, step {step}: what it did")
     if roots:
         create_table_artifact(
             key=f"allocation-{_slug(run_id)}-{step}",
             table=[{"item": r["item_id"], "predicted V": fmt_value(r["predicted_v"]),
-                    "realised V": fmt_value(r["true_v"]), "bare rollouts": r["k"]} for r in roots],
+                    "realised V": fmt_value(r["realised_v"]), "bare rollouts": r["k"]}
+                   for r in roots],
             description=f"TRACE run {run_id}, step {step}: bare rollouts per prompt (root "
                         f"allocation), with the predicted and realised success rate")
     return uri
@@ -229,7 +234,7 @@ def named(task: Any) -> Any:
     return task.with_options(task_run_name=task_run_name)
 
 
-@task(name="log-summary")
+@task(name="log-summary", task_run_name="log-summary")
 def log_summary(workdir: str, mlflow_run_id: str, run_id: str, where: Mapping[str, str]
                 ) -> dict[str, Any]:
     """The run's summary (``run_summary``) as MLflow metrics (``eval/accuracy`` at step 0 and at
@@ -273,8 +278,9 @@ def promote_policy(tracker: Tracker, workdir: str, run_id: str,
              f"{after['samples']} samples)")
     from prefect import get_run_logger
 
+    steps = f"{after['step']} step{'' if after['step'] == 1 else 's'}"
     promotion = tracker.promote("policy", after["accuracy"], split, description=(
-        f"Policy after {after['step']} steps of TRACE run {run_id}: held-out accuracy "
+        f"Policy after {steps} of TRACE run {run_id}: held-out accuracy "
         f"{after['accuracy']:.3f} on {split}."))
     get_run_logger().info("registry: %s", promotion_line(tracker, promotion))
     return promotion

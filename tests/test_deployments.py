@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from deployments.deploy import CPU_POOL, DEFAULT_CRON
+from servers import prefect_server, start, stop, tail
 from trace_rl.config import TrainConfig
 from trace_rl.storage.store import TreeStore
 
@@ -40,8 +39,9 @@ def test_retrain_latest_refuses_a_pinned_run_id(tmp_path: Path) -> None:
 
 def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
     """The parameter schema the deployments send to the server (what the UI's run form renders
-    and the server enforces) has, for every TrainConfig field, a typed property with its
-    docstring as description, and refuses unknown fields."""
+    and the server enforces) has, for every TrainConfig field, a typed property with the first
+    sentence of its docstring as help (not the measurements behind the default), and refuses
+    unknown fields; every parameter of the flows has help (issue 49, D7)."""
     from deployments.deploy import deployments, deployment_specs
 
     by_flow = {d.flow_name: d for d in deployments(deployment_specs(), [CPU_POOL])}
@@ -56,12 +56,20 @@ def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
         assert set(form["properties"]) == set(TrainConfig.model_fields)
         for field, prop in form["properties"].items():
             assert prop.get("type") in ("integer", "number", "string", "boolean", "object"), field
-            doc = TrainConfig.model_fields[field].description
-            assert doc and prop["description"] == doc, field
+            doc = " ".join(TrainConfig.model_fields[field].description.split())
+            assert prop["description"] and doc.startswith(prop["description"]), field
+            assert "+-" not in prop["description"], (field, prop["description"])
+        for name_, prop in schema["properties"].items():
+            assert prop.get("description"), (name, name_)
         assert form["properties"]["allocator"]["enum"] == [
             "grpo", "dapo", "prompt_only", "random_prefix", "trace"]
         assert (form["properties"]["exploration"]["minimum"],
                 form["properties"]["exploration"]["maximum"]) == (0, 1)
+        assert form["properties"]["advantage"]["description"] == (
+            "Tree advantage estimator (trace_core.advantages): branch, treepo, tree_grpo, "
+            "segment, grpo.")
+    assert set(by_flow["train"]._parameter_openapi_schema.properties) == {
+        "config", "workdir", "wait"}
 
 
 # ------------------------------------------------------------------ a real server and worker
@@ -70,68 +78,12 @@ TINY = {"engine": "hf", "steps": 1, "root_budget": 4, "pool_size": 4, "max_turns
         "max_new_tokens": 16, "multiplier": 1, "eval_items": 4, "eval_samples": 2}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    out = log.open("wb")
-    # own session = own process group, so stopping it reaches its children (uvicorn, flow runs)
-    return subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen, sig: int) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
-    try:  # children left behind in the group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _tail(log: Path, n: int = 4000) -> str:
-    return log.read_text(errors="replace")[-n:] if log.exists() else "(no log)"
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str], Path]]:
     """A Prefect server on 127.0.0.1 with its own PREFECT_HOME; yields (api url, env, log dir)."""
     home = tmp_path_factory.mktemp("prefect_home")
-    api = f"http://127.0.0.1:{_free_port()}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
-           "PREFECT_WORKER_QUERY_SECONDS": "2", "MLFLOW_DISABLE_TELEMETRY": "true",
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    log = home / "server.log"
-    port = api.split(":")[-1].split("/")[0]
-    proc = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                   "--port", port], env, log)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
-                    if json.load(r) is True:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"prefect server exited:\n{_tail(log)}"
-            assert time.monotonic() < deadline, f"prefect server not healthy in 120 s:\n{_tail(log)}"
-            time.sleep(0.5)
+    with prefect_server(home) as (api, env):
         yield api, env, home
-    finally:
-        _stop(proc, signal.SIGTERM)
 
 
 @pytest.mark.slow
@@ -151,7 +103,7 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
     assert "gpu" not in deployed.stdout  # only the pool asked for
 
     worker_log = logs / "worker.log"
-    worker = _start([sys.executable, "-m", "prefect", "worker", "start", "--pool", CPU_POOL],
+    worker = start([sys.executable, "-m", "prefect", "worker", "start", "--pool", CPU_POOL],
                     env, worker_log)
     try:
         with temporary_settings(updates={PREFECT_API_URL: api}):
@@ -182,8 +134,8 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                                                           "workdir": workdir},
                                  timeout=600, poll_interval=2)
             assert run.state is not None and run.state.is_completed(), (
-                f"train/cpu ended {run.state}:\n{_tail(worker_log)}")
-            assert _flow_run_processes_end(worker) == [], _tail(worker_log)
+                f"train/cpu ended {run.state}:\n{tail(worker_log)}")
+            assert _flow_run_processes_end(worker) == [], tail(worker_log)
             store = TreeStore(workdir, create=False)
             first = store.query("SELECT run_id FROM runs").column("run_id").to_pylist()
             assert len(first) == 1
@@ -198,7 +150,14 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                                    parameters={"config": config, "workdir": workdir},
                                    timeout=600, poll_interval=2)
             assert again.state is not None and again.state.is_completed(), (
-                f"retrain-latest/cpu ended {again.state}:\n{_tail(worker_log)}")
+                f"retrain-latest/cpu ended {again.state}:\n{tail(worker_log)}")
+            # issue 49 D8: readable names, the train subflow's tracking task run's too
+            assert re.fullmatch(r"retrain-latest trace-default \d{4}-\d\d-\d\d \d\d:\d\d UTC",
+                                again.name), again.name
+            with get_client(sync_client=True) as client:
+                made_up = [t.name for t in client.read_task_runs()
+                           if t.name.endswith(f"-{t.dynamic_key[:3]}")]
+            assert made_up == []
         runs = {r["run_id"]: json.loads(r["config_json"]) for r in
                 store.query("SELECT run_id, config_json FROM runs").to_pylist()}
         (second,) = set(runs) - set(first)
@@ -208,7 +167,7 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                              {"r": second}).column("level").to_pylist()
         assert levels == [0, 1]
     finally:
-        _stop(worker, signal.SIGINT)  # Ctrl-C; a SIGTERM once left it running for over 8 s
+        stop(worker, signal.SIGINT)  # Ctrl-C; a SIGTERM once left it running for over 8 s
 
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -241,7 +200,7 @@ def _check_names_and_artifacts(run, run_id: str) -> None:
 
     from tasks.track import _slug
 
-    assert run.name == f"{run_id} steps 0-0"
+    assert run.name == f"{run_id} step 0"
     with get_client(sync_client=True) as client:
         tasks = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[run.id])))}

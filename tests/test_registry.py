@@ -36,7 +36,7 @@ def test_registry_champion_candidate_and_pyfunc_generation(tiny_model_dir, tmp_p
     from deployments.retrain import champion_checkpoint
 
     best = _train_run(tmp_path, "lineage-aaa", tiny_model_dir, 0.5, "synth_arith-trace-tiny-aaa")
-    assert best["champion"] and best["reason"] == "no champion yet"
+    assert best["champion"] and best["reason"] == "the first version scored: there was no champion"
     # A 1-step smoke run and a GRPO baseline finish later, with lower held-out scores: the
     # newest registered policy is the candidate, the champion stays where it was.
     smoke = _train_run(tmp_path, "lineage-bbb", tiny_model_dir, 0.25, "synth_arith-trace-tiny-bbb")
@@ -51,6 +51,11 @@ def test_registry_champion_candidate_and_pyfunc_generation(tiny_model_dir, tmp_p
     assert "TRACE policies" in client.get_registered_model(name).description
     champ = client.get_model_version(name, best["version"])
     assert champ.description.startswith("lineage-aaa: held-out accuracy 0.5")
+    # The description says what the promotion did, not the state before it (issue 49, D10).
+    assert champ.description.endswith("Promotion: made the champion (the first version scored: "
+                                      "there was no champion)."), champ.description
+    assert "Promotion: not made the champion (held-out score 0.2500" in client.get_model_version(
+        name, smoke["version"]).description
     assert champ.tags["eval.score"] == "0.500000"
 
     # Retraining starts from the champion, read from the registry (not the newest run on disk).

@@ -85,56 +85,6 @@ def trained(tiny_model_dir, prefect_harness, tmp_path_factory) -> tuple[Path, st
     return wd, run["run_id"]
 
 
-def _install_chromium() -> str | None:
-    """Debian's chromium: on PATH, or installed with apt-get (as root); else why not."""
-    if shutil.which("chromium"):
-        return None
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return "chromium is not installed and this user cannot apt-get install it (not root)"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "install", "-y", "chromium"],
-                ["sh", "-c", "apt-get update && apt-get install -y chromium"]):
-        try:  # bounded: a package mirror that does not answer must not stall the suite
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        except subprocess.TimeoutExpired:
-            return f"apt-get did not finish installing chromium in 300 s ({' '.join(cmd)})"
-        if done.returncode == 0 and shutil.which("chromium"):
-            return None
-    return f"apt-get could not install chromium: {(done.stdout + done.stderr).strip()[-300:]}"
-
-
-class Chromium:
-    """Headless chromium: the DOM after the page's scripts ran, and what it wrote to its console
-    (``--enable-logging=stderr`` prints each console message as an ``INFO:CONSOLE`` line)."""
-
-    def __init__(self, exe: str, profile: Path):
-        self.exe, self.profile = exe, profile
-
-    def load(self, url: str, *extra: str) -> tuple[str, list[str]]:
-        out = subprocess.run([self.exe, "--headless", "--no-sandbox", "--disable-gpu",
-                              "--no-first-run", f"--user-data-dir={self.profile}",
-                              "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
-                              *extra, "--dump-dom", url],
-                             capture_output=True, text=True, timeout=180)
-        assert out.returncode == 0, out.stderr[-2000:]
-        console = [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
-        return out.stdout, console
-
-
-@pytest.fixture(scope="session")
-def chromium(tmp_path_factory) -> Chromium:
-    why = _install_chromium()
-    if why:
-        pytest.skip(why)
-    browser = Chromium(shutil.which("chromium"), tmp_path_factory.mktemp("chromium-profile"))
-    # The console check can fail: a page with an error is seen as one.
-    bad = tmp_path_factory.mktemp("bad") / "bad.html"
-    bad.write_text("<html><body><script>no_such_function();</script></body></html>")
-    _, console = browser.load(bad.as_uri())
-    assert any("no_such_function" in line for line in console), console
-    return browser
-
-
 # ------------------------------------------------------------------ the page in a browser
 
 
@@ -185,6 +135,11 @@ def test_page_of_a_real_run_in_headless_chromium(trained, chromium, tmp_path):
 
 
 def test_each_step_logs_its_page_to_mlflow_and_a_link_to_prefect(trained, chromium):
+    """Each step's page in MLflow says the step is complete (it is logged as the step's last act
+    and cannot change later); the step's Prefect artifact links to it over http (a browser does
+    not open a file:// link from a web page): the live link opens the page on `trace view`, the
+    MLflow link names the artifact in MLflow's classic view; the allocation table has the
+    realised V of every prompt given bare rollouts (issue 49: D2, D3, D5, D11)."""
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -194,19 +149,47 @@ def test_each_step_logs_its_page_to_mlflow_and_a_link_to_prefect(trained, chromi
     client = MlflowClient(tracking_uri=f"sqlite:///{wd / 'mlflow.db'}")
     pages = sorted(a.path for a in client.list_artifacts(run["mlflow_run_id"], "view"))
     assert pages == [f"view/step_{s:04d}.html" for s in range(TINY["steps"])]
-    local = Path(client.download_artifacts(run["mlflow_run_id"], pages[-1], str(wd / "dl")))
+    for step, path in enumerate(pages):
+        local = Path(client.download_artifacts(run["mlflow_run_id"], path, str(wd / "dl")))
+        assert _data(local.read_text())["details"][str(step)]["status"] == "complete", path
     dom, console = chromium.load(local.as_uri())
     _assert_page_matches(dom, console, _step_counts(wd, run_id, TINY["steps"] - 1))
+    slug = run_id.lower()
     with get_client(sync_client=True) as prefect:
         links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
-            any_=[f"view-{run_id.lower()}-step-{s}" for s in range(TINY["steps"])])))
-    assert len(links) == TINY["steps"]
-    for a in links:
-        step = int(a.key.rsplit("-", 1)[1])
-        assert a.flow_run_id and f"--step {step}" in a.data, a
-        target = re.search(r"\]\((file://[^)]+)\)", a.data).group(1)
-        assert target.endswith(f"view/step_{step:04d}.html")
-        assert Path(urllib.request.url2pathname(target[len("file://"):])).is_file(), target
+            any_=[f"view-{slug}-step-{s}" for s in range(TINY["steps"])])))
+        tables = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=[f"allocation-{slug}-{s}" for s in range(TINY["steps"])])))
+    assert len(links) == len(tables) == TINY["steps"]
+    server, url = _start_server(wd)
+    try:
+        for a in links:
+            step = int(a.key.rsplit("-", 1)[1])
+            assert a.flow_run_id and "file://" not in a.data, a.data
+            mlflow_link = re.search(r"\[in MLflow\]\((http://127\.0\.0\.1:5000/[^)]+)\)",
+                                    a.data).group(1)
+            assert mlflow_link.endswith(f"/runs/{run['mlflow_run_id']}/artifactPath/view/"
+                                        f"step_{step:04d}.html?workflowType=machine_learning")
+            live = re.search(r"\[live\]\((http://127\.0\.0\.1:8765/[^)]+)\)", a.data).group(1)
+            assert f"trace view --workdir {wd}" in a.data
+            # the link, on the port this test's `trace view` serves: the step's page, and
+            # nothing on the console (no 404 for a favicon either)
+            dom, console = chromium.load(live.replace("127.0.0.1:8765", url.split("/")[2]))
+            assert console == [], console
+            assert re.search(rf'<h2>Step {step} <span class="badge">complete</span>', dom), live
+            _assert_page_matches(dom, console, _step_counts(wd, run_id, step))
+    finally:
+        _stop(server)
+    for t in tables:
+        step = int(t.key.rsplit("-", 1)[1])
+        realised = {r["item_id"]: f"{r['value']:.3f}" for r in _sql(
+            wd, f"SELECT item_id, value FROM nodes WHERE run_id = '{run_id}' AND step = {step} "
+                f"AND depth = 0")}
+        rows = json.loads(t.data)
+        assert any(r["bare rollouts"] for r in rows)
+        for r in rows:
+            if r["bare rollouts"]:
+                assert r["realised V"] == realised[r["item"]], (r, realised)
 
 
 def test_a_page_of_a_step_still_being_written_with_hostile_text(chromium, tmp_path):

@@ -184,7 +184,7 @@ class ModelRegistry:
             return {"version": mv.version, "champion": True, "previous": champ.version,
                     "previous_score": prev, "reason": "already the champion"}
         if champ is None:
-            win, reason = True, "no champion yet"
+            win, reason = True, "the first version scored: there was no champion"
         elif prev is None or champ.tags.get("eval.split") != split:
             win, reason = False, (f"champion v{champ.version} has no score on {split!r} to "
                                   f"compare with; move the alias by hand if this one should win")
@@ -196,8 +196,9 @@ class ModelRegistry:
         if win:
             self.client.set_registered_model_alias(name, CHAMPION, mv.version)
         if description:
-            self.client.update_model_version(name, mv.version, description=description
-                                             + f"\n\nPromotion: {reason}.")
+            self.client.update_model_version(
+                name, mv.version, description=description + f"\n\nPromotion: "
+                f"{'made the champion' if win else 'not made the champion'} ({reason}).")
         return {"version": mv.version, "champion": win,
                 "previous": None if champ is None else champ.version, "previous_score": prev,
                 "reason": reason}

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 NAMESPACES = ("rollout/", "alloc/", "tree/", "predictor/", "loss/", "ledger/", "time/", "eval/")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` serves unless told otherwise."""
 EXPERIMENT_KIND = "mlflow.experimentKind"
 """The experiment tag MLflow 3's UI reads to choose its view; unset, it guesses, and guessed the
 GenAI view for TRACE's experiment (issue 22)."""
@@ -161,6 +163,16 @@ class Tracker(ModelRegistry):
     def ui_command(self) -> str:
         """The command that shows this store in a browser."""
         return f"mlflow ui --backend-store-uri {self.tracking_uri}"
+
+    def ui_url(self, run_id: str | None = None, artifact: str | None = None) -> str:
+        """Where ``ui_command``'s server (its default address) shows a run of this store (default:
+        the current one), or one of its artifacts, in MLflow's classic view. The UI keeps a
+        per-browser switch between its GenAI and classic views that defaults to GenAI whatever
+        the experiment's tag says; the URL's ``workflowType`` sets it."""
+        run = run_id or self._run()
+        page = f"experiments/{self.experiment_id}/runs/{run}"
+        page += f"/artifactPath/{artifact}" if artifact else ""
+        return f"{MLFLOW_UI}/#/{page}?workflowType=machine_learning"
 
     def _run(self) -> str:
         if self.run_id is None:

@@ -57,5 +57,10 @@ def write_page(workdir: str | Path, out: str | Path, run: str | None = None,
 
 def step_page(store: Any, run_id: str, step: int) -> str:
     """The page of one step (what a training step logs to MLflow), read through ``store`` (the
-    writer's own store inside the flow: it reads its latest writes)."""
-    return render(page_data(store, run_id, step, mode="file"))
+    writer's own store inside the flow: it reads its latest writes). The step's last phase logs
+    it, after every row of the step is written, and an artifact never changes: the page shows
+    the step complete, not "running" as the store still has it until the flow marks it."""
+    data = page_data(store, run_id, step, mode="file")
+    for row in [data["details"][str(step)], *(s for s in data["steps"] if s["step"] == step)]:
+        row["status"] = "complete"
+    return render(data)

@@ -21,6 +21,15 @@ from trace_rl.view.data import ViewError, open_store, page_data
 from trace_rl.view.page import render
 
 HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+"""``trace view``'s port unless told another ``--port``."""
+
+
+def page_url(run: str | None = None, step: int | None = None, host: str = HOST,
+             port: int = DEFAULT_PORT) -> str:
+    """The URL of the page of ``run`` and ``step`` (either left out: the newest)."""
+    query = urlencode([(k, v) for k, v in (("run", run), ("step", step)) if v is not None])
+    return f"http://{host}:{port}/{'?' + query if query else ''}"
 
 
 def make_server(workdir: str | Path, port: int = 0) -> ThreadingHTTPServer:
@@ -76,9 +85,7 @@ def serve(workdir: str | Path, port: int, run: str | None, step: int | None,
         raise ViewError(f"cannot listen on {HOST}:{port} ({exc.strerror or exc}); "
                         "pick another --port") from exc
     host, bound = server.server_address[:2]
-    query = urlencode([(k, v) for k, v in (("run", run), ("step", step)) if v is not None])
-    say(f"trace view: serving http://{host}:{bound}/{'?' + query if query else ''} "
-        "(read-only; Ctrl-C to stop)")
+    say(f"trace view: serving {page_url(run, step, host, bound)} (read-only; Ctrl-C to stop)")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
