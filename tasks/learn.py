@@ -115,20 +115,24 @@ def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[Path
     rows = found.to_numpy().astype(np.int64)
     ends = np.cumsum(pc.list_value_length(paths.column("path")).to_numpy())
     gen, obs = nodes.column("gen_token_ids").to_pylist(), nodes.column("obs_token_ids").to_pylist()
+    gen_lp = nodes.column("gen_logprobs").to_pylist()
     tree_id = nodes.column("tree_id").to_pylist()
     out = []
     for path, advs in zip(np.split(rows, ends[:-1]),
                           paths.column("advantages").to_pylist()):
         root = path[0]
         ids, mask, a = list(obs[root]), [0] * len(obs[root]), [0.0] * len(obs[root])
+        lp: list[float] | None = [0.0] * len(obs[root])  # the engine's, where it sampled
         for r, x in zip(path[1:], advs):
             ids += gen[r]
             mask += [1] * len(gen[r])
             a += [x] * len(gen[r])
+            lp = lp + list(gen_lp[r]) if lp is not None and len(gen_lp[r] or ()) == len(gen[r]) else None
             ids += obs[r]
             mask += [0] * len(obs[r])
             a += [0.0] * len(obs[r])
-        out.append(PathSample(ids, mask, a, group=int(tree_id[root])))
+            lp = lp + [0.0] * len(obs[r]) if lp is not None else None
+        out.append(PathSample(ids, mask, a, group=int(tree_id[root]), engine_logprobs=lp))
     return out
 
 

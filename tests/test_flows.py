@@ -85,6 +85,7 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
     assert sorted(m.step for m in history) == list(range(TINY["steps"]))
     for key in ("rollout/reward_mean", "ledger/generated_tokens", "predictor/brier", "time/step_s"):
         assert key in run.data.metrics
+    assert "loss/tis_weight_mean" not in run.data.metrics  # TIS is off by default
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/policy")]
     assert len(arts) == TINY["steps"]
     assert "MLmodel" in [Path(a.path).name for a in client.list_artifacts(run.info.run_id, arts[-1])]
@@ -272,6 +273,38 @@ def test_trace_sql_answers_while_training_writes(tiny_model_dir, tmp_path):
 SCRIPTED = {**TINY, "max_new_tokens": 48, "eval_items": 0, "plot_every": 0}
 """The tiny config for scripted rollouts (tests/scripted_engine.py): room for a scripted turn
 (at most 31 tokens), no held-out evaluation."""
+
+
+def test_engine_mismatch_and_truncated_importance_sampling_through_the_flow(tiny_model_dir, tmp_path):
+    """Every step measures the engine/trainer mismatch of the tokens it trains on, logs it to
+    MLflow and to the step's row in DuckDB, and with ``tis_cap`` weights each token by
+    min(pi_train / pi_engine, cap). Scripted so that the engines disagree on every token: the
+    scripted engine (tests/scripted_engine.py, a stand-in) reports log-prob -0.5 for each token it
+    writes, which the tiny policy gives far less; every group is mixed (right in even copies,
+    wrong in odd ones), so every path is trained on. Then most weights are below 1 (a few tokens
+    the tiny policy is sure of, such as a closing tag, it gives more than exp(-0.5))."""
+    from mlflow import MlflowClient
+
+    from flows.train import train
+    from scripted_engine import arith_answer, question_of, say, scripted_rollouts
+
+    def respond(context: str, j: int, seed: int | None) -> str:
+        gold = arith_answer(question_of(context))
+        return say("answer", gold if j % 2 == 0 else gold + 1, "at once")
+
+    cfg = {**SCRIPTED, "policy": str(tiny_model_dir), "steps": 1, "tis_cap": 2.0}
+    with scripted_rollouts(respond):
+        summary = train(config=cfg, workdir=str(tmp_path))
+    m = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(
+        summary["mlflow_run_id"]).data.metrics
+    assert m["loss/paths_with_signal"] == m["loss/paths"] > 0
+    assert m["loss/mismatch_abs_mean"] > 0.5 and m["loss/mismatch_kl"] > 0
+    assert 0.5 < m["loss/tis_below_one"] <= 1.0 and 0 < m["loss/tis_weight_mean"] < 1
+    row = TreeStore(tmp_path / "trace.duckdb", create=False).query(
+        "SELECT metrics_json FROM steps WHERE run_id = $r", {"r": summary["run_id"]})
+    stored = json.loads(row.column("metrics_json")[0].as_py())
+    assert stored["loss/mismatch_kl"] == pytest.approx(m["loss/mismatch_kl"])
+    assert stored["loss/tis_below_one"] == pytest.approx(m["loss/tis_below_one"])
 
 
 def test_dapo_refills_through_the_flow(tiny_model_dir, tmp_path):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trace_core.loss import AGGREGATIONS, policy_loss
+from trace_core.loss import AGGREGATIONS, engine_mismatch, policy_loss, tis_weights
 
 
 @pytest.fixture(autouse=True)
@@ -181,3 +181,46 @@ def test_bad_tensors_raise():
         policy_loss(x, x, x, torch.zeros(1, 2))
     with pytest.raises(ValueError, match=r"\[B, T\]"):
         policy_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.ones(2))
+
+
+def test_truncated_importance_weights_on_a_hand_worked_batch():
+    # Trainer vs engine log-probs of the sampled tokens: the trainer's probability over the
+    # engine's is 0.5 (engine drew it more readily), 1 (agree), 4 -> capped at 2, and a masked
+    # token with garbage values, whose weight is 1 and never read.
+    engine = torch.tensor([[math.log(0.4), math.log(0.3)], [math.log(0.1), float("nan")]])
+    train = torch.tensor([[math.log(0.2), math.log(0.3)], [math.log(0.4), float("-inf")]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    w = tis_weights(train, engine, mask, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[0.5, 1.0], [2.0, 1.0]]))
+    # In the loss at ratio 1 (logp == old), each token's gradient is -A w / n.
+    logp = leaf(train.masked_fill(~mask.bool(), -1.0).tolist())
+    adv = torch.tensor([[1.0, -1.0], [2.0, 7.0]])
+    loss, stats = policy_loss(logp, logp.detach(), adv, mask, agg="token-mean", is_weights=w)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.5, 1.0], [-4.0, 0.0]]) / 3)
+    assert loss.item() == pytest.approx((-0.5 + 1.0 - 4.0) / 3)
+    assert stats["tis_weight_mean"] == pytest.approx((0.5 + 1.0 + 2.0) / 3)
+    assert stats["tis_below_one"] == pytest.approx(1 / 3)
+    # Weights of 1 are the plain loss; without weights no TIS statistic is reported.
+    plain, st = policy_loss(logp, logp.detach(), adv, mask, agg="token-mean")
+    ones, _ = policy_loss(logp, logp.detach(), adv, mask, agg="token-mean", is_weights=torch.ones(2, 2))
+    assert plain.item() == ones.item() and "tis_weight_mean" not in st
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        tis_weights(train, engine, mask, cap=0.5)
+    with pytest.raises(ValueError, match="is_weights has shape"):
+        policy_loss(logp, logp.detach(), adv, mask, is_weights=torch.ones(3))
+
+
+def test_engine_mismatch_on_a_hand_worked_batch():
+    # log r = train - engine on the three policy tokens: log 0.5, 0, log 2.
+    engine = torch.tensor([[math.log(0.4), -1.0, math.log(0.1)], [0.0, 5.0, 5.0]])
+    train = torch.tensor([[math.log(0.2), -1.0, math.log(0.2)], [0.0, -5.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [0, 0, 0]])
+    m = engine_mismatch(train, engine, mask)
+    k3 = [0.5 - 1 - math.log(0.5), 0.0, 2 - 1 - math.log(2)]
+    assert m["mismatch_abs_mean"] == pytest.approx(2 * math.log(2) / 3)
+    assert m["mismatch_kl"] == pytest.approx(sum(k3) / 3)
+    assert m["mismatch_kl_max"] == pytest.approx(max(k3))
+    assert m["mismatch_tokens"] == 3
+    assert engine_mismatch(train, train, mask)["mismatch_kl"] == 0.0
+    assert engine_mismatch(train, engine, torch.zeros(2, 3)) == {"mismatch_tokens": 0.0}

@@ -117,6 +117,46 @@ def test_trust_region_guard_undoes_an_overshooting_step(tiny_model_dir):
             assert not torch.equal(before, _flat(trainer.model))
 
 
+def _with_engine_logprobs(trainer, samples, shift):
+    """``samples`` carrying engine log-probs: the trainer's own for each sampled token, plus
+    ``shift(b, t)`` (the engine's disagreement) at policy token t of path b."""
+    b = _pad(samples, trainer.pad_id)
+    with torch.no_grad():
+        lp = token_logprobs(trainer.model, b["ids"], b["attn"])
+    out = []
+    for i, x in enumerate(samples):
+        pol = [t for t, m in enumerate(x.loss_mask) if m]
+        eng = [float(lp[i, t]) + (shift(i, pol.index(t)) if m else 0.0) if m else 0.0
+               for t, m in enumerate(x.loss_mask)]
+        out.append(PathSample(x.token_ids, x.loss_mask, x.advantages, engine_logprobs=eng))
+    return out
+
+
+def test_the_update_measures_the_engine_mismatch_and_truncates_importance_weights(tiny_model_dir):
+    """The engine agrees with the trainer on every token but the first policy token of path 0,
+    where it put 0.3 more log-probability: the mismatch is that token's alone, and with TIS on
+    exactly that token is weighted below 1 (by exp(-0.3)), the rest at 1."""
+    trainer = PolicyTrainer(tiny_model_dir, _settings(tis_cap=2.0))
+    base = _samples(trainer.tokenizer, [1.0, -1.0, 0.5])
+    n_policy = sum(sum(x.loss_mask) for x in base)
+    agree = _with_engine_logprobs(trainer, base, lambda b, t: 0.0)
+    shifted = _with_engine_logprobs(trainer, base, lambda b, t: 0.3 if (b, t) == (0, 0) else 0.0)
+    st = PolicyTrainer(tiny_model_dir, _settings()).update(agree, torch.Generator().manual_seed(0))
+    assert st["mismatch_tokens"] == n_policy and st["mismatch_kl"] < 1e-9
+    assert "tis_weight_mean" not in st  # TIS off: measured, not applied
+    st = trainer.update(shifted, torch.Generator().manual_seed(0))
+    assert st["mismatch_abs_mean"] == pytest.approx(0.3 / n_policy, rel=1e-3)
+    assert st["mismatch_kl_max"] == pytest.approx(math.exp(-0.3) - 1 + 0.3, rel=1e-3)
+    # The same micro-batch as the engine's stand-in: agreeing tokens agree to the last bit.
+    assert st["tis_below_one"] == pytest.approx(1 / n_policy)
+    assert st["tis_weight_mean"] == pytest.approx((n_policy - 1 + math.exp(-0.3)) / n_policy, rel=1e-4)
+    # TIS needs the engine's log-probs of every path; measuring needs none.
+    with pytest.raises(ValueError, match="tis_cap > 0 needs the engine's log-probs"):
+        PolicyTrainer(tiny_model_dir, _settings(tis_cap=2.0)).update(base, torch.Generator().manual_seed(0))
+    assert "mismatch_kl" not in PolicyTrainer(tiny_model_dir, _settings()).update(
+        base, torch.Generator().manual_seed(0))
+
+
 def test_position_kl_by_hand():
     # A likely token losing its mass: old (0.94, 0.04, rest 0.02) -> new (0.02, 0.96, rest 0.02).
     old = torch.tensor([[[math.log(0.94), math.log(0.04)]]])

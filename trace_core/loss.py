@@ -7,7 +7,15 @@ observations are masked out. Per token t of sequence b, with ratio rho = exp(log
     pg   = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high))     (PPO; DAPO clip-higher)
     pg   = min(pg, -A c)   where A < 0, with clip_ratio_c = c > 1        (dual clip, optional)
     kl   = exp(ref - logp) - (ref - logp) - 1                           (k3 estimator, >= 0)
-    loss = agg(pg + kl_coef * kl, mask)
+    loss = agg(w * pg + kl_coef * kl, mask)
+
+where ``w`` is 1, or with truncated importance sampling on (``tis_weights``) the per-token weight
+min(pi_train / pi_engine, C) of the sampled token: the rollout engine (vLLM, or the transformers
+engine) samples from numerically different log-probs than the trainer's forward pass computes for
+the same weights, so the "on-policy" batch is slightly off-policy; the weight corrects for it,
+truncated at C so that a token the engine drew far more often than the trainer would cannot
+dominate (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+training"; verl's and OpenRLHF's TIS). ``engine_mismatch`` measures the gap.
 
 Aggregations (``AGGREGATIONS``, chosen by name): "token-mean" averages over all policy tokens of
 the batch (DAPO); "seq-mean-token-sum" sums within a sequence and averages over sequences
@@ -64,6 +72,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     agg: str = "token-mean",
     clip_ratio_c: float = 0.0,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Return (scalar loss, statistics). All tensors are [B, T].
 
@@ -76,6 +85,9 @@ def policy_loss(
     ``ratio_mean``, ``ratio_max`` (largest ratio), ``entropy_proxy`` (mean -logp of the sampled
     tokens), ``kl_ref`` (if a reference is given), ``pg_loss``, ``n_tokens`` and, with the dual
     clip on (``clip_ratio_c`` > 1; 0 = off), ``dual_clip_frac`` (share of policy tokens it cut).
+    ``is_weights`` ([B, T], constants; None = all 1): per-token weights of the policy-gradient
+    term (``tis_weights``); with them, ``tis_weight_mean`` and ``tis_below_one`` (share of policy
+    tokens weighted below 1).
     """
     _check(logp, old_logp, advantages, loss_mask, ref_logp, clip_low, clip_high, kl_coef, agg)
     if clip_ratio_c != 0.0 and not clip_ratio_c > 1.0 + clip_high:
@@ -100,6 +112,11 @@ def policy_loss(
         dual = (adv < 0) & (pg > -adv * clip_ratio_c)  # [B, T] where the dual clip binds
         pg = torch.where(dual, -adv * clip_ratio_c, pg)
     per_token = pg
+    if is_weights is not None:
+        if is_weights.shape != logp.shape:
+            raise ValueError(f"is_weights has shape {tuple(is_weights.shape)}, logp has {tuple(logp.shape)}")
+        w = torch.where(keep, is_weights.detach().to(logp.dtype), zero)
+        per_token = w * pg
     kl_ref = None
     if ref_logp is not None:
         ref = torch.where(keep, ref_logp.detach().to(logp.dtype), zero)
@@ -123,7 +140,45 @@ def policy_loss(
             stats["dual_clip_frac"] = float((dual.to(mask.dtype) * mask).sum() / n)
         if kl_ref is not None:
             stats["kl_ref"] = float((kl_ref * mask).sum() / n)
+        if is_weights is not None:
+            stats["tis_weight_mean"] = float((w * mask).sum() / n)
+            stats["tis_below_one"] = float(((w < 1.0).to(mask.dtype) * mask).sum() / n)
     return loss, stats
+
+
+def tis_weights(train_logp: torch.Tensor, engine_logp: torch.Tensor, loss_mask: torch.Tensor,
+                cap: float) -> torch.Tensor:
+    """Truncated importance weights min(exp(train_logp - engine_logp), cap), [B, T], 1 at masked
+    positions: ``train_logp`` is the trainer's log-prob of each sampled token under the weights
+    that sampled it (the update's old log-probs), ``engine_logp`` the engine's for the same token."""
+    if not cap >= 1.0:
+        raise ValueError(f"the TIS cap must be >= 1 (a weight above 1 is allowed up to it), got {cap}")
+    if train_logp.shape != engine_logp.shape or train_logp.shape != loss_mask.shape:
+        raise ValueError(f"tis_weights: shapes differ: train {tuple(train_logp.shape)}, engine "
+                         f"{tuple(engine_logp.shape)}, mask {tuple(loss_mask.shape)}")
+    keep = loss_mask.bool()
+    gap = torch.where(keep, train_logp.detach() - engine_logp.detach().to(train_logp.dtype), 0.0)
+    return torch.clamp(torch.exp(gap), max=cap)
+
+
+def engine_mismatch(train_logp: torch.Tensor, engine_logp: torch.Tensor,
+                    loss_mask: torch.Tensor) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the trainer's for the same tokens, over
+    the policy tokens of a batch ([B, T] each): ``mismatch_abs_mean`` (mean |delta log p|),
+    ``mismatch_kl`` (mean k3 estimate of KL(engine || trainer) from the engine's samples:
+    r - 1 - log r with r = pi_train / pi_engine, >= 0), ``mismatch_kl_max`` (its largest token),
+    ``mismatch_tokens`` (how many tokens were compared)."""
+    if train_logp.shape != engine_logp.shape or train_logp.shape != loss_mask.shape:
+        raise ValueError(f"engine_mismatch: shapes differ: train {tuple(train_logp.shape)}, engine "
+                         f"{tuple(engine_logp.shape)}, mask {tuple(loss_mask.shape)}")
+    keep = loss_mask.bool()
+    n = int(keep.sum())
+    if n == 0:
+        return {"mismatch_tokens": 0.0}
+    gap = (train_logp.detach().double() - engine_logp.detach().double())[keep]  # [n] log r
+    k3 = torch.exp(gap) - 1.0 - gap
+    return {"mismatch_abs_mean": float(gap.abs().mean()), "mismatch_kl": float(k3.mean()),
+            "mismatch_kl_max": float(k3.max()), "mismatch_tokens": float(n)}
 
 
 def _check(

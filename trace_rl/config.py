@@ -177,6 +177,10 @@ class TrainConfig(BaseModel):
     negative advantage whose ratio has run above this gets no gradient. Without it PPO keeps
     ``-A rho`` for such a token, unbounded, and one of them can set the direction of a whole
     norm-clipped step (``trace_core.loss``)."""
+    tis_cap: float = Field(0.0, ge=0)
+    """Truncated importance sampling (0 = off; else the cap C >= 1): each policy token's loss is
+    weighted by min(pi_train / pi_engine, C), correcting for the rollout engine's log-probs
+    differing from the trainer's; every step logs the mismatch either way (docs/metrics.md)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
     loss_agg: LossAggregation = "seq-mean-token-sum"
@@ -326,6 +330,9 @@ class TrainConfig(BaseModel):
         if self.pool_size * self.max_per_root < self.root_budget:
             bad.append(f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot "
                        f"hold root_budget={self.root_budget}; raise pool_size or max_per_root")
+        if self.tis_cap and self.tis_cap < 1.0:
+            bad.append(f"tis_cap={self.tis_cap} must be 0 (off) or >= 1 (the cap on "
+                       "pi_train / pi_engine)")
         if self.clip_ratio_c and self.clip_ratio_c <= 1.0 + self.clip_high:
             bad.append(f"clip_ratio_c={self.clip_ratio_c} must be 0 (off) or > 1 + clip_high = "
                        f"{1.0 + self.clip_high}")
@@ -373,6 +380,7 @@ class TrainConfig(BaseModel):
                               target_kl=self.target_kl,
                               target_position_kl=self.target_position_kl,
                               clip_ratio_c=self.clip_ratio_c,
+                              tis_cap=self.tis_cap,
                               trainable_layers=self.trainable_layers)
 
     @property

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 
 HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a",
                          "chain_hazard_b", "chain_alias_share", "chain_train_items", "chain_facts",
-                         "chain_syllables", "trainable_layers", "clip_ratio_c")
+                         "chain_syllables", "trainable_layers", "clip_ratio_c",
+                         "tis_cap")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
 NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy", "weight_sync",
                 "keep_checkpoints")

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trace_core.loss import policy_loss
+from trace_core.loss import engine_mismatch, policy_loss, tis_weights
 from trace_rl.policy.freeze import freeze_lower_layers
 from trace_rl.policy.logprobs import TOP_K, position_kl, token_logprobs, with_top  # noqa: F401 (re-exported)
 from trace_rl.policy.trunk import FrozenTrunk
@@ -50,6 +50,10 @@ class PathSample:
     group: int = -1
     """The tree (prompt group) of the path; -1 = a group of its own. A mini-batch holds whole
     groups, so the advantages of each optimiser step stay centred as they are within a group."""
+    engine_logprobs: Sequence[float] | None = None
+    """Per token, the rollout engine's log-prob of the sampled token (0 where ``loss_mask`` is
+    0); None = not known. With it the update measures the engine/trainer mismatch and can apply
+    truncated importance sampling (``UpdateSettings.tis_cap``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +94,10 @@ class UpdateSettings:
     clip_ratio_c: float = 0.0
     """Dual clip of the policy loss (0 = off; else > 1 + ``clip_high``): a negative-advantage
     token whose ratio exceeds it gets no gradient (``trace_core.loss.policy_loss``)."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling (0 = off; else the cap C >= 1): each policy token's loss is
+    weighted by min(pi_train / pi_engine, C), the trainer's probability of the sampled token over
+    the engine's (``trace_core.loss.tis_weights``). Needs every path's ``engine_logprobs``."""
     reuse_trunk: bool = True
     """With ``trainable_layers`` leaving frozen layers below, keep their output for each of this
     rank's micro-batches from the old log-probs' forward and run only the trainable layers in the
@@ -123,13 +131,20 @@ def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
     attn = torch.zeros((B, T), dtype=torch.long)
     mask = torch.zeros((B, T), dtype=torch.float32)
     adv = torch.zeros((B, T), dtype=torch.float32)
+    known = all(s.engine_logprobs is not None for s in samples)
+    engine = torch.zeros((B, T), dtype=torch.float32)
     for b, s in enumerate(samples):
         n = len(s.token_ids)
         ids[b, :n] = torch.tensor(list(s.token_ids))
         attn[b, :n] = 1
         mask[b, :n] = torch.tensor(list(s.loss_mask), dtype=torch.float32)
         adv[b, :n] = torch.tensor(list(s.advantages), dtype=torch.float32)
-    return {"ids": ids, "attn": attn, "mask": mask, "adv": adv}
+        if known:
+            engine[b, :n] = torch.tensor(list(s.engine_logprobs), dtype=torch.float32)
+    out = {"ids": ids, "attn": attn, "mask": mask, "adv": adv}
+    if known:
+        out["engine"] = engine
+    return out
 
 
 def _whole_group_bins(samples: Sequence[PathSample], n: int, rng: torch.Generator) -> list[list[int]]:
@@ -144,6 +159,19 @@ def _whole_group_bins(samples: Sequence[PathSample], n: int, rng: torch.Generato
     for k in torch.randperm(len(keys), generator=rng).tolist():
         min(bins, key=len).extend(groups[keys[k]])
     return [b for b in bins if b]
+
+
+def _add_mismatch(sums: dict[str, float], part: dict[str, float], weighted: bool = True) -> None:
+    """Adds one batch's ``engine_mismatch`` (means over its tokens; ``weighted``: turned into
+    token-weighted sums) or another rank's sums to ``sums``; the max is kept as a max."""
+    n = part.get("mismatch_tokens", 0.0)
+    if not n:
+        return
+    scale = n if weighted else 1.0
+    for k in ("mismatch_abs_mean", "mismatch_kl"):
+        sums[k] = sums.get(k, 0.0) + part[k] * scale
+    sums["mismatch_kl_max"] = max(sums.get("mismatch_kl_max", 0.0), part["mismatch_kl_max"])
+    sums["mismatch_tokens"] = sums.get("mismatch_tokens", 0.0) + n
 
 
 def warmup_scale(warmup_steps: int, step: int) -> float:
@@ -167,6 +195,8 @@ class _Micro:
     """What ``agg`` averages over in it: policy tokens, or sequences with any."""
     hidden: torch.Tensor | None = None
     """The frozen trunk's output for it (``UpdateSettings.reuse_trunk``), or None."""
+    weights: torch.Tensor | None = None
+    """Truncated importance weights of its tokens (``UpdateSettings.tis_cap``), or None."""
 
 
 @dataclass
@@ -185,6 +215,8 @@ class _Tally:
     """Largest single-token k3 among those mini-batches."""
     position_max: float = 0.0
     """Largest next-token-distribution KL at one position among them."""
+    mismatch: dict[str, float] = field(default_factory=dict)
+    """Engine/trainer mismatch of this rank's micro-batches: token-weighted sums, and the max."""
 
 
 class PolicyTrainer:
@@ -239,8 +271,8 @@ class PolicyTrainer:
         if not trainable:
             return stats
         t0 = time.perf_counter()
-        minis, micros = self._micro_batches(trainable, rng)
         tally = _Tally()
+        minis, micros = self._micro_batches(trainable, rng, tally)
         for _ in range(s.epochs):
             if tally.stopped:
                 break
@@ -256,18 +288,24 @@ class PolicyTrainer:
             stats["kl_token_max"] = tally.token_max
             stats["kl_position_max"] = tally.position_max
             stats["kl_stopped"] = float(tally.stopped)
+        stats.update(self._mismatch_stats(tally.mismatch))
         stats["updates"] = float(tally.n_updates)
         stats["lr"] = s.learning_rate * lr_scale
         stats["seconds"] = time.perf_counter() - t0
         return stats
 
-    def _micro_batches(self, trainable: Sequence[PathSample], rng: torch.Generator
+    def _micro_batches(self, trainable: Sequence[PathSample], rng: torch.Generator, tally: _Tally
                        ) -> tuple[list[list[int]], list[_Micro]]:
         """(per mini-batch the indices of its micro-batches, the micro-batches): mini-batches of
         whole groups (fixed for the call), each split into micro-batches of ``micro_batch`` paths,
         numbered over the update. This rank's own micro-batches carry the sampling policy's
-        log-probs (and top-k next-token log-probs, for the position guard) and the reference's."""
+        log-probs (and top-k next-token log-probs, for the position guard) and the reference's;
+        where the paths carry the engine's log-probs, their mismatch with the sampling policy's is
+        added to ``tally`` and, with TIS on, the micro-batch gets its importance weights."""
         s = self.settings
+        if s.tis_cap and any(x.engine_logprobs is None for x in trainable):
+            raise ValueError("tis_cap > 0 needs the engine's log-probs of every path "
+                             "(PathSample.engine_logprobs), and some paths have none")
         n_mini = max(1, min(s.mini_batches, math.ceil(len(trainable) / s.micro_batch)))
         minis: list[list[int]] = []
         micros: list[_Micro] = []
@@ -282,11 +320,16 @@ class PolicyTrainer:
                             old, b["top_ids"], b["top_logp"] = with_top(self.model, b["ids"], b["attn"])
                         hidden = kept[0] if kept and self._trunk_agrees(b, kept[0], old) else None
                         ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
+                    weights = None
+                    if old is not None and "engine" in b:
+                        _add_mismatch(tally.mismatch, engine_mismatch(old, b["engine"], b["mask"]))
+                        if s.tis_cap:
+                            weights = tis_weights(old, b["engine"], b["mask"], s.tis_cap)
                     minis[-1].append(len(micros))
                     # What the aggregation averages over: tokens or sequences.
                     units = float(b["mask"].sum()) if s.agg == "token-mean" \
                         else float((b["mask"].sum(dim=1) > 0).sum())
-                    micros.append(_Micro(len(micros), b, old, ref, units, hidden))
+                    micros.append(_Micro(len(micros), b, old, ref, units, hidden, weights))
         return minis, micros
 
     def _trunk_agrees(self, b: dict[str, torch.Tensor], hidden: torch.Tensor,
@@ -348,7 +391,8 @@ class PolicyTrainer:
             logp = token_logprobs(self.train_model, b["ids"], b["attn"], mb.hidden)
             loss, st = policy_loss(logp, mb.old, b["adv"], b["mask"], clip_low=s.clip_low,
                                    clip_high=s.clip_high, ref_logp=mb.ref,
-                                   kl_coef=s.kl_coef, agg=s.agg, clip_ratio_c=s.clip_ratio_c)
+                                   kl_coef=s.kl_coef, agg=s.agg, clip_ratio_c=s.clip_ratio_c,
+                                   is_weights=mb.weights)
             # DDP averages the ranks' gradients: scaled by R, they sum.
             (loss * (share * self._world)).backward()
         st = dict(st)
@@ -373,6 +417,22 @@ class PolicyTrainer:
         all-reduce must be entered by every rank, and this rank adds nothing to the sum."""
         logits = self.train_model(input_ids=b["ids"][:1, :2], attention_mask=b["attn"][:1, :2]).logits
         (logits.sum() * 0.0).backward()
+
+    def _mismatch_stats(self, sums: dict[str, float]) -> dict[str, float]:
+        """The update's engine/trainer mismatch over every rank's policy tokens (empty when the
+        paths carried no engine log-probs)."""
+        if self.ranks is not None:
+            parts: list[Any] = [None] * self._world
+            dist.all_gather_object(parts, sums, group=self.ranks.group)
+            sums = {}
+            for part in parts:
+                _add_mismatch(sums, part, weighted=False)
+        n = sums.get("mismatch_tokens", 0.0)
+        if not n:
+            return {}
+        return {"mismatch_abs_mean": sums["mismatch_abs_mean"] / n,
+                "mismatch_kl": sums["mismatch_kl"] / n, "mismatch_kl_max": sums["mismatch_kl_max"],
+                "mismatch_tokens": n}
 
     def _gather_totals(self, totals: dict[str, float], n_micro: int) -> tuple[dict[str, float], int]:
         parts: list[Any] = [None] * self._world
