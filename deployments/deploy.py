@@ -207,7 +207,8 @@ def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
             enforce_parameter_schema=True,
             # the schedule itself is inactive (not the deployment paused), so the UI's
             # schedule toggle and `prefect deployment schedule resume` switch it on
-            schedules=[Cron(spec.cron, timezone="UTC", active=not paused, slug="cron")]
+            schedules=[Cron(spec.cron, timezone="UTC", active=not paused,
+                            slug=schedule_slug(spec.cron))]
             if spec.cron else None) for pool in targets]
         for d in made:
             d._parameter_openapi_schema = type(d._parameter_openapi_schema).model_validate(
@@ -216,14 +217,32 @@ def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
     return out
 
 
+def schedule_slug(cron: str) -> str:
+    """A schedule's slug: the UI's schedule card shows it in place of the time, so it says the
+    time (``At 03:00 every day (UTC)``, cronsim's reading of the cron expression)."""
+    from datetime import datetime, timezone
+
+    from cronsim import CronSim
+
+    return f"{CronSim(cron, datetime.now(timezone.utc)).explain()} (UTC)"
+
+
 def keep_user_switches(deployment: Any, existing: Any) -> Any:
     """``deployment`` with the switches a user owns taken from the server's ``existing`` copy:
-    whether the deployment is paused, and whether each schedule (matched by its slug) is
-    active. Only what is new gets the deploy command's defaults."""
-    active = {s.slug: s.active for s in existing.schedules if s.slug}
+    whether the deployment is paused, and whether each schedule is active. A schedule is matched
+    by its slug; a deployment's one schedule whose slug changed (a new cron, or a slug of an
+    older deploy) replaces the one on the server in place (``replaces``), keeping its state.
+    Only what is new gets the deploy command's defaults."""
+    before = {s.slug: s for s in existing.schedules if s.slug}
     deployment.paused = existing.paused
-    deployment.schedules = [s.model_copy(update={"active": active[s.slug]}) if s.slug in active
-                            else s for s in deployment.schedules or []]
+    new = deployment.schedules or []
+    if len(new) == len(existing.schedules) == 1 and new[0].slug not in before \
+            and existing.schedules[0].slug:
+        old = existing.schedules[0]
+        new = [new[0].model_copy(update={"replaces": old.slug})]
+        before = {new[0].slug: old}
+    deployment.schedules = [s.model_copy(update={"active": before[s.slug].active})
+                            if s.slug in before else s for s in new]
     return deployment
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.common import resolve_workdir, run_config
+from flows.common import announced, resolve_workdir, run_config
 from flows.train import train
 from trace_rl.config import TrainConfig, config_from_mapping
 from trace_rl.storage.tracking import Tracker
@@ -69,7 +69,7 @@ def retrain_run_name() -> str:
     return f"retrain-latest {name} {flow_run.scheduled_start_time:%Y-%m-%d %H:%M} UTC"
 
 
-@flow(name="retrain-latest", log_prints=True, flow_run_name=retrain_run_name)
+@flow(name="retrain-latest", log_prints=True, flow_run_name=announced(retrain_run_name))
 def retrain_latest(config: TrainConfig = TrainConfig(), workdir: str | None = None) -> dict[str, Any]:
     """Train from the registry's champion policy: the best held-out score so far.
 

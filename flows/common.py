@@ -4,10 +4,11 @@ it, so a re-run in the same work dir finds its finished phases."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect import Task
 
@@ -107,6 +108,23 @@ def bind(task: Task, workdir: str) -> Task:
                              cache_policy=policy.configure(key_storage=str(results / "keys")))
 
 
+def announced(name_of: Callable[[], str]) -> Callable[[], str]:
+    """A flow's ``flow_run_name`` function that says in the flow run's log what it renames, so
+    that a name typed in the UI's Run Name field is not replaced silently."""
+    @functools.wraps(name_of)
+    def name() -> str:
+        from prefect import get_run_logger
+        from prefect.runtime import flow_run
+
+        new = name_of()
+        if flow_run.name and flow_run.name != new:
+            get_run_logger().info("flow run %r is named %r: a %s run is named after what it "
+                                  "does, not by the form's Run Name", flow_run.name, new,
+                                  flow_run.flow_name)
+        return new
+    return name
+
+
 def run_config() -> Any:
     """The running flow's ``config`` parameter as a ``TrainConfig`` (missing: the default), or
     None when it does not validate (the flow run then fails on it, with Prefect's message)."""
@@ -125,7 +143,8 @@ def train_run_name() -> str:
     """The train flow run's name: its run id and the steps it will run, e.g.
     ``trace-default-3f2a9c01de steps 2-4`` or ``... step 0`` (a resumed run starts after its last
     complete step, read from the work dir's store), instead of Prefect's random two words. It
-    replaces a name typed in the UI's Run Name field: a run is named by ``config.run_name``."""
+    replaces a name typed in the UI's Run Name field (``announced`` logs it): a run is named by
+    ``config.run_name``."""
     from prefect.runtime import flow_run
 
     from trace_rl.storage.store import DB_FILENAME, TreeStore

@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.common import RELEASES_ENGINES, resolve_workdir, run_config
+from flows.common import announced, RELEASES_ENGINES, resolve_workdir, run_config
 from tasks import runtime
 from tasks.evaluate import rollout_eval
 from trace_rl.config import TrainConfig
@@ -50,7 +50,8 @@ def evaluate_run_name() -> str:
     return f"evaluate {name} on {cfg.family}/{Path(params.get('split') or cfg.eval_split).name}"
 
 
-@flow(name="evaluate", log_prints=True, flow_run_name=evaluate_run_name, **RELEASES_ENGINES)
+@flow(name="evaluate", log_prints=True, flow_run_name=announced(evaluate_run_name),
+      **RELEASES_ENGINES)
 def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | None = None,
              limit: int | None = 64, samples: int = 4, temperature: float = 1.0,
              workdir: str | None = None, skip: int = 0,

@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.common import (bind, NAMES_ITS_TASK_RUN, RELEASES_ENGINES, resolve_workdir,
-                          train_run_name)
+from flows.common import (announced, bind, NAMES_ITS_TASK_RUN, RELEASES_ENGINES,
+                          resolve_workdir, train_run_name)
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import Allocator, RootPool
 from trace_core.waves import outcome_counts, refill_wave
@@ -242,7 +242,7 @@ def _record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, work
                            "the one above", what, type(secondary).__name__, secondary)
 
 
-@flow(name="train", log_prints=True, flow_run_name=train_run_name, **RELEASES_ENGINES,
+@flow(name="train", log_prints=True, flow_run_name=announced(train_run_name), **RELEASES_ENGINES,
       **NAMES_ITS_TASK_RUN)
 def train(config: TrainConfig = TrainConfig(), workdir: str | None = None,
           wait: bool = False) -> dict[str, Any]:

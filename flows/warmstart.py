@@ -10,7 +10,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import RELEASES_ENGINES, resolve_workdir
+from flows.common import announced, RELEASES_ENGINES, resolve_workdir
 from trace_rl.environ import cache_dir
 from trace_rl.policy.warmstart import WarmstartConfig, read_record, warmstart_policy
 
@@ -25,7 +25,8 @@ def warmstart_run_name() -> str:
     return f"warmstart {value('family')} {Path(str(value('base'))).name} seed {value('seed')}"
 
 
-@flow(name="warmstart", log_prints=True, flow_run_name=warmstart_run_name, **RELEASES_ENGINES)
+@flow(name="warmstart", log_prints=True, flow_run_name=announced(warmstart_run_name),
+      **RELEASES_ENGINES)
 def warmstart(config: dict[str, Any] | None = None, workdir: str | None = None,
               engine: str = "auto") -> dict[str, Any]:
     """Make (or reuse) the warm-started policy; return its directory and its record.

@@ -244,6 +244,7 @@ def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, 
     with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         retrain = client.read_deployment_by_name("retrain-latest/cpu")
         (schedule,) = retrain.schedules
+        assert schedule.slug == "At 03:00 every day (UTC)"  # the UI's schedule card shows it
         client.update_deployment_schedule(retrain.id, schedule.id, active=True)  # the UI toggle
         client.pause_deployment(client.read_deployment_by_name("train/cpu").id)
         before = {d.name + str(d.flow_id): d.id for d in client.read_deployments()}
@@ -252,8 +253,8 @@ def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, 
         _deploy(env, "--cron", "0 4 * * *")  # new options: the schedule's cron changes, not its switch
         assert "exists, left as is" in out
         after = client.read_deployment_by_name("retrain-latest/cpu")
-        assert [(s.id, s.schedule.cron, s.active) for s in after.schedules] == [
-            (schedule.id, "0 4 * * *", True)]
+        assert [(s.id, s.schedule.cron, s.active, s.slug) for s in after.schedules] == [
+            (schedule.id, "0 4 * * *", True, "At 04:00 every day (UTC)")]
         assert client.read_deployment_by_name("train/cpu").paused is True
         assert {d.name + str(d.flow_id): d.id for d in client.read_deployments()} == before
 

@@ -225,3 +225,18 @@ def test_the_printed_mlflow_run_url_opens_the_classic_run_page(ui_run: UiRun, pa
                   what="the run page")
     text = page.text()
     assert "Model registry" in text and "Observability" not in text, text[:1500]
+
+
+def test_the_schedule_card_says_when(ui_run: UiRun, page: Page) -> None:
+    """D9: the retrain-latest deployment's schedule card reads the time, not the slug ``cron``."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: ui_run.api}), \
+            get_client(sync_client=True) as client:
+        retrain = client.read_deployment_by_name("retrain-latest/cpu")
+    page.goto(f"{ui_run.ui}/deployments/deployment/{retrain.id}")
+    page.wait_for("document.body.innerText.includes('Schedules')")
+    page.wait_for("document.body.innerText.includes('At 03:00 every day (UTC)')",
+                  what="the schedule card's time")
+    assert not re.search(r"(?m)^cron$", page.text()), page.text()[:3000]

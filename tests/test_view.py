@@ -225,6 +225,43 @@ def test_a_page_of_a_step_still_being_written_with_hostile_text(chromium, tmp_pa
     assert "<script>alert(1)" not in dom  # the text is shown, never run
 
 
+def test_a_deep_tree_stays_inside_its_box_at_1400_px(chromium, tmp_path):
+    """Issue 49 D12: a depth-4 tree (three levels of branch points, leaves at depth 4) fits its
+    box at a 1400 px wide window, its columns narrowed; nothing runs under the node panel."""
+    import shutil as _shutil
+
+    from browser import Page
+
+    store = TreeStore(tmp_path)
+    store.init_run("deep", {"family": "synth_arith", "allocator": "trace"})
+    rows, frontier = [], [None]
+    for depth in range(5):
+        nxt = []
+        for parent in frontier:
+            for _ in (1,) if parent is None else (0, 1):
+                rows.append(dict(tree_id=0, local_index=len(rows), is_leaf=depth == 4,
+                                 parent_index=-1 if parent is None else parent, depth=depth,
+                                 item_id="q1", family="synth_arith", text=f"turn {depth}",
+                                 reward=float(len(rows) % 2) if depth == 4 else None))
+                nxt.append(len(rows) - 1)
+        frontier = nxt
+    store.write_level("deep", 0, 0, pa.Table.from_pylist(rows, schema=NODE_INPUT_SCHEMA))
+    out = _trace("view", "--workdir", str(tmp_path), "--out", str(tmp_path / "deep.html"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    with Page(_shutil.which("chromium"), tmp_path / "profile", width=1400, height=900) as page:
+        page.goto((tmp_path / "deep.html").as_uri())
+        page.wait_for("document.documentElement.dataset.rendered === '1'")
+        box, svg, aside = (page.eval(f"(() => {{ const r = document.querySelector({sel!r})"
+                                     ".getBoundingClientRect(); return [r.left, r.right]; })()")
+                           for sel in (".tree", ".treesvg", "aside"))
+        overflow = page.eval("document.querySelector('main').scrollWidth - "
+                             "document.querySelector('main').clientWidth")
+        assert page.errors == [], page.errors
+    assert len(rows) == 1 + 2 + 4 + 8 + 16
+    assert svg[1] <= box[1] <= aside[0], (svg, box, aside)
+    assert overflow <= 0, overflow
+
+
 # ------------------------------------------------------------------ serving
 
 
