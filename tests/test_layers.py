@@ -1,4 +1,4 @@
-"""The rule of dependencies (DESIGN.md section 3), read from the source with ``ast``: imports point
+"""The rule of dependencies (docs/architecture.md), read from the source with ``ast``: imports point
 one way, deployments and the CLI -> flows -> tasks -> trace_rl adapters -> trace_core, and no two
 of trace_rl's sub-packages (engines, envs, rollout, storage, policy, ...) import each other in a
 cycle. Every import counts, a function's deferred one included: it is a dependency all the same."""

@@ -24,7 +24,7 @@ def random_tree(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarra
 
 
 def naive_backup(parent: np.ndarray, reward: np.ndarray) -> tuple[list[float], list[int]]:
-    """Recursive definition of DESIGN.md: V^(leaf) = r, V^(y) = sum_c n_c V^(c) / n_y."""
+    """Recursive definition of docs/algorithm.md: V^(leaf) = r, V^(y) = sum_c n_c V^(c) / n_y."""
     children = {i: [c for c in range(len(parent)) if parent[c] == i] for i in range(len(parent))}
 
     def visit(y: int) -> tuple[float, int]:

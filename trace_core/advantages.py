@@ -1,4 +1,4 @@
-"""Advantage estimators over one rollout tree (DESIGN.md section 1, "Tree-aware policy update").
+"""Advantage estimators over one rollout tree (docs/algorithm.md, "Tree-aware policy update").
 
 Every root-to-leaf path is a training sequence. Each estimator takes one tree as
 ``(parent [N], leaf_reward [N])`` (see trace_core.tree) and returns a float64 array ``[L, D]``:

@@ -1,6 +1,6 @@
 """The shared value predictor V~(H) ~ V(H) = P(r = 1 | H), for roots and prefixes alike.
 
-DESIGN.md section 1: Stage 1 scores prompts (depth-0 histories) and Stage 2 scores turn-level
+docs/algorithm.md: Stage 1 scores prompts (depth-0 histories) and Stage 2 scores turn-level
 prefixes with the same predictor; after each step it regresses V~(H_y) onto the backed-up
 target V^(y) (MSE, optionally weighted by the leaf count n_y), online, on that step's trees,
 with a replay window of recent steps.
@@ -11,7 +11,7 @@ policy's hidden states plug in as another ``Featurizer`` (issue 6).
 
 Also here: calibration and ranking metrics (Brier, ECE, AUC) in pure numpy.
 
-Departures from the paper: the paper's predictor architecture is not given in DESIGN.md; the
+Departures from the paper: the paper's predictor architecture is not given in the paper; the
 hashed n-gram head is this project's download-free default.
 """
 

@@ -1,6 +1,6 @@
 """A synthetic multi-turn task process whose true prefix value V(H) is known exactly.
 
-Why: DESIGN.md section 1 defines V(H) = P(r = 1 | H, policy). On real tasks V is unknown, so the
+Why: docs/algorithm.md defines V(H) = P(r = 1 | H, policy). On real tasks V is unknown, so the
 allocators (trace_core.allocators) and the shared predictor (trace_core.predictor) are measured
 here, against the exact V, before they touch an LLM.
 

@@ -1,11 +1,11 @@
-"""The rollout tree as a struct of arrays, and the backup of DESIGN.md section 1.
+"""The rollout tree as a struct of arrays, and the backup of docs/algorithm.md.
 
 A node is a turn-level prefix history H: node 0 is the root (the prompt, depth 0) and a node at
 depth t holds t turns. Arrays are indexed by node id with ``parent[i] < i`` (mctx's ``Tree``
 layout), so a reverse loop over ids visits children before parents and is a bottom-up pass. The
 arrays map one-to-one onto the storage layer's nodes table.
 
-Backup (TRACE, DESIGN.md section 1, "Backup targets")::
+Backup (TRACE, docs/algorithm.md, "Backup targets")::
 
     V^(leaf) = r,        V^(y) = sum_{c child of y} n_c V^(c) / n_y,
 
@@ -177,7 +177,7 @@ def validate(parent: np.ndarray, leaf_reward: np.ndarray) -> None:
 
 
 def backup(parent: np.ndarray, leaf_reward: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return (value [N] float64, n_leaves [N] int64): V^ and leaf counts of DESIGN.md.
+    """Return (value [N] float64, n_leaves [N] int64): V^ and leaf counts of docs/algorithm.md.
 
     A reverse pass over ids accumulates each node's reward sum and leaf count into its parent
     (children have larger ids than parents), then V^ = reward sum / leaf count.

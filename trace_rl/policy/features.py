@@ -1,4 +1,4 @@
-"""Model-backed featurisers for the value predictor V~(H) (DESIGN.md section 1, issue 6 item 4).
+"""Model-backed featurisers for the value predictor V~(H) (docs/algorithm.md, the predictor).
 
 ``trace_core.predictor`` defines the predictor as a featuriser (histories -> [B, F]) followed by
 a small head fit by weighted MSE onto the backed-up targets V^. It ships the download-free hashed

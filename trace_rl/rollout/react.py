@@ -1,6 +1,6 @@
 """The multi-turn ReAct loop, continuation from stored prefixes, and episode (de)serialisation.
 
-An episode alternates policy turns and tool observations (DESIGN.md §2, "Rollout engine"):
+An episode alternates policy turns and tool observations (docs/architecture.md):
 generate until the action closes (a stop string of ``format.STOP``), parse it, run the tool,
 append the observation, repeat up to the turn cap; a final answer goes to the verifier. Each
 ``Turn`` is one node of the rollout tree: the depth-t prefix history H_t is ``prompt_ids`` plus the

@@ -3,7 +3,7 @@
 Kept as Python strings (not a .sql file) so that it ships with the package without package-data
 rules. docs/schema.md documents every column; keep the two in step.
 
-The nodes table maps one-to-one onto trace_core's struct-of-arrays tree (DESIGN.md §4): one row
+The nodes table maps one-to-one onto trace_core's struct-of-arrays tree (docs/schema.md): one row
 per array slot, ``local_index`` is the slot, ``parent_index`` the parent slot (-1 at the root).
 """
 

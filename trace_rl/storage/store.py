@@ -1,6 +1,6 @@
 """DuckDB store for rollout trees: one file per work dir, one transaction per tree level.
 
-The nodes table is trace_core's struct-of-arrays tree (DESIGN.md §4) flattened into rows; the
+The nodes table is trace_core's struct-of-arrays tree (docs/schema.md) flattened into rows; the
 columns hold what §1 needs per node H: predicted V~(H), allocated K, reward r at leaves, the
 backed-up V^(H) = sum_c n_c V^(c) / n_H, the leaf count n_H and the advantage.
 

@@ -1,6 +1,6 @@
 """MLflow tracking for a TRACE run: a local store in the work dir, namespaced metrics, artifacts.
 
-One MLflow run per training flow run (DESIGN.md §2). The default store needs no server:
+One MLflow run per training flow run (docs/architecture.md). The default store needs no server:
 ``sqlite:///<workdir>/mlflow.db`` for runs and the model registry, ``<workdir>/mlruns`` for
 artifacts; ``mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`` shows it.
 

@@ -7,7 +7,7 @@ sent: nothing is held between requests. The counts follow the definitions of the
 (``subtree_stats``, ``mixed_anchors``, ``contrast_pairs``), computed on the step's rows only (the
 views recurse over the whole store); the tests check them against ``trace sql``.
 
-Per node the page gets the Stage 2 figures of DESIGN.md section 1, rebuilt from what the store
+Per node the page gets the Stage 2 figures of docs/algorithm.md, rebuilt from what the store
 keeps: p = V~(H) as the allocation used it (``allocations.predicted_v`` at level >= 1), the
 observed outcome r of the bare rollout through the prefix (for the root: the shared outcome of its
 bare rollouts), q = r p + (1 - r)(1 - p), the K continuations it was given and its score 1 - q^K

@@ -1,6 +1,6 @@
 """Bootstrap a tiny CPU policy for a synthetic family: tokenizer, model, SFT warm start, cache.
 
-The RL stage (DESIGN.md §1) learns only from groups whose outcomes are mixed, so the starting
+The RL stage (docs/algorithm.md) learns only from groups whose outcomes are mixed, so the starting
 policy must succeed *sometimes*: a random model (success ~0) and a perfect imitator (~1) both give
 groups with no contrast. The recipe, per family:
 

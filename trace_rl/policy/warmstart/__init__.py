@@ -1,7 +1,7 @@
 """Warm-start a real language model for a real task family: SFT on ReAct traces of the training
 data, then a measurement of sampled success on the family's held-out split.
 
-The RL stage needs a policy that succeeds *sometimes* (DESIGN.md §1). SmolLM2-135M-Instruct as
+The RL stage needs a policy that succeeds *sometimes* (docs/algorithm.md). SmolLM2-135M-Instruct as
 converted writes prose and never uses the turn format (issue 25: 0.000 everywhere), so RL has
 nothing to learn from. The recipe, for ``hotpotqa``:
 
