@@ -213,12 +213,12 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     from tasks.evaluate import bootstrap_items
     from trace_rl.config import TrainConfig, load_config
     from trace_rl.config_load import warmstart_defaults
-    from trace_rl.envs.registry import options
+    from trace_rl.envs.registry import is_generated, options
 
     mix = [int(d) for d in args.mix.split(",") if d.strip()]
     # The synthetic generators take their split sizes here; a real family's splits are files
     # (its own options, e.g. HotpotQA's top_k, come through --set extra=...).
-    synthetic = args.family.startswith("synth_")
+    synthetic = is_generated(args.family)
     if not synthetic and (args.train_items is not None or mix):
         raise SystemExit(f"--train-items and --mix are options of the synthetic families, not of "
                          f"{args.family!r} (choose its split with --set train_split=...)")

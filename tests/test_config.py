@@ -268,3 +268,23 @@ def test_a_warm_started_policy_brings_its_family_settings_and_held_out_split(tmp
     with pytest.raises(ConfigError, match=r"policy=.*cannot read the warm start's settings from "
                                           r".*warmstart.json"):
         config_from_mapping({"policy": str(ws)})
+
+
+def test_a_family_s_capabilities_and_defaults_come_from_its_one_registration():
+    """What the code asks of a family it reads from ``register``'s arguments, never from its name:
+    a generated family gets the config's difficulty and may bootstrap the tiny policy; a family
+    of data files gets its registered defaults (splits, turn cap) and neither."""
+    from trace_rl.config import TrainConfig, load_config
+    from trace_rl.config_checks import check_policy
+    from trace_rl.envs.registry import families, family_defaults, is_generated
+
+    generated = {f for f in families() if is_generated(f)}
+    assert generated == {"synth_arith", "synth_chain", "synth_fncall", "synth_lookup"}
+    assert TrainConfig(family="synth_chain", difficulty=2).env_kwargs()["difficulty"] == 2
+    assert "difficulty" not in TrainConfig(family="hotpotqa").env_kwargs()
+    assert family_defaults("bfcl")["eval_split"] == "simple_python"
+    assert load_config(None, ["family=bfcl", "policy=smollm2"]).eval_split == "simple_python"
+    assert load_config(None, ["family=bfcl", "policy=smollm2", "eval_split=multiple"]).eval_split == "multiple"
+    check_policy(TrainConfig(family="synth_lookup", policy="tiny"))
+    with pytest.raises(ValueError, match="synthetic families only"):
+        check_policy(TrainConfig(family="math", policy="tiny"))

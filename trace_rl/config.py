@@ -397,9 +397,11 @@ class TrainConfig(BaseModel):
         return {name: getattr(self, name) for name in options(self.family)}
 
     def env_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the family's factory: ``difficulty`` for a synthetic family,
-        ``family_options()``, then ``extra``."""
-        kwargs: dict[str, Any] = {"difficulty": self.difficulty} if self.family.startswith("synth_") else {}
+        """Keyword arguments of the family's factory: ``difficulty`` for a generated family
+        (``trace_rl.envs.registry.is_generated``), ``family_options()``, then ``extra``."""
+        from trace_rl.envs.registry import is_generated
+
+        kwargs: dict[str, Any] = {"difficulty": self.difficulty} if is_generated(self.family) else {}
         kwargs.update(self.family_options())
         kwargs.update(self.extra)
         return kwargs

@@ -50,11 +50,12 @@ def check_policy(cfg: TrainConfig) -> None:
     """The policy must be ``tiny`` on a synthetic family, a named policy
     (``trace_rl.policy.named``: ``smollm2``) or a Hugging Face model directory; ``ValueError``
     says which to give otherwise."""
+    from trace_rl.envs.registry import is_generated
     from trace_rl.policy.named import NAMED, check_named
 
     names = ", ".join(f"{k} ({v[0]})" for k, v in NAMED.items())
     if cfg.policy == "tiny":
-        if not cfg.family.startswith("synth_"):
+        if not is_generated(cfg.family):
             raise ValueError(f"config: policy=tiny is bootstrapped on the synthetic families only, "
                              f"not on family={cfg.family!r}; give policy=<Hugging Face model "
                              f"directory>, a named policy ({names}), or warm-start one with "

@@ -14,16 +14,30 @@ from trace_rl.envs.base import Environment
 Factory = Callable[..., Environment]
 _FACTORIES: dict[str, Factory] = {}
 _OPTIONS: dict[str, tuple[str, ...]] = {}
+_DEFAULTS: dict[str, dict[str, Any]] = {}
+_GENERATED: set[str] = set()
 
 
-def register(name: str, factory: Factory, options: tuple[str, ...] = ()) -> None:
-    """Add a family. Registering a name twice is an error (two families would shadow each other).
+def register(name: str, factory: Factory, options: tuple[str, ...] = (), *,
+             defaults: dict[str, Any] | None = None, generated: bool = False) -> None:
+    """Add a family, with everything the rest of the code asks of it. Registering a name twice is
+    an error (two families would shadow each other).
+
     ``options``: ``TrainConfig`` fields the factory takes as keyword arguments of the same names
-    (``TrainConfig.env_kwargs`` passes them; e.g. the chain generator's parameters)."""
+    (``TrainConfig.env_kwargs`` passes them; e.g. the chain generator's parameters), beside a
+    generated family's ``difficulty``.
+    ``defaults``: values of ``TrainConfig`` fields the family needs where the user set none
+    (splits that exist for it, a turn's token cap long enough for its answers).
+    ``generated``: its items come from a seeded generator, not data files: it takes the
+    config's ``difficulty``, sizes its own splits, and the tiny CPU policy can be bootstrapped on
+    it from its expert actions (``policy=tiny``)."""
     if name in _FACTORIES:
         raise ValueError(f"task family {name!r} is already registered")
     _FACTORIES[name] = factory
     _OPTIONS[name] = tuple(options)
+    _DEFAULTS[name] = dict(defaults or {})
+    if generated:
+        _GENERATED.add(name)
 
 
 def options(name: str) -> tuple[str, ...]:
@@ -31,22 +45,14 @@ def options(name: str) -> tuple[str, ...]:
     return _OPTIONS.get(name, ())
 
 
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "hotpotqa": {"train_split": "train", "eval_split": "dev", "max_new_tokens": 128,
-                 "max_turns": 5},
-    "bfcl": {"train_split": "live_simple", "eval_split": "simple_python", "max_new_tokens": 256},
-    "math": {"max_new_tokens": 256},
-}
-"""Per-family values of ``TrainConfig`` fields that the user did not set: splits that exist for
-the family (HotpotQA has ``train``/``dev``; BFCL has categories, and trains on ``live_simple``
-while it evaluates on ``simple_python``) and a turn's token cap long enough for the family's
-answers (``tests/test_real_data.py`` measures the gold turns against it); HotpotQA's turn cap
-holds a bad search, two hops and the answer (the warm start's recovery traces)."""
-
-
 def family_defaults(name: str) -> dict[str, Any]:
     """The ``TrainConfig`` values family ``name`` needs where the user set none ({} if none)."""
-    return dict(FAMILY_DEFAULTS.get(name, {}))
+    return dict(_DEFAULTS.get(name, {}))
+
+
+def is_generated(name: str) -> bool:
+    """Whether family ``name`` generates its items (``register``'s ``generated``)."""
+    return name in _GENERATED
 
 
 def families() -> list[str]:
@@ -74,7 +80,7 @@ def _synthetic(name: str) -> Factory:
 
 
 for _name in ("synth_lookup", "synth_arith", "synth_fncall"):
-    register(_name, _synthetic(_name))
+    register(_name, _synthetic(_name), generated=True)
 
 
 def _chain(**kwargs: Any) -> Environment:
@@ -85,7 +91,7 @@ def _chain(**kwargs: Any) -> Environment:
 
 register("synth_chain", _chain, options=("chain_hops", "chain_hazard_a", "chain_hazard_b",
                                          "chain_alias_share", "chain_train_items",
-                                         "chain_facts", "chain_syllables"))
+                                         "chain_facts", "chain_syllables"), generated=True)
 
 
 def _real(module: str, cls: str) -> Factory:
@@ -97,6 +103,11 @@ def _real(module: str, cls: str) -> Factory:
     return build
 
 
-for _name, _module, _cls in (("hotpotqa", "hotpotqa", "HotpotQAEnv"), ("math", "mathenv", "MathEnv"),
-                             ("bfcl", "bfcl", "BFCLEnv")):
-    register(_name, _real(_module, _cls))
+# HotpotQA has train/dev splits and a turn cap that holds a bad search, two hops and the answer
+# (the warm start's recovery traces); BFCL trains on live_simple and evaluates on simple_python;
+# tests/test_real_data.py measures the gold turns against each family's max_new_tokens.
+register("hotpotqa", _real("hotpotqa", "HotpotQAEnv"),
+         defaults={"train_split": "train", "eval_split": "dev", "max_new_tokens": 128, "max_turns": 5})
+register("math", _real("mathenv", "MathEnv"), defaults={"max_new_tokens": 256})
+register("bfcl", _real("bfcl", "BFCLEnv"),
+         defaults={"train_split": "live_simple", "eval_split": "simple_python", "max_new_tokens": 256})

@@ -137,7 +137,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 where the arguments do not set them. BFCL: traces of ``live_simple`` (258 real user requests,
 median 506 tokens with SmolLM2's tokenizer), measured on ``simple_python`` as ``trace train
 family=bfcl`` evaluates; one turn answers an item, in at most 256 tokens
-(``trace_rl.envs.registry.FAMILY_DEFAULTS``); no search settings, recovery traces or bridge
+(``trace_rl.envs.registry.family_defaults``); no search settings, recovery traces or bridge
 thoughts. Not ``multiple``: 96 of the first 100 ``simple_python`` questions are among its
 questions (the split check refuses it); ``live_multiple`` doubles the traces (1053 more, median
 over 1000 tokens) and the SFT time."""
