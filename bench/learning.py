@@ -1,4 +1,4 @@
-"""TRACE against the baselines at equal leaf budget, end to end on a CPU (issue 6).
+"""TRACE against the baselines at equal leaf budget, end to end on a CPU.
 
 Every method is the same ``train`` flow with another ``allocator``: grpo, dapo, prompt_only,
 random_prefix, trace. Each (method, seed) run starts from the same bootstrapped tiny policy, spends

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25: 20 RL steps on a real family's warm start, TRACE and GRPO, paired seeds.
+# 20 RL steps on a real family's warm start, TRACE and GRPO, paired seeds.
 #   SEEDS=0-2 bash bench/rl_real.sh hotpotqa     # or bfcl; METHODS=trace,grpo by default
 # Self-contained: builds the warm start where the committed records expect it (the benchmark's
 # run signature names the starting policy by its path), copies the committed records of

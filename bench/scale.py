@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 20): the engine pool and the trainer group on a Ray cluster.
+"""Scale-out benchmark: the engine pool and the trainer group on a Ray cluster.
 
     python -m bench.scale [--cluster local:2] [--engine hf|vllm] [--engines 1,2]
                           [--ranks 1,2] [--strategy ddp|fsdp2] [--update-on ray|mp]

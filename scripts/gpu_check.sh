@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check for a lent GPU machine (issue 20): set up the GPU extra, run the engines
+# One prepared check for a lent GPU machine: set up the GPU extra, run the engines
 # benchmark, a 3-step `trace train` with vLLM on the GPU, and bench/scale.py with two vLLM engine
 # actors sharing the one GPU (memory fractions). Every figure goes to ONE file, $OUT/gpu_check.txt
 # ($OUT defaults to ./gpu_check_out), as each part finishes, so a part that runs out of time

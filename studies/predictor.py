@@ -1,4 +1,4 @@
-"""Which features make the best value predictor V~(H)? (issue 6 item 4)
+"""Which features make the best value predictor V~(H)?
 
 Replays a finished train run's rollout trees through the pipeline's online protocol
 (tasks/learn.py::fit_predictor): at step s, predict V~ for every internal node (roots and

@@ -1,4 +1,4 @@
-"""Readers and writers of a work dir (issue 24): the acceptance runs, and what publishing costs.
+"""Readers and writers of a work dir: the checks, and what publishing costs.
 
     python -m studies.readers_writers race    [--reps 20] [--policy DIR] [--out DIR]
     python -m studies.readers_writers reader  [--hold-s 600] [--steps 5] [--policy DIR] [--out DIR]

@@ -1,4 +1,4 @@
-"""The Ray scale-out (issue 20) on a local cluster of two simulated nodes: the engine pool returns
+"""The Ray scale-out on a local cluster of two simulated nodes: the engine pool returns
 what one engine returns, an engine actor killed mid-batch is replaced and its requests sent again
 (nothing lost or duplicated), and a broadcast weight sync from the trainer group gives the engines
 the weights a reload of the checkpoint from disk gives (FSDP2 trainer ranks). Real Ray actors,

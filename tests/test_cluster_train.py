@@ -1,4 +1,4 @@
-"""Issue 20's acceptance: ``trace train cluster=local:2 rollout_engines=2 trainer_ranks=2
+"""The scale-out end to end: ``trace train cluster=local:2 rollout_engines=2 trainer_ranks=2
 engine=hf`` runs end to end (Prefect flow in the driver, engines and trainer ranks as Ray actors
 on two simulated nodes) and stores the trees the single-process run stores: the same nodes,
 tokens, rewards and values, log-probs within 1e-4. Both runs get the same run id (the cluster

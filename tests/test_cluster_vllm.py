@@ -1,4 +1,4 @@
-"""vLLM-CPU engine actors (issue 20): a pool of one vLLM actor (its workers spawned inside the
+"""vLLM-CPU engine actors: a pool of one vLLM actor (its workers spawned inside the
 actor) serves the ReAct loop, and its generations after a broadcast weight sync from the trainer
 group equal its generations after reloading the same checkpoint from disk (greedy, so any
 difference in the weights would show)."""

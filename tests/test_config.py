@@ -20,7 +20,7 @@ from trace_rl.envs.base import DatasetError
 
 REPO = Path(__file__).resolve().parents[1]
 
-# (override, what the error must say): the values of issue 24 that once failed minutes into a
+# (override, what the error must say): the values that once failed minutes into a
 # run (or never), and a few more of the same kinds.
 BAD_OVERRIDES = [
     ("group_size=0", "group_size=0"),

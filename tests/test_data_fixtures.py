@@ -1,4 +1,4 @@
-"""The real families' data on any clone (issue 48): the fixtures of tests/data/families are a whole
+"""The real families' data on any clone: the fixtures of tests/data/families are a whole
 data directory cut from the full data; ``trace data check`` names each missing file and the family
 that needs it; the ``full_data`` marker skips without the full data, and with
 ``TRACE_REQUIRE_FULL_DATA=1`` such a skip fails the session."""

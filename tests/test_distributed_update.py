@@ -1,5 +1,5 @@
 """The project's own policy update on 2 gloo ranks (DDP and FSDP2) against one process: the same
-gradients and the same weights after the update (issue 20's acceptance: within 1e-5). Plain
+gradients and the same weights after the update (within 1e-5). Plain
 ``torch.multiprocessing``: the Ray trainer group (``trace_rl.cluster.trainer``) runs these same
 trainers (``trace_rl.cluster.fsdp.make_trainer``)."""
 

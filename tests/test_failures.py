@@ -1,4 +1,4 @@
-"""Failures recorded truthfully, and crash consistency (issue 24).
+"""Failures recorded truthfully, and crash consistency.
 
 A failed run (in the bootstrap, in a phase, on a full disk) marks its running step and the run
 failed in DuckDB and MLflow, re-raises the original error (a secondary error while recording it

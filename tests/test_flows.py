@@ -399,7 +399,7 @@ def _nodes(workdir: Path) -> list[tuple]:
 
 
 def test_a_reader_holding_the_database_does_not_stall_training(tiny_model_dir, tmp_path):
-    """Issue 24: a separate process holds `duckdb.connect(trace.duckdb, read_only=True)` (what
+    """A separate process holds `duckdb.connect(trace.duckdb, read_only=True)` (what
     `duckdb -readonly` does) from before the run starts until after it ends. The run finishes
     without waiting on it and leaves the same trees as a run with no reader."""
     from flows.train import train
@@ -436,7 +436,7 @@ def test_a_reader_holding_the_database_does_not_stall_training(tiny_model_dir, t
 
 
 def test_two_trains_on_one_fresh_work_dir_one_runs_one_refuses(tiny_model_dir, tmp_path):
-    """Issue 24: two `trace train` started together on a fresh work dir: one runs, the other
+    """Two `trace train` started together on a fresh work dir: one runs, the other
     exits at once (status 3) naming the running one's pid and run id; no MLflow set-up race."""
     from prefect.settings import PREFECT_API_URL
 

@@ -1,4 +1,4 @@
-"""Work-dir locks (issue 24): one train per work dir, re-entrant in a process, and the holder named."""
+"""Work-dir locks: one train per work dir, re-entrant in a process, and the holder named."""
 
 from __future__ import annotations
 

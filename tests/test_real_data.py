@@ -1,4 +1,4 @@
-"""Issue 25: real families that a new user can run, their own data, and grading they can trust.
+"""Real families that a new user can run, their own data, and grading they can trust.
 
 Each test names the defect of the issue it covers; those marked "fails on f399c1a" fail there.
 """

@@ -1,4 +1,4 @@
-"""A work dir is relocatable (issue 22, item 1): a finished work dir copied elsewhere and resumed
+"""A work dir is relocatable: a finished work dir copied elsewhere and resumed
 from the copy writes nothing under the original, logs its MLflow artifacts into the copy, and
 finds the finished phases of its Prefect cache (the cache keys and result records of the copy
 name it, not the original)."""

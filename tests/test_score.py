@@ -143,7 +143,7 @@ def test_module_entry_point(tmp_path):
 
 
 def test_empty_binary_and_malformed_files_are_named_with_their_line(tmp_path, capsys):
-    """Issue 24: an empty data file once gave "unknown id '1'" and a binary file a UTF-8 error
+    """An empty data file once gave "unknown id '1'" and a binary file a UTF-8 error
     naming neither file nor line."""
     env = make_env("synth_arith", difficulty=1, n_test=4)
     items = env.load("test")

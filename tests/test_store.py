@@ -412,7 +412,7 @@ def test_a_writer_killed_mid_step_loses_and_duplicates_nothing(tmp_path):
     assert kept <= set(ids)
 
 
-# ------------------------------------------------------------------ issue 24: readers and writers
+# ------------------------------------------------------------------ readers and writers
 
 def _tree_of_files(root: Path) -> dict[str, tuple[int, str]]:
     """Every file under root (bar lock files) with its size and a hash of its bytes."""
@@ -423,8 +423,9 @@ def _tree_of_files(root: Path) -> dict[str, tuple[int, str]]:
 
 
 def test_trace_sql_can_neither_write_nor_read_outside_the_store(store, tmp_path):
-    """Every statement of issue 24 is refused by `trace sql`, and nothing on disk changes: not
-    the store, not the MLflow database next to it, not an attachable file, not a new file."""
+    """Every writing statement a user once tried is refused by `trace sql`, and nothing on disk
+    changes: not the store, not the MLflow database next to it, not an attachable file, not a new
+    file."""
     from typer.testing import CliRunner
 
     from cli.app import app
@@ -540,7 +541,7 @@ def test_a_process_on_the_private_file_is_named(store):
 
 
 def test_a_work_dir_of_the_old_layout_is_adopted(store, tmp_path):
-    """Before issue 24 the writer wrote trace.duckdb itself: such a work dir opens as it is, for
+    """The writer once wrote trace.duckdb itself: such a work dir opens as it is, for
     reading and for writing, and keeps its rows."""
     old = tmp_path / "old"
     old.mkdir()

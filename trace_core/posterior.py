@@ -3,8 +3,8 @@
 Why: the shared predictor (``trace_core.predictor``) reads a prompt's text. On a family whose
 prompts recur (a train pool visited every ~8 steps) a prompt's difficulty is often hidden from its
 text: an alias or a homonym in the knowledge base, not a visible cue. Hashed n-grams over a short
-replay window never learn it, so the predictor cannot rank prompts (issue 19: within-step root AUC
-0.50-0.63), and Stage 1 has nothing to target. The rollouts themselves do carry it: a prompt that
+replay window never learn it, so the predictor cannot rank prompts (on synth_chain: within-step
+root AUC 0.50-0.63), and Stage 1 has nothing to target. The rollouts themselves do carry it: a prompt that
 was solved 0 times in 8 is hard, whatever its text says.
 
 The posterior keeps, per prompt id, the successes s and rollouts n observed so far, and predicts

@@ -7,7 +7,7 @@ with a replay window of recent steps.
 
 A predictor is a featuriser (histories -> [B, F] float tensor) followed by a head (a small MLP
 with a sigmoid output). ``HashedNgramFeaturizer`` needs no download; a text encoder or the
-policy's hidden states plug in as another ``Featurizer`` (issue 6).
+policy's hidden states plug in as another ``Featurizer``.
 
 Also here: calibration and ranking metrics (Brier, ECE, AUC) in pure numpy.
 

@@ -181,7 +181,7 @@ def replay_step(trees: Sequence[StoredTree], allocator: Allocator, budget: Budge
         except ValueError as exc:
             raise ValueError(f"{allocator.name} cannot allocate {budget.total} leaves over "
                              f"the {len(trees)} stored candidates of a step ({exc}); a run stores "
-                             f"its filtered candidates as k = 0 allocation rows since issue 23, "
+                             f"its filtered candidates as k = 0 allocation rows; "
                              f"older runs only the prompts they rolled out") from exc
         for j in np.flatnonzero(m):
             mixed, spent = _replay_tree(trees[j], posteriors[j], int(m[j]), allocator, budget,

@@ -5,7 +5,7 @@ holding process dies, so a crash never leaves a stale lock behind):
 
 * ``file_lock``: short, around one store transaction and its publish (``store.py``), or around
   MLflow's first set-up of its sqlite database (``tracking.py``), whose schema migration races
-  when two processes create it at once (issue 24: ``no such column:
+  when two processes create it at once (``no such column:
   spans.dimension_attributes``).
 * ``train_lock``: held by a ``train`` flow for its whole run, taken before MLflow or DuckDB are
   touched: one writer per work dir. A second ``trace train`` on a busy work dir fails at once with

@@ -41,7 +41,7 @@ MLFLOW_UI = "http://127.0.0.1:5000"
 """Where ``mlflow ui`` serves unless told otherwise."""
 EXPERIMENT_KIND = "mlflow.experimentKind"
 """The experiment tag MLflow 3's UI reads to choose its view; unset, it guesses, and guessed the
-GenAI view for TRACE's experiment (issue 22)."""
+GenAI view for TRACE's experiment."""
 CLASSIC_ML = "custom_model_development"
 """Its value for the classic view: runs, metrics charts, models."""
 PARAM_VALUE_LIMIT = 6000  # MLflow's limit on one param value, in characters
@@ -86,7 +86,7 @@ class Tracker(ModelRegistry):
         self.experiment = experiment
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         # The first use of a new sqlite store runs MLflow's schema migrations; two processes doing
-        # that at once corrupt it (issue 24: "no such column: spans.dimension_attributes"), so
+        # that at once corrupt it ("no such column: spans.dimension_attributes"), so
         # processes of one work dir take their first look at the store one at a time.
         with file_lock(self.workdir / ".mlflow-setup.lock", 600, "MLflow store set-up"):
             self.relocated = self._relocate()
@@ -223,8 +223,8 @@ class Tracker(ModelRegistry):
         """Close the run as FINISHED, FAILED or KILLED."""
         if status not in END_STATUSES:
             raise TrackingError(f"end status {status!r} is not one of {END_STATUSES}")
-        # a finished run resumed with nothing to do keeps its end time (issue 22: a no-op
-        # resume stretched an 8-minute run to 172 minutes)
+        # a finished run resumed with nothing to do keeps its end time (a no-op resume
+        # once stretched an 8-minute run to 172 minutes)
         keep = status == "FINISHED" and self.finished_at is not None and not self.logged_new
         self.client.set_terminated(self._run(), status=status,
                                    end_time=self.finished_at if keep else None)

@@ -2,7 +2,7 @@
 data, then a measurement of sampled success on the family's held-out split.
 
 The RL stage needs a policy that succeeds *sometimes* (docs/algorithm.md). SmolLM2-135M-Instruct as
-converted writes prose and never uses the turn format (issue 25: 0.000 everywhere), so RL has
+converted writes prose and never uses the turn format (accuracy 0.000 on every family), so RL has
 nothing to learn from. The recipe, for ``hotpotqa``:
 
 1. **Traces from training items only, never an evaluation item.** By default the 100 HotpotQA
