@@ -85,6 +85,7 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("cover_constant", "trace_cover", predictor="constant"),
         Method("cover_root", "trace_cover", root_only=True),
         Method("cover_post", "trace_cover", predictor="posterior"),
+        Method("cover_N1", "trace_cover", multiplier=1),
         Method("root_only", "trace", root_only=True),
         Method("prefix_only", "prefix_only"),
         Method("constant_pred", "trace", predictor="constant"),
