@@ -1,0 +1,458 @@
+"""This project against the trainer users would pick instead: TRL's ``GRPOTrainer`` (issue 50 item 1).
+
+Three methods, each from the same bootstrapped tiny policy (``bench.learning``'s cached bootstrap),
+on the same family, training split, held-out items and evaluation:
+
+* ``trl_grpo``: TRL's ``GRPOTrainer`` (TRL's advantages, loss, clipping, KL, optimiser and
+  scheduler). TRL's own generation is single-turn; the family is the multi-turn ReAct task, so
+  TRL drives it through its ``rollout_func`` hook: each generation batch is rolled out by this
+  project's ReAct loop (``trace_rl.rollout.react.run_episodes``) on the transformers engine
+  (``HFEngine``, the engine the other two methods use here), loaded with the trainer's current
+  weights before every rollout; the observation tokens go back as TRL's ``env_mask`` (0 = not the
+  model's, no loss), the sampled tokens' log-probs as ``logprobs``. The reward is the family's
+  grader (``Environment.verify``) called as a TRL reward function on the final answer. So the
+  multi-turn form is trained by both; no single-turn stand-in is needed on the synthetic families.
+* ``grpo``: this project's train flow with ``allocator=grpo`` (``bench.learning_runs.run_one``).
+* ``trace``: the same flow with the default allocator.
+
+Shared knobs: group size (``--group-size``), prompts per step (leaf budget / group size, so
+``--root-budget`` x (1 + ``--multiplier``) rollouts per step for every method), learning rate,
+PPO clip (0.2 low, 0.28 high), KL coefficient (0: TRL's ``beta``), optimiser steps per rollout
+batch (this project's ``ppo_epochs`` = TRL's ``num_iterations``, each on the whole batch),
+gradient-norm clip 1, AdamW without weight decay at a constant rate, temperature 1, the per-turn
+token cap and turn cap, one torch thread (``$TRACE_TORCH_THREADS``). Left at each one's default
+(the differences a user gets; ``--trl-loss``/``--trl-scale-rewards`` set TRL's to this project's
+to find which of them matters): advantages (TRL: (r - mean) / std over the group; this project's
+``branch`` estimator: r - mean on a flat group), loss aggregation (TRL ``dapo``: token-mean over the
+batch; this project ``seq-mean-token-sum``), and this project's ``target_kl`` early stop.
+
+Per method, paired over seeds, in one invocation: held-out accuracy against generated tokens and
+against wall time, wall seconds per step and generated tokens per second end to end (the whole
+training call: set-up, rollouts, updates, checkpoints; evaluations excluded), and learning parity:
+ours GRPO minus TRL GRPO at equal generated tokens (the smallest total any run spent), with a
+95% t interval over seeds. Each (method, seed) result is one JSON under ``--results`` (default
+``bench/results/peers/runs/``, ``bench.learning_runs.save_run``), reused by a later invocation of the same settings, so seeds accumulate.
+
+    python -m bench.peers                  # 3 seeds, the default sizes (about 40 min on 2 loaded cores)
+    python -m bench.peers --quick          # one seed, two steps (the test)
+
+Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bench.learning import _policy_and_base, _start_accuracy
+from bench.learning_report import accuracy_at_tokens, token_budget
+from bench.learning_runs import (RunResult, _eval, eval_run_id, load_run, parse_seeds, run_one,
+                                 save_run, signature, tokens_at_evals)
+
+METHODS = ("trl_grpo", "grpo", "trace")
+INSTALL = "pip install -e .[peers] -c requirements/cpu-constraints.txt"
+
+
+def require_trl() -> str:
+    """TRL's version; exits with one line naming the install command when it is missing."""
+    try:
+        import trl
+    except ImportError:
+        raise SystemExit(f"bench.peers needs TRL (not installed): {INSTALL}") from None
+    return trl.__version__
+
+
+# ----------------------------------------------------------------------------- TRL's run
+
+class _Rollouts:
+    """TRL's ``rollout_func``: the project's ReAct loop on an ``HFEngine`` that holds the
+    trainer's current weights; one start per run of equal consecutive prompts (TRL repeats each
+    prompt ``num_generations`` times), K completions each."""
+
+    def __init__(self, cfg: Any, policy: str, items: dict[str, Any], seed: int) -> None:
+        from tasks import runtime
+        from trace_rl.engines.hf import HFEngine
+
+        self.cfg, self.items, self.seed = cfg, items, seed
+        self.env = runtime.env_for(cfg)
+        if self.env.stateful:
+            raise ValueError(f"bench.peers: {cfg.family} is stateful; its grade needs the episode's "
+                             "state, which a TRL reward function does not see")
+        self.by_question = {it.question: it for it in items.values()}
+        self.engine = HFEngine(policy, seed=seed)
+        self.max_context = runtime.context_for(cfg, policy)
+        self.calls = 0
+        self.generated_tokens = 0
+        self.rollout_s = 0.0
+        self.reward_mismatches = 0
+
+    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
+        from trace_rl.rollout.react import Start, run_episodes
+        from trace_rl.rollout.types import SamplingSettings
+
+        t0 = time.perf_counter()
+        self.engine.load_tensors({k: v.detach() for k, v in trainer.model.state_dict().items()})
+        starts: list[Start] = []
+        for p in prompts:
+            if starts and starts[-1].item.question == p:
+                starts[-1] = Start(starts[-1].item, (), starts[-1].k + 1)
+            else:
+                starts.append(Start(self.by_question[p], (), 1))
+        sampling = SamplingSettings(max_tokens=self.cfg.max_new_tokens,
+                                    temperature=self.cfg.temperature, seed=self.cfg.seed)
+        episodes = run_episodes(self.engine, self.env, starts, sampling=sampling,
+                                max_turns=self.cfg.max_turns, tool_timeout_s=self.cfg.tool_timeout_s,
+                                seed=self.seed * 100_003 + self.calls, max_context=self.max_context)
+        self.calls += 1
+        out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
+                                                     "env_mask", "answer", "answered",
+                                                     "episode_reward")}
+        for ep in episodes:
+            ids, logps, mask = [], [], []
+            for t in ep.turns:
+                ids += t.gen_ids + t.obs_ids
+                logps += list(t.gen_logprobs) + [0.0] * len(t.obs_ids)
+                mask += [1] * len(t.gen_ids) + [0] * len(t.obs_ids)
+                self.generated_tokens += len(t.gen_ids)
+            last = ep.turns[-1].action if ep.turns else None
+            answered = last is not None and last.kind == "answer"
+            out["prompt_ids"].append(list(ep.prompt_ids))
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(logps)
+            out["env_mask"].append(mask)
+            out["answer"].append(last.answer if answered else None)
+            out["answered"].append(answered)
+            out["episode_reward"].append(float(ep.reward or 0.0))
+        self.rollout_s += time.perf_counter() - t0
+        return out
+
+    def reward(self, prompts: list[str], completions: list[Any], answer: list[Any],
+               answered: list[bool], episode_reward: list[float], **_: Any) -> list[float]:
+        """The family's grader as a TRL reward function: the final answer graded against the
+        item's gold (0 when the episode ended without one: turn cap, context or a bad action).
+        Counts where it differs from the reward the ReAct loop gave the episode (none expected)."""
+        out = [float(self.env.verify(self.by_question[p], a).reward) if ok else 0.0
+               for p, a, ok in zip(prompts, answer, answered)]
+        self.reward_mismatches += sum(x != y for x, y in zip(out, episode_reward))
+        return out
+
+
+def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_steps: Sequence[int],
+            eval_items: int, start_accuracy: float, eval_skip: int, eval_samples: int,
+            eval_temperature: float, loss_type: str = "dapo", scale_rewards: str = "group",
+            method: str = "trl_grpo") -> RunResult:
+    """One seed of TRL's ``GRPOTrainer`` (see the module docstring), its checkpoints at
+    ``eval_steps`` evaluated exactly as ``run_one`` evaluates the train flow's."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tasks import runtime
+    from trace_rl.config import config_from_mapping
+
+    config = {**base, "allocator": "grpo", "seed": seed, "policy": policy,
+              "run_name": f"peers-{method}-s{seed}"}
+    cfg = config_from_mapping(config, "bench.peers")
+    runtime.configure_threads()
+    items = runtime.items_for(cfg, cfg.train_split, policy)
+    rows = [{"prompt": it.question} for it in items.values()]
+    out_dir = workdir / f"{method}-s{seed}"
+    t0 = time.perf_counter()
+    rollouts = _Rollouts(cfg, policy, items, seed)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    iters = cfg.ppo_epochs
+    batch = cfg.leaf_budget
+    args = GRPOConfig(
+        output_dir=str(out_dir), seed=seed, data_seed=seed, use_cpu=True, report_to="none",
+        save_strategy="no", logging_steps=10 ** 6, disable_tqdm=True,
+        max_steps=cfg.steps * iters, learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1,
+        num_generations=cfg.group_size, num_iterations=iters,
+        epsilon=cfg.clip_low, epsilon_high=cfg.clip_high, beta=cfg.kl_coef,
+        temperature=cfg.temperature, top_p=1.0,
+        max_completion_length=cfg.max_turns * (cfg.max_new_tokens + 64),
+        loss_type=loss_type, scale_rewards=scale_rewards, shuffle_dataset=True,
+        dataloader_num_workers=0, bf16=False, fp16=False)
+
+    saved: dict[int, str] = {}
+    at_step: list[dict[str, float]] = []
+    aside = [0.0]  # seconds spent saving checkpoints for the evaluation (not TRL's work)
+
+    class _Steps(TrainerCallback):
+        def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step % iters:
+                return
+            step = state.global_step // iters - 1
+            at_step.append({"t": time.perf_counter() - t0 - aside[0],
+                            "tokens": float(rollouts.generated_tokens)})
+            if step in eval_steps:
+                s0 = time.perf_counter()
+                path = out_dir / f"step-{step}"
+                trainer.model.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+                saved[step] = str(path)
+                aside[0] += time.perf_counter() - s0
+
+    trainer = GRPOTrainer(model=model, reward_funcs=rollouts.reward, args=args,
+                          train_dataset=datasets.Dataset.from_list(rows),
+                          processing_class=tokenizer, rollout_func=rollouts,
+                          callbacks=[_Steps()])
+    trainer.train()
+    wall = time.perf_counter() - t0 - aside[0]
+    if len(at_step) != cfg.steps:
+        raise RuntimeError(f"TRL ran {len(at_step)} RL steps, expected {cfg.steps}")
+    history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
+    eval_cfg = {**config, "run_id": eval_run_id(policy)}
+    acc = [start_accuracy] + [_eval(eval_cfg, saved[s], eval_items, eval_skip, eval_samples,
+                                    eval_temperature) for s in eval_steps]
+    per_step_tokens = np.diff([0.0] + [a["tokens"] for a in at_step])
+    metrics = [{"ledger/generated_tokens": float(t)} for t in per_step_tokens]
+    steps_t = np.diff([0.0] + [a["t"] for a in at_step])
+    return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
+                     effective_ratio=[], leaves=[float(batch)] * cfg.steps,
+                     generated_tokens=float(rollouts.generated_tokens), tool_calls=float("nan"),
+                     wall_s=wall,
+                     extra={"step_s": [float(x) for x in steps_t],
+                            "eval_wall_s": [0.0, *(at_step[s]["t"] for s in eval_steps)],
+                            "rollout_s": rollouts.rollout_s,
+                            "reward_mismatches": rollouts.reward_mismatches, "trl_log": history[-3:],
+                            "loss_type": loss_type, "scale_rewards": scale_rewards},
+                     eval_tokens=tokens_at_evals(metrics, eval_steps))
+
+
+# ----------------------------------------------------------------------------- this project's runs
+
+def run_ours(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
+             eval_steps: Sequence[int], **ev: Any) -> RunResult:
+    """``bench.learning_runs.run_one`` with the wall time at each evaluation added (the flow's
+    set-up, i.e. the train call's wall less its steps' seconds, counted before the first step)."""
+    r = run_one(method, seed, base, policy, workdir, eval_steps, **ev)
+    step_s = [float(x) for x in r.extra["per_step"]["time/step_s"]]
+    setup = max(0.0, r.wall_s - float(np.nansum(step_s)))
+    cum = setup + np.cumsum(np.nan_to_num(step_s))
+    return RunResult(**{**r.__dict__, "extra": {**r.extra, "step_s": step_s,
+                                                "eval_wall_s": [0.0, *(float(cum[s])
+                                                                       for s in eval_steps)]}})
+
+
+def _warm_prefect() -> float:
+    """Start this process's Prefect harness (its temporary API server) with a no-op flow before
+    any timed run, so that the one-time start is not charged to whichever of this project's runs
+    comes first; returns its seconds (printed, not counted)."""
+    from prefect import flow
+
+    @flow(name="peers-warm-up")
+    def warm_up() -> int:
+        return 0
+
+    t0 = time.perf_counter()
+    warm_up()
+    return time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- report
+
+def _t95(n: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1)) if n > 1 else float("nan")
+
+
+def accuracy_at_wall(r: RunResult, seconds: float) -> float:
+    """Held-out accuracy of ``r`` after ``seconds`` of training wall time (linear between its
+    evaluations; nan beyond its last)."""
+    w = r.extra.get("eval_wall_s", [])
+    if not w or not 0 <= seconds <= w[-1]:
+        return float("nan")
+    return float(np.interp(seconds, w, r.accuracy))
+
+
+def summarise(results: list[RunResult], steps: int) -> dict[str, dict[str, Any]]:
+    budget = token_budget(results)
+    wall_budget = min(r.extra["eval_wall_s"][-1] for r in results)
+    table: dict[str, dict[str, Any]] = {}
+    for m in dict.fromkeys(r.method for r in results):
+        rs = [r for r in results if r.method == m]
+        rate = [r.generated_tokens / r.wall_s for r in rs]
+        table[m] = {"seeds": [r.seed for r in rs],
+                    "final": [r.accuracy[-1] for r in rs],
+                    "at_tokens": [accuracy_at_tokens(r, budget) for r in rs],
+                    "at_wall": [accuracy_at_wall(r, wall_budget) for r in rs],
+                    "tokens": [r.generated_tokens for r in rs],
+                    "wall_per_step": [r.wall_s / steps for r in rs],
+                    "in_step_s": [float(np.nanmean(r.extra["step_s"])) for r in rs],
+                    "tokens_per_s": rate,
+                    "curve_tokens": [r.eval_tokens for r in rs],
+                    "curve_wall": [r.extra["eval_wall_s"] for r in rs],
+                    "curve_acc": [r.accuracy for r in rs]}
+    return {"budget_tokens": budget, "budget_wall_s": wall_budget, "methods": table}
+
+
+def parity(results: list[RunResult], ours: str = "grpo", ref: str = "trl_grpo") -> dict[str, Any]:
+    """``ours`` minus ``ref`` at equal generated tokens, per seed both ran: mean, 95% t interval
+    (points)."""
+    budget = token_budget([r for r in results if r.method in (ours, ref)])
+    a = {r.seed: r for r in results if r.method == ours}
+    b = {r.seed: r for r in results if r.method == ref}
+    seeds = sorted(set(a) & set(b))
+    d = np.array([accuracy_at_tokens(a[s], budget) - accuracy_at_tokens(b[s], budget)
+                  for s in seeds]) * 100
+    mean = float(d.mean()) if len(d) else float("nan")
+    half = _t95(len(d)) * float(d.std(ddof=1)) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return {"seeds": seeds, "budget_tokens": budget, "diffs": d.tolist(), "mean": mean,
+            "lo": mean - half, "hi": mean + half}
+
+
+def _ratio(table: dict[str, Any], ours: str, ref: str, key: str) -> float:
+    """Geometric mean over paired seeds of ours / ref."""
+    a = dict(zip(table[ours]["seeds"], table[ours][key]))
+    b = dict(zip(table[ref]["seeds"], table[ref][key]))
+    r = [a[s] / b[s] for s in sorted(set(a) & set(b))]
+    return float(np.exp(np.mean(np.log(r)))) if r else float("nan")
+
+
+def _ms(values: Sequence[float], scale: float = 1.0) -> str:
+    v = np.asarray(values, dtype=float) * scale
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return "n/a"
+    return f"{v.mean():.1f} +- {v.std(ddof=1):.1f}" if v.size > 1 else f"{v.mean():.1f}"
+
+
+def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]:
+    s = summarise(results, steps)
+    t = s["methods"]
+    print(f"start accuracy {100 * start:.1f}%; equal-token budget {s['budget_tokens']:.0f} tokens, "
+          f"equal-wall budget {s['budget_wall_s']:.0f} s")
+    print(f"{'method':10} {'seeds':>5} {'final %':>12} {'@tokens %':>12} {'@wall %':>12} "
+          f"{'tokens':>14} {'wall s/step':>12} {'in-step s':>10} {'tok/s':>12}")
+    for m, row in t.items():
+        print(f"{m:10} {len(row['seeds']):>5} {_ms(row['final'], 100):>12} "
+              f"{_ms(row['at_tokens'], 100):>12} {_ms(row['at_wall'], 100):>12} "
+              f"{_ms(row['tokens']):>14} {_ms(row['wall_per_step']):>12} "
+              f"{_ms(row['in_step_s']):>10} {_ms(row['tokens_per_s']):>12}")
+    for m, row in t.items():  # the curves, seed by seed
+        for seed, tok, wall, acc in zip(row["seeds"], row["curve_tokens"], row["curve_wall"],
+                                        row["curve_acc"]):
+            pts = ", ".join(f"{a * 100:.0f}%@{k:.0f}tok/{w:.0f}s" for a, k, w in zip(acc, tok, wall))
+            print(f"  {m} s{seed}: {pts}")
+    out: dict[str, Any] = {"summary": s}
+    if "grpo" in t and "trl_grpo" in t:
+        p = parity(results)
+        for other in [m for m in t if m not in ("grpo", "trl_grpo")]:
+            q = parity(results, other, "trl_grpo")
+            print(f"{other} minus trl_grpo at equal tokens: {q['mean']:+.1f} points "
+                  f"(95% CI {q['lo']:+.1f}, {q['hi']:+.1f}; seeds {q['seeds']})")
+            out[f"parity_{other}"] = q
+        wall = _ratio(t, "grpo", "trl_grpo", "wall_per_step")
+        rate = _ratio(t, "grpo", "trl_grpo", "tokens_per_s")
+        out.update(parity=p, wall_ratio=wall, rate_ratio=rate)
+        print(f"vs TRL GRPOTrainer: wall per step {wall:.2f}x, tokens/s {rate:.2f}x, "
+              f"GRPO parity {p['mean']:+.1f} points (95% CI {p['lo']:+.1f}, {p['hi']:+.1f})")
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", default="synth_arith")
+    ap.add_argument("--difficulty", type=int, default=1)
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="trl_grpo, grpo, trace, and trl_matched (TRL with this project's loss "
+                         "aggregation and advantage scale: dr_grpo, no std scaling)")
+    ap.add_argument("--seeds", default="3", help="a count (3) or a range (3-5)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-items", type=int, default=100)
+    ap.add_argument("--eval-samples", type=int, default=2)
+    ap.add_argument("--eval-temperature", type=float, default=1.0)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--root-budget", type=int, default=16,
+                    help="M; rollouts per step M (1 + N) for every method (grpo and TRL: "
+                         "M (1 + N) / group-size prompts x group-size)")
+    ap.add_argument("--multiplier", type=int, default=1, help="N (TRACE's continuations)")
+    ap.add_argument("--pool-size", type=int, default=32)
+    ap.add_argument("--learning-rate", type=float, default=None)
+    ap.add_argument("--trl-loss", default="dapo", help="TRL loss_type of trl_grpo (TRL's default)")
+    ap.add_argument("--trl-scale-rewards", default="group",
+                    help="TRL scale_rewards of trl_grpo (TRL's default)")
+    ap.add_argument("--workdir", default="bench_runs/peers")
+    ap.add_argument("--results", default="bench/results/peers")
+    ap.add_argument("--quick", action="store_true", help="one seed, two steps, small evaluation")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    version = require_trl()
+    args = _parser().parse_args(argv)
+    if args.quick:
+        args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
+        args.root_budget, args.multiplier, args.pool_size = 8, 1, 8
+        args.seeds = "1" if args.seeds == "3" else args.seeds
+    # what bench.learning._policy_and_base reads beside these
+    args.mix, args.set, args.policy, args.train_items = "", [], None, None
+    workdir, results = Path(args.workdir), Path(args.results)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    seeds = parse_seeds(args.seeds)
+    policy, base, skip = _policy_and_base(args, workdir)
+    base["group_size"] = args.group_size
+    eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
+    ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
+              eval_temperature=args.eval_temperature)
+    sig = signature({**base, "bench": "peers"}, eval_steps, ev, policy)
+    start = _start_accuracy(base, policy, workdir, sig, args.eval_items, skip, args.eval_samples,
+                            args.eval_temperature)
+    meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+            "settings": {k: v for k, v in vars(args).items() if k not in ("set",)}}
+    warm_s = _warm_prefect() if any(m in ("grpo", "trace") for m in methods) else 0.0
+    t_all = time.perf_counter()
+    for i, seed in enumerate(seeds):
+        order = methods[i % len(methods):] + methods[:i % len(methods)]  # rotate: load drifts
+        for m in order:
+            if load_run(results, sig, m, seed) is not None:
+                continue
+            print(f"[peers] {m} seed {seed} ...", file=sys.stderr, flush=True)
+            common = dict(eval_items=args.eval_items, start_accuracy=start, eval_skip=skip,
+                          eval_samples=args.eval_samples, eval_temperature=args.eval_temperature)
+            if m == "trl_grpo":
+                r = run_trl(seed, base, policy, workdir, eval_steps, loss_type=args.trl_loss,
+                            scale_rewards=args.trl_scale_rewards, **common)
+            elif m == "trl_matched":
+                r = run_trl(seed, base, policy, workdir, eval_steps, loss_type="dr_grpo",
+                            scale_rewards="none", method=m, **common)
+            else:
+                r = run_ours(m, seed, base, policy, workdir, eval_steps, **common)
+            save_run(results, sig, RunResult(**{**r.__dict__, "extra": {**r.extra, **meta}}))
+            print(f"[peers] {m} seed {seed}: {r.wall_s:.0f} s, final {100 * r.accuracy[-1]:.1f}%",
+                  file=sys.stderr, flush=True)
+    recorded = [r for s in seeds for m in methods if (r := load_run(results, sig, m, s)) is not None]
+    print(f"bench.peers: {args.family} d={args.difficulty}, {args.steps} steps x "
+          f"{base['root_budget'] * (1 + base['multiplier'])} rollouts (group {args.group_size}), "
+          f"{args.eval_items} held-out items x {args.eval_samples}; seeds {seeds}; TRL {version}; "
+          f"{meta['machine']}; this invocation {time.perf_counter() - t_all:.0f} s (Prefect's "
+          f"one-time start {warm_s:.0f} s not counted)")
+    out = report(recorded, args.steps, start)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"summary-{sig}.json").write_text(json.dumps(
+        {"signature": sig, **meta, "start_accuracy": start, **out}, indent=1, default=float) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    from trace_rl.engines import entry_point
+
+    entry_point(main)
