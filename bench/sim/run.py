@@ -68,6 +68,7 @@ class Method:
     joint_split: bool | None = None
     flip_gate: float = 0.0  # Stage 2 drops depth >= 1 prefixes whose predicted flip chance is below
     token_budget: bool = False  # Stage 2 spends the tokens of m_i N full rollouts, not m_i N leaves
+    exploration: float | None = None  # None = the config's exploration strength
     match_tokens: bool = False  # a flat method whose leaves per step match the reference's tokens
     role: str = "ablation"  # baseline, trace, cover, plus, ablation
 
@@ -86,6 +87,7 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("cover_root", "trace_cover", root_only=True),
         Method("cover_post", "trace_cover", predictor="posterior"),
         Method("cover_N1", "trace_cover", multiplier=1),
+        Method("cover_noexp", "trace_cover", exploration=0.0),
         Method("root_only", "trace", root_only=True),
         Method("prefix_only", "prefix_only"),
         Method("constant_pred", "trace", predictor="constant"),
@@ -142,6 +144,8 @@ class Run:
         joint = cfg.joint_split if method.joint_split is None else method.joint_split
         n = cfg.multiplier if method.multiplier is None else method.multiplier
         acfg = replace(cfg.allocator_config, joint_split=joint, multiplier=n,
+                       exploration=(cfg.exploration if method.exploration is None
+                                    else method.exploration),
                        # matched DAPO: half the groups of each step's own leaf budget
                        dapo_batch_groups=None if method.match_tokens else
                        cfg.allocator_config.dapo_batch_groups)
