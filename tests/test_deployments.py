@@ -41,7 +41,7 @@ def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
     """The parameter schema the deployments send to the server (what the UI's run form renders
     and the server enforces) has, for every TrainConfig field, a typed property with the first
     sentence of its docstring as help (not the measurements behind the default), and refuses
-    unknown fields; every parameter of the flows has help (issue 49, D7)."""
+    unknown fields; every parameter of the flows has help."""
     from deployments.deploy import deployments, deployment_specs
 
     by_flow = {d.flow_name: d for d in deployments(deployment_specs(), [CPU_POOL])}
@@ -57,12 +57,13 @@ def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
         for field, prop in form["properties"].items():
             assert prop.get("type") in ("integer", "number", "string", "boolean", "object"), field
             doc = " ".join(TrainConfig.model_fields[field].description.split())
-            assert prop["description"] and doc.startswith(prop["description"]), field
-            assert "+-" not in prop["description"], (field, prop["description"])
+            shown = " ".join(prop["description"].split())
+            assert shown and doc.startswith(shown), field
+            assert "+-" not in shown, (field, shown)  # no measurements in the help
         for name_, prop in schema["properties"].items():
             assert prop.get("description"), (name, name_)
         assert form["properties"]["allocator"]["enum"] == [
-            "grpo", "dapo", "prompt_only", "random_prefix", "trace"]
+            "grpo", "dapo", "prompt_only", "random_prefix", "trace", "trace_cover"]
         assert (form["properties"]["exploration"]["minimum"],
                 form["properties"]["exploration"]["maximum"]) == (0, 1)
         assert form["properties"]["advantage"]["description"] == (
@@ -151,7 +152,7 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                                    timeout=600, poll_interval=2)
             assert again.state is not None and again.state.is_completed(), (
                 f"retrain-latest/cpu ended {again.state}:\n{tail(worker_log)}")
-            # issue 49 D8: readable names, the train subflow's tracking task run's too
+            # readable names, the train subflow's tracking task run's too
             assert re.fullmatch(r"retrain-latest trace-default \d{4}-\d\d-\d\d \d\d:\d\d UTC",
                                 again.name), again.name
             with get_client(sync_client=True) as client:

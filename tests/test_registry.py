@@ -51,7 +51,7 @@ def test_registry_champion_candidate_and_pyfunc_generation(tiny_model_dir, tmp_p
     assert "TRACE policies" in client.get_registered_model(name).description
     champ = client.get_model_version(name, best["version"])
     assert champ.description.startswith("lineage-aaa: held-out accuracy 0.5")
-    # The description says what the promotion did, not the state before it (issue 49, D10).
+    # The description says what the promotion did, not the state before it.
     assert champ.description.endswith("Promotion: made the champion (the first version scored: "
                                       "there was no champion)."), champ.description
     assert "Promotion: not made the champion (held-out score 0.2500" in client.get_model_version(

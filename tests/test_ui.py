@@ -1,4 +1,4 @@
-"""The Prefect and MLflow UIs as their users meet them (issue 49), in a real headless chromium.
+"""The Prefect and MLflow UIs as their users meet them, in a real headless chromium.
 
 One module fixture does what docs/deployments.md tells a user to do: a Prefect server with its UI
 on 127.0.0.1, ``python -m deployments.deploy``, a process worker (each in its own process group),
@@ -124,7 +124,7 @@ def _artifact(run: UiRun, prefix: str) -> Any:
 
 
 def test_no_task_run_records_a_subflow_result_as_input(ui_run: UiRun) -> None:
-    """D1: the bootstrap subflow's policy directory reaches the tasks as a plain value, so no
+    """The bootstrap subflow's policy directory reaches the tasks as a plain value, so no
     task run records a ``flow_run`` input (which the pinned UI cannot render)."""
     boot = [r for r in ui_run.flow_runs if ui_run.flows[r.flow_id] == "bootstrap-policy"]
     assert len(boot) == 1 and boot[0].parent_task_run_id, boot  # the subflow did run
@@ -136,7 +136,7 @@ def test_no_task_run_records_a_subflow_result_as_input(ui_run: UiRun) -> None:
 
 
 def test_every_flow_run_and_task_run_has_a_readable_name(ui_run: UiRun) -> None:
-    """D8: no name Prefect made up (``rough-shrimp``, ``log-datasets-c70``,
+    """No name Prefect made up (``rough-shrimp``, ``log-datasets-c70``,
     ``bootstrap-policy-0``); phases read ``<phase> step N``; a one-step run is ``step 0``."""
     flow_names = {r.name for r in ui_run.flow_runs}
     task_names = {t.name for t in ui_run.task_runs}
@@ -152,7 +152,7 @@ def test_every_flow_run_and_task_run_has_a_readable_name(ui_run: UiRun) -> None:
 
 
 def test_the_allocation_table_has_a_realised_v_for_every_prompt_rolled_out(ui_run: UiRun) -> None:
-    """D3: the table reads the realised success rate from the nodes (``allocations.true_v``
+    """The allocation table reads the realised success rate from the nodes (``allocations.true_v``
     exists only in simulations)."""
     rows = json.loads(_artifact(ui_run, "allocation-").data)
     rolled = [r for r in rows if r["bare rollouts"]]
@@ -160,7 +160,7 @@ def test_the_allocation_table_has_a_realised_v_for_every_prompt_rolled_out(ui_ru
 
 
 def test_the_champion_says_what_its_promotion_did(ui_run: UiRun) -> None:
-    """D10: "made the champion (...)", not the state before ("no champion yet"); "1 step"."""
+    """The champion's description: "made the champion (...)", not the state before ("no champion yet"); "1 step"."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{ui_run.workdir / 'mlflow.db'}")
@@ -174,7 +174,7 @@ def test_the_champion_says_what_its_promotion_did(ui_run: UiRun) -> None:
 
 def test_task_runs_tab_lists_every_task_run_and_their_pages_render(ui_run: UiRun,
                                                                    page: Page) -> None:
-    """D1 as a user meets it: the flow run's Task Runs tab lists every task run (it said "No
+    """The flow run's Task Runs tab lists every task run (it said "No
     task runs"), the policy-update task run's page shows its name (it was blank), and neither
     page logs an error (it logged ``Invalid TaskInputResponse``)."""
     subflows = {r.parent_task_run_id for r in ui_run.flow_runs}  # listed as Subflow Runs
@@ -196,7 +196,7 @@ def test_task_runs_tab_lists_every_task_run_and_their_pages_render(ui_run: UiRun
 
 
 def test_step_artifact_links_open(ui_run: UiRun, page: Page) -> None:
-    """D2: the step artifact's tree links are http URLs that open: the live one on `trace view`
+    """The step artifact's tree links are http URLs that open: the live one on `trace view`
     (the command that starts it is beside it), the MLflow one on the run's artifact."""
     md = _artifact(ui_run, "view-").data
     assert "file://" not in md, md
@@ -205,14 +205,14 @@ def test_step_artifact_links_open(ui_run: UiRun, page: Page) -> None:
     page.goto(live.replace("http://127.0.0.1:8765", ui_run.view))
     page.wait_for("document.documentElement.dataset.rendered === '1'")
     assert re.search(r"Step 0\s+complete", page.text()), page.text()[:2000]
-    assert page.errors == [], page.errors  # D11: no favicon 404 either
+    assert page.errors == [], page.errors  # no favicon 404 either
     in_mlflow = re.search(r"\[in MLflow\]\((http://127\.0\.0\.1:5000/[^)]+)\)", md).group(1)
     page.goto(in_mlflow.replace("http://127.0.0.1:5000", ui_run.mlflow))
     page.wait_for("document.body.innerText.includes('step_0000.html')", within=120)
 
 
 def test_the_printed_mlflow_run_url_opens_the_classic_run_page(ui_run: UiRun, page: Page) -> None:
-    """D4: the summary's MLflow run URL (what the CLI prints too), in a fresh browser, lands on
+    """The summary's MLflow run URL (what the CLI prints too), in a fresh browser, lands on
     the classic run page (its Model metrics tab), not the GenAI view."""
     summary = _artifact(ui_run, "summary-").data
     url = re.search(r"MLflow run \(on that UI\): <(http://127\.0\.0\.1:5000/[^>]+)>",
@@ -228,7 +228,7 @@ def test_the_printed_mlflow_run_url_opens_the_classic_run_page(ui_run: UiRun, pa
 
 
 def test_the_schedule_card_says_when(ui_run: UiRun, page: Page) -> None:
-    """D9: the retrain-latest deployment's schedule card reads the time, not the slug ``cron``."""
+    """The retrain-latest deployment's schedule card reads the time, not the slug ``cron``."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

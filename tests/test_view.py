@@ -139,7 +139,7 @@ def test_each_step_logs_its_page_to_mlflow_and_a_link_to_prefect(trained, chromi
     and cannot change later); the step's Prefect artifact links to it over http (a browser does
     not open a file:// link from a web page): the live link opens the page on `trace view`, the
     MLflow link names the artifact in MLflow's classic view; the allocation table has the
-    realised V of every prompt given bare rollouts (issue 49: D2, D3, D5, D11)."""
+    realised V of every prompt given bare rollouts; the served page logs no error."""
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -226,7 +226,7 @@ def test_a_page_of_a_step_still_being_written_with_hostile_text(chromium, tmp_pa
 
 
 def test_a_deep_tree_stays_inside_its_box_at_1400_px(chromium, tmp_path):
-    """Issue 49 D12: a depth-4 tree (three levels of branch points, leaves at depth 4) fits its
+    """A depth-4 tree (three levels of branch points, leaves at depth 4) fits its
     box at a 1400 px wide window, its columns narrowed; nothing runs under the node panel."""
     import shutil as _shutil
 
