@@ -121,3 +121,15 @@ def test_allocator_needs_the_multiplier():
         alloc.allocate_roots(_pool([0.5, 0.5]), 2, np.random.default_rng(0))
     with pytest.raises(ValueError, match="cover_eps"):
         replace(CFG, cover_eps=0.5)
+
+
+def test_allocator_name_works_from_the_config_edge():
+    from trace_rl.config import load_config
+
+    cfg = load_config(None, ["allocator=trace_cover"])
+    assert cfg.allocator == "trace_cover" and cfg.allocator_config.multiplier == cfg.multiplier
+    alloc = make_allocator(cfg.allocator, cfg.allocator_config)
+    v = np.linspace(0.2, 0.8, cfg.pool_size)
+    m = alloc.allocate_roots(_pool(v), alloc.root_leaves(cfg.budget), np.random.default_rng(0))
+    assert m.sum() == cfg.root_budget
+    assert np.count_nonzero(m) >= cfg.leaf_budget // cfg.group_size
