@@ -1,4 +1,6 @@
-"""Diagnostic rows on the pilot seeds (not the main run): trace_cover's levers."""
+"""Diagnostic rows of bench.learning_sim (docs/results.md, "Learning simulator"): run_seed on the
+named rows only, records as the CLI writes them. Usage, from the repo root:
+    python bench/results/learning_sim/diag/diag.py paper 100-107 trace_cover,grpo,cover_noexp DIR"""
 import json, sys, time
 import numpy as np
 from bench.learning_sim import REGIMES, run_seed, write_records
