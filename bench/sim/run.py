@@ -32,7 +32,7 @@ from trace_rl.config import TrainConfig
 # ----------------------------------------------------------------------------- methods
 
 LOG_KEYS = ("tokens", "train_tokens", "bare_tokens", "bare", "leaves", "mixed", "active", "cosine",
-            "accuracy")
+            "accuracy", "signal_turns")
 """What a run logs per step (the records file keeps them all)."""
 
 
@@ -372,6 +372,7 @@ class Run:
         probs = softmax(self.theta)
         g = np.zeros_like(self.theta)
         entries = 0
+        signal = 0
         mixed = 0
         for tr in trees:
             parent, reward = tr.arrays()
@@ -388,8 +389,12 @@ class Run:
             typ = np.asarray(tr.typ)[nodes]
             act = np.asarray(tr.action)[nodes]
             entries += len(nodes)
+            # generated turns whose advantages over the paths through them do not cancel
+            net = np.bincount(nodes, weights=adv, minlength=len(parent))
+            signal += int(np.count_nonzero(np.abs(net) > 1e-9))
             np.add.at(g, (typ, act), adv)
             np.subtract.at(g, typ, adv[:, None] * probs[typ])
+        self._signal = signal
         self._entries = entries  # path turns = what the update reads (training tokens / turn)
         return g / max(entries, 1), mixed
 
@@ -405,6 +410,7 @@ class Run:
         self.log["train_tokens"].append(TOKENS_PER_TURN * self._entries)
         self.log["bare_tokens"].append(TOKENS_PER_TURN * sum(t.bare_turns for t in trees))
         self.log["bare"].append(sum(len(t.bare_leaves) for t in trees))
+        self.log["signal_turns"].append(self._signal)
         self.leaf_tokens = self.log["tokens"][-1] / max(self.log["leaves"][-1], 1)
         # Adam (the pipeline's optimiser, no weight decay), ascending the return.
         b1, b2 = 0.9, 0.999
