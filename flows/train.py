@@ -20,7 +20,6 @@ is duplicated).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,20 +29,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
 
+from flows import run_lifecycle as life
 from flows.common import (announced, bind, NAMES_ITS_TASK_RUN, RELEASES_ENGINES,
                           resolve_workdir, train_run_name)
 from tasks import evaluate, expand, learn, prefixes, roots, runtime, track
 from trace_core.allocators import Allocator, RootPool
 from trace_core.waves import outcome_counts, refill_wave
 from trace_rl.config import TrainConfig, check_inputs
-from trace_rl.config_hash import NEVER_HASHED
-from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
 from trace_rl.storage.locks import train_lock
 from trace_rl.storage.tracking import Tracker
-from trace_rl.view.server import page_url
 
 
 @dataclass(frozen=True)
@@ -101,7 +97,7 @@ def _watched(task: Any, watch: Progress, phase: str) -> Any:
 
 def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
              mlflow_run_id: str, watch: Progress | None = None) -> tuple[str, dict[str, float]]:
-    """One TRACE step (DESIGN.md section 2); returns the new policy directory and the step's
+    """One TRACE step (docs/architecture.md); returns the new policy directory and the step's
     metrics. One allocator and one candidate pool serve every allocation of the step."""
     t = StepTasks.bound(workdir, watch, f"step {step}: ")
     t0 = time.perf_counter()
@@ -145,16 +141,10 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
                "time/rollout_s": t_rollout, "time/sync_s": sync_s,
                "time/step_s": time.perf_counter() - t0}
     plot = cfg.plot_every > 0 and step % cfg.plot_every == 0
-    register = _registered(cfg, step)
+    register = life.registered(cfg, step)
     t.log_step(workdir, mlflow_run_id, run_id, step, metrics, new_policy,
                str(runtime.Paths(Path(workdir)).predictor_file(run_id, step)), plot, register)
     return new_policy, metrics
-
-
-def _registered(cfg: TrainConfig, step: int) -> bool:
-    """Whether step ``step``'s policy is registered in MLflow (every ``checkpoint_every`` steps
-    and the last step)."""
-    return (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
 
 
 def _expand_wave(t: StepTasks, cfg: TrainConfig, workdir: str, run_id: str, step: int,
@@ -195,51 +185,6 @@ def _allocation_metrics(scored: pa.Table, scored_prefixes: pa.Table, chosen: pa.
             "alloc/rho_prefix": float(np.mean(rho_prefix)) if rho_prefix.size else 0.0,
             "alloc/prefixes_expanded": float(np.count_nonzero(chosen.column("k").to_numpy())),
             "alloc/refill_waves": float(waves - 1), "alloc/fresh_leaves": float(fresh_leaves)}
-
-
-RESERVE_BYTES = 16 << 20
-"""Space each work dir holds back (the file ``.failure-reserve``) so that a run that fills its
-disk can still record its failure: the handler frees it before writing (a DuckDB update and an
-MLflow status change need a few hundred KB; 16 MiB leaves room for DuckDB's checkpoint)."""
-
-
-def _hold_reserve(workdir: str) -> Path:
-    """Write the reserve file if it is not whole (a failure freed it, or a first run)."""
-    path = Path(workdir) / ".failure-reserve"
-    if path.exists() and path.stat().st_size == RESERVE_BYTES:
-        return path
-    chunk = bytes(1 << 20)
-    with path.open("wb") as fh:  # real blocks, not a sparse file: the space must be taken
-        for _ in range(RESERVE_BYTES // len(chunk)):
-            fh.write(chunk)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return path
-
-
-def _record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, workdir: str,
-                    step: int | None, exc: BaseException) -> None:
-    """Mark the running step and the run failed (``killed`` on an interrupt) in DuckDB and
-    MLflow, best-effort: each record that cannot be written is logged and skipped, so that the
-    original error, logged here first and re-raised by the caller, is never replaced by a
-    secondary one (e.g. "No space left on device" from the store while the disk is full)."""
-    killed = isinstance(exc, (KeyboardInterrupt, SystemExit))
-    where = "outside a step (set-up, bootstrap or wrap-up)" if step is None else f"at step {step}"
-    logger.error("run %s %s %s: %s: %s", run_id, "killed" if killed else "failed", where,
-                 type(exc).__name__, exc)
-    (Path(workdir) / ".failure-reserve").unlink(missing_ok=True)  # room for the records below
-    records = [("the run's MLflow status", lambda: tracker.end("KILLED" if killed else "FAILED")),
-               ("the run's status in DuckDB",
-                lambda: store.set_run(run_id, status="killed" if killed else "failed"))]
-    if step is not None:
-        records.insert(0, (f"step {step}'s status in DuckDB",
-                           lambda: store.mark_step(run_id, step, "failed")))
-    for what, record in records:
-        try:
-            record()
-        except Exception as secondary:  # noqa: BLE001 -- the original error must win
-            logger.warning("could not record the failure in %s (%s: %s); the run's error is "
-                           "the one above", what, type(secondary).__name__, secondary)
 
 
 @flow(name="train", log_prints=True, flow_run_name=announced(train_run_name), **RELEASES_ENGINES,
@@ -288,10 +233,10 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
     held_out = _watched(bind(track.named(evaluate.evaluate_policy), workdir), watch,
                         "held-out evaluation")
     try:
-        _register_run(cfg, workdir, store, tracker, mlflow_run_id)
+        life.register_run(cfg, workdir, store, tracker, mlflow_run_id)
         done = store.last_complete_step(run_id)
         start = 0 if done is None else done + 1
-        initial = _initial_policy(cfg, workdir, watch)
+        initial = life.initial_policy(cfg, workdir, watch)
         policy_dir = initial if done is None else \
             str(runtime.Paths(Path(workdir)).policy_dir(run_id, done))
         if start >= cfg.steps:
@@ -310,58 +255,24 @@ def _train(cfg: TrainConfig, workdir: str | None) -> dict[str, Any]:
                                            watch)
             store.mark_step(run_id, step, "complete", metrics)
             running = None
-            runtime.drop_optimizer_state(workdir, run_id, step - 1)  # only the newest resumes
-            old = step - cfg.keep_checkpoints  # out of the newest keep_checkpoints (0: keep all)
-            if cfg.keep_checkpoints and old >= 0 and not _registered(cfg, old):
-                runtime.drop_checkpoint(workdir, run_id, old)
+            life.prune_checkpoints(cfg, workdir, run_id, step)
             history.append(metrics)
             _say_step(logger, step, metrics)
         if cfg.eval_items:
             held_out(cfg, workdir, run_id, cfg.steps, policy_dir, skip)
-        where = where_to_look(workdir, run_id, tracker)
+        where = life.where_to_look(workdir, run_id, tracker)
         summary = _watched(bind(track.log_summary, workdir), watch, "summary")(
             workdir, mlflow_run_id, run_id, where)
         store.set_run(run_id, status="complete")
         tracker.end("FINISHED")
     except BaseException as exc:
-        _record_failure(logger, store, tracker, run_id, workdir, running, exc)
+        life.record_failure(logger, store, tracker, run_id, workdir, running, exc)
         raise
     finally:
         watch.close()
     return {"run_id": run_id, "workdir": workdir, "policy_dir": policy_dir,
             "mlflow_run_id": mlflow_run_id, "steps_run": len(history),
             "last_metrics": history[-1] if history else {}, "summary": summary, "where": where}
-
-
-def _register_run(cfg: TrainConfig, workdir: str, store: Any, tracker: Tracker,
-                  mlflow_run_id: str) -> None:
-    """Register the run in DuckDB (new, or set running again), set the disk reserve aside, and
-    log its config and data sets to MLflow."""
-    run_id = cfg.resolved_run_id
-    store.init_run(run_id, cfg.to_dict(), mlflow_run_id=mlflow_run_id,
-                   prefect_flow_run_id=str(flow_run.get_id() or ""))
-    _hold_reserve(workdir)
-    # a run may resume on another cluster or with another checkpoint retention (not in the run
-    # id): those fields are tags, not immutable params
-    tracker.log_config(cfg.to_dict(), mutable=NEVER_HASHED)
-    track.log_datasets(cfg, workdir, mlflow_run_id, run_id)
-
-
-def _initial_policy(cfg: TrainConfig, workdir: str, watch: Progress) -> str:
-    """The policy the run starts from: the tiny policy, bootstrapped by SFT on the family (once
-    per work dir, cached), or a named policy or model directory."""
-    watch.note(None)  # the bootstrap (or a named policy's first build) reports its own progress
-    if cfg.policy != "tiny":
-        return resolve_policy(cfg.policy)
-    from flows.bootstrap import bootstrap  # only the tiny policy needs the SFT bootstrap
-
-    made = bootstrap(cfg.family, cfg.difficulty, workdir, cfg.seed, mix=cfg.extra.get("mix"),
-                     options=cfg.family_options() or None)
-    # Prefect links a subflow's return value to the subflow run by object identity, and a task
-    # given that very object records a `flow_run` task input, which the UI of the pinned Prefect
-    # cannot render (the flow run's Task Runs tab stays empty). The tasks get an equal string
-    # that is a new object (str of a Path), so their inputs are plain values.
-    return str(Path(made))
 
 
 def _say_step(logger: Any, step: int, metrics: dict[str, float]) -> None:
@@ -371,14 +282,3 @@ def _say_step(logger: Any, step: int, metrics: dict[str, float]) -> None:
                 metrics["rollout/leaves"], metrics["time/step_s"])
 
 
-def where_to_look(workdir: str, run_id: str, tracker: Tracker) -> dict[str, str]:
-    """Commands that open what a run left behind (printed by the CLI, in the flow's artifact)."""
-    return {"MLflow UI": tracker.ui_command,
-            "MLflow run (on that UI)": tracker.ui_url(),
-            "Rollout trees": f"trace view --workdir {workdir}",
-            "Rollout trees of the run (on that server)": page_url(run_id),
-            "SQL on the trees": f"trace sql --workdir {workdir} \"SELECT step, level, count(*) AS "
-                                f"nodes, avg(reward) AS reward FROM nodes WHERE run_id = "
-                                f"'{run_id}' GROUP BY ALL ORDER BY ALL\"",
-            "SQL on the evaluations": f"trace sql --workdir {workdir} \"SELECT step, accuracy, "
-                                      f"ci_low, ci_high FROM evals WHERE run_id = '{run_id}'\""}
