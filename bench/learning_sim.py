@@ -47,7 +47,7 @@ the stored prefix's state), each tree's advantages come from the configured esti
 estimated gradient sum_paths sum_turns A * grad log pi(turn), averaged over the batch's turns (the
 loss's token-mean with one cost per turn), takes one Adam step (AdamW as in the pipeline, no decay).
 
-The protocol (issue 47). The primary budget is equal generated tokens per step with an equal
+The protocol. The primary budget is equal generated tokens per step with an equal
 number of optimiser steps: the reference row (``trace_cover``) runs first at the leaf budget
 M (1 + N); each flat baseline (grpo, dapo, prompt_only) then spends, at every step, whole groups
 sized so that its generated tokens match the reference's at that step (``Run.matched_budget``:

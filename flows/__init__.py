@@ -1,4 +1,4 @@
-"""Prefect flows: the control loop of TRACE, as named phases (DESIGN.md section 2)."""
+"""Prefect flows: the control loop of TRACE, as named phases (docs/architecture.md)."""
 
 from trace_rl import environ as _environ
 

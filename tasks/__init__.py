@@ -1,4 +1,4 @@
-"""Thin Prefect tasks, one per phase of a TRACE step (DESIGN.md section 2).
+"""Thin Prefect tasks, one per phase of a TRACE step (docs/architecture.md).
 
 Each task loads what it needs by reference (work dir, run id, step, config), calls trace_core or an
 engine, stores, and returns ids or Arrow tables. Cache keys: ``runtime.PHASE_KEY``.

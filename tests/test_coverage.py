@@ -19,7 +19,7 @@ CFG = AllocatorConfig(group_size=4, tree_group=2, min_per_root=2, max_per_root=N
 
 def test_tree_gain_counts_the_continuations():
     # v = 1/2, N = 2, independence: a tree of one bare rollout is 3 draws, mixed w.p. 3/4; the
-    # 2nd and 3rd bare rollouts add 0.22 and 0.03 (issue 47's figures)
+    # 2nd and 3rd bare rollouts add 0.22 and 0.03 (the figures that motivated it)
     g = tree_gain(np.full(4, 0.5), np.arange(4), 2)
     np.testing.assert_allclose(g, [0.0, 0.75, 1 - 2 / 64, 1 - 2 / 512])
     assert np.diff(g)[1] == pytest.approx(0.21875) and np.diff(g)[2] == pytest.approx(0.02734375)

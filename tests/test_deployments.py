@@ -1,4 +1,4 @@
-"""Deployments against a real Prefect server on 127.0.0.1 (issue 5's acceptance item), and the
+"""Deployments against a real Prefect server on 127.0.0.1, and the
 latest-checkpoint lookup behind the scheduled retraining deployment.
 
 The integration test starts ``prefect server start`` (its own PREFECT_HOME, so its own SQLite
@@ -118,7 +118,7 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
                     (DEFAULT_CRON, False)]  # paused until someone resumes it
                 assert scheduled.pull_steps == [{"prefect.deployments.steps.set_working_directory":
                                                  {"directory": str(REPO)}}]
-                # The form's values of issue 21 are refused by the server: no flow run is created.
+                # Values a user once typed into the form are refused by the server: no flow run is created.
                 train_cpu = client.read_deployment_by_name("train/cpu")
                 for bad in ({"family": "nope"}, {"steps": -1}, {"allocator": "trace2"},
                             {"exploration": 2}, {"stepz": 3}):
@@ -193,7 +193,7 @@ def _flow_run_processes_end(worker: subprocess.Popen, within: float = 60.0) -> l
 
 
 def _check_names_and_artifacts(run, run_id: str) -> None:
-    """Issue 22 items 6 and 7, read back from the server: the flow run is named by its run id and
+    """Read back from the server: the flow run is named by its run id and
     step range, its task runs by phase, step, level and wave, and it left a Markdown artifact
     per step, a table of the root allocation and the run's summary."""
     from prefect.client.orchestration import get_client
@@ -234,7 +234,7 @@ def _deploy(env: dict[str, str], *args: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # four deploys; each imports every flow (over 3 min on a loaded 2-core box)
 def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, str], Path]) -> None:
-    """Issue 22 item 2: a user resumes the retrain schedule and pauses the train deployment in
+    """A user resumes the retrain schedule and pauses the train deployment in
     the UI; deploying again (the same command, or with new options) updates the deployments but
     leaves both switches as the user set them, and creates nothing twice."""
     from prefect.client.orchestration import get_client

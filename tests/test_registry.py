@@ -1,4 +1,4 @@
-"""MLflow used as its users use it (issue 22, items 3 and 4), on a real local store: runs named
+"""MLflow used as its users use it, on a real local store: runs named
 from the config, datasets as inputs with digests, the policy as a transformers model that
 ``mlflow.pyfunc.load_model("models:/<name>@champion")`` loads and generates with, registry
 aliases and descriptions, the champion moved only by a better held-out score, retraining

@@ -1,4 +1,4 @@
-"""Exact solvers for TRACE's two budget allocations (DESIGN.md section 1), plus exploration.
+"""Exact solvers for TRACE's two budget allocations (docs/algorithm.md), plus exploration.
 
 Stage 1, global root allocation::
 

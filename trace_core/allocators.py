@@ -1,4 +1,4 @@
-"""Rollout-budget allocators behind one interface: TRACE and the baselines of DESIGN.md section 1.
+"""Rollout-budget allocators behind one interface: TRACE and the baselines of docs/algorithm.md.
 
 Every allocator answers two questions, so the same objects drive the simulator (bench/allocation.py)
 and, later, real rollouts in the pipeline:
@@ -45,7 +45,7 @@ The inputs (``Budget``, ``RootPool``, ``PrefixSet``, ``AllocatorConfig``, ``Leaf
 declared in ``trace_core.allocator_inputs`` and importable from here.
 
 Departure from the paper: the exploration rule (trace_core.allocation.explore) is this project's
-addition; DESIGN.md does not say how the paper avoids starving prompts the predictor calls certain.
+addition; the paper does not say how the paper avoids starving prompts the predictor calls certain.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A coverage-aware Stage 1: each prompt valued by its whole tree (``allocator=trace_cover``).
 
 The paper's Stage 1 values m bare rollouts of prompt i by g_i(m) = P(m rollouts are mixed) and
-ignores the m_i N continuations Stage 2 then spends inside the same tree. Two consequences
-(issue 47): a single bare rollout is worth nothing (g(1) = 0), so each active prompt costs at
+ignores the m_i N continuations Stage 2 then spends inside the same tree. Two consequences:
+a single bare rollout is worth nothing (g(1) = 0), so each active prompt costs at
 least 2 of the M bare rollouts; and since g(3) = 1.5 g(2) at v = 1/2 ... any spread in the
 predictions tips the solver to few prompts with 3 rollouts each, i.e. fewer prompts than GRPO
 covers at the same leaf budget.

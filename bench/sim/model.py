@@ -21,8 +21,8 @@ INIT_PROBS = np.array([
     [0.75, 0.20, 0.05],  # answer: answer, search again, answer another entity
 ])
 """The starting policy (the same for every method and seed): on the default chain items it
-succeeds about half the time, as the bootstrapped tiny policy does on synth_chain (issue 19 asks
-for 0.3-0.7)."""
+succeeds about half the time, as the bootstrapped tiny policy does on synth_chain (a useful start
+is 0.3-0.7)."""
 
 TOKENS_PER_TURN = SimConfig().tokens_per_turn
 """Generated tokens charged per turn (thought + action), as in trace_core.simulator."""

@@ -1,4 +1,4 @@
-"""The simulator's figures under issue 47's protocol: per-method table rows, the paired
+"""The simulator's figures under its protocol (equal tokens and steps): per-method table rows, the paired
 differences, tokens to reach GRPO's final accuracy (a ratio with a bootstrap interval over
 seeds), the detectable effect at 80% power, and the closing line."""
 

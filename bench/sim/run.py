@@ -105,7 +105,7 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
 
 
 REFERENCE = "trace_cover"
-"""The row whose generated tokens per step the matched baselines spend (issue 47's protocol)."""
+"""The row whose generated tokens per step the matched baselines spend (equal tokens per step)."""
 
 PLUS = (
     Method("trace+post", "trace", predictor="posterior", role="plus"),
