@@ -288,3 +288,29 @@ def test_a_family_s_capabilities_and_defaults_come_from_its_one_registration():
     check_policy(TrainConfig(family="synth_lookup", policy="tiny"))
     with pytest.raises(ValueError, match="synthetic families only"):
         check_policy(TrainConfig(family="math", policy="tiny"))
+
+
+def test_fields_by_concern_dotted_or_flat_give_the_same_run(tmp_path):
+    """Every field sits in exactly one concern; ``allocation.min_per_root=3`` and a YAML section
+    name the same field as the flat ``min_per_root=3``: the same config, the same run id. A
+    concern that does not hold the field, or a field given twice, is refused naming it."""
+    from trace_rl.config import CONCERNS, ConfigError, TrainConfig, load_config
+
+    named = [n for fields in CONCERNS.values() for n in fields]
+    assert sorted(named) == sorted(TrainConfig.model_fields) and len(named) == len(set(named))
+    flat = load_config(None, ["min_per_root=3", "learning_rate=2e-5", "difficulty=2"])
+    dotted = load_config(None, ["allocation.min_per_root=3", "update.learning_rate=2e-5",
+                                "task.difficulty=2"])
+    yml = tmp_path / "c.yaml"
+    yml.write_text("allocation:\n  min_per_root: 3\nupdate: {learning_rate: 2.0e-5}\ndifficulty: 2\n")
+    from_file = load_config(yml)
+    assert flat == dotted == from_file
+    assert flat.resolved_run_id == dotted.resolved_run_id == from_file.resolved_run_id
+    assert flat.resolved_run_id != load_config(None, []).resolved_run_id
+    with pytest.raises(ConfigError, match="allocation has no field 'learning_rate'"):
+        load_config(None, ["allocation.learning_rate=1"])
+    with pytest.raises(ConfigError, match="no concern 'alloc'"):
+        load_config(None, ["alloc.min_per_root=3"])
+    yml.write_text("min_per_root: 2\nallocation: {min_per_root: 3}\n")
+    with pytest.raises(ConfigError, match="'min_per_root' is given twice"):
+        load_config(yml)

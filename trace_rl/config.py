@@ -45,6 +45,31 @@ Family = Literal[tuple(families())]  # type: ignore[misc]
 LossAggregation = Literal[LOSS_AGGREGATIONS]  # type: ignore[misc]
 
 
+CONCERNS: dict[str, tuple[str, ...]] = {
+    "run": ("run_name", "run_id", "seed", "steps", "policy", "checkpoint_every", "keep_checkpoints",
+            "plot_every"),
+    "task": ("family", "difficulty", "train_split", "extra", "chain_hops", "chain_hazard_a",
+             "chain_hazard_b", "chain_alias_share", "chain_train_items", "chain_facts",
+             "chain_syllables"),
+    "rollout": ("engine", "max_turns", "max_new_tokens", "temperature", "tool_timeout_s"),
+    "allocation": ("allocator", "pool_size", "root_budget", "multiplier", "min_per_root",
+                   "max_per_root", "group_size", "tree_group", "branch_from_root", "joint_split",
+                   "exploration", "correlation_window", "correlation_min_terms", "root_posterior",
+                   "root_oracle"),
+    "update": ("advantage", "centre_advantages", "count_turns_once", "learning_rate",
+               "lr_warmup_steps", "clip_low", "clip_high", "clip_ratio_c", "tis_cap", "kl_coef",
+               "loss_agg", "ppo_epochs", "micro_batch", "mini_batches", "target_kl",
+               "target_position_kl", "trainable_layers"),
+    "predictor": ("predictor_epochs", "predictor_lr"),
+    "eval": ("eval_split", "eval_items", "eval_samples"),
+    "cluster": ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy", "weight_sync"),
+}
+"""``TrainConfig``'s fields by concern: every field in exactly one (tests/test_config.py checks).
+A config may name a field by its concern, ``allocation.min_per_root=3`` on the command line or
+``allocation: {min_per_root: 3}`` in YAML, or by its flat name (``min_per_root=3``); both are the
+same field, so the run id is the same (``trace_rl.config_load``)."""
+
+
 class ConfigError(ValueError):
     """A config that cannot run: one line per problem, each naming the field, the value given
     and what it may be (``config: steps=-1 (int) in overrides: Input should be ...``)."""

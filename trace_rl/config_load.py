@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence, get_origin
 import yaml
 from pydantic import ValidationError
 
-from trace_rl.config import ConfigError, TrainConfig
+from trace_rl.config import CONCERNS, ConfigError, TrainConfig
 from trace_rl.config_checks import check_inputs
 
 
@@ -97,6 +97,45 @@ def _family_defaults(family: Any) -> dict[str, Any]:
     return family_defaults(family) if isinstance(family, str) else {}
 
 
+def flat_name(key: str, where: str) -> str:
+    """The field a key names: ``allocation.min_per_root`` (by concern, ``CONCERNS``) or the flat
+    ``min_per_root``; ``ConfigError`` for a concern that does not hold the field."""
+    concern, dot, name = key.partition(".")
+    if not dot:
+        return key
+    if concern not in CONCERNS:
+        raise ConfigError(f"config: {key!r} in {where}: no concern {concern!r}; concerns: "
+                          f"{', '.join(CONCERNS)} (or give the flat field name)")
+    if name not in CONCERNS[concern]:
+        raise ConfigError(f"config: {key!r} in {where}: {concern} has no field {name!r}; its "
+                          f"fields: {', '.join(CONCERNS[concern])}")
+    return name
+
+
+def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A YAML mapping with concern sections (``allocation: {min_per_root: 3}``) and flat or dotted
+    keys, as flat field names; a field given twice is an error."""
+    out: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        name = flat_name(key, where)
+        if name in out:
+            raise ConfigError(f"config: {name!r} is given twice in {where} (flat and by concern)")
+        out[name] = value
+
+    for key, value in data.items():
+        key = str(key)
+        if key in CONCERNS and key not in TrainConfig.model_fields:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"config: {key!r} in {where} is a concern and needs a mapping "
+                                  f"of its fields, e.g. {key}: {{{CONCERNS[key][0]}: ...}}")
+            for sub, v in value.items():
+                put(f"{key}.{sub}", v)
+        else:
+            put(key, value)
+    return out
+
+
 def _coerce(name: str, raw: str) -> Any:
     """A command-line override string as the field's type; left as it is when it does not
     parse, so that validation reports it with the other problems."""
@@ -129,11 +168,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
             raise ConfigError(f"config: cannot read {path} as a YAML mapping: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config: {path} must hold a mapping of field: value")
-        values.update(data)
+        values.update(_flatten(data, str(path)))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"config: override {item!r} must look like key=value")
         k, raw = item.split("=", 1)
-        values[k.strip()] = _coerce(k.strip(), raw)
+        name = flat_name(k.strip(), "overrides")
+        values[name] = _coerce(name, raw)
     where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
     return check_inputs(config_from_mapping(values, where), train_split=train_split)
