@@ -1,4 +1,4 @@
-"""This project against the trainer users would pick instead: TRL's ``GRPOTrainer`` (issue 50 item 1).
+"""This project against the trainer users would pick instead: TRL's ``GRPOTrainer``.
 
 Three methods, each from the same bootstrapped tiny policy (``bench.learning``'s cached bootstrap),
 on the same family, training split, held-out items and evaluation:
@@ -197,7 +197,8 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                 return
             step = state.global_step // iters - 1
             at_step.append({"t": time.perf_counter() - t0 - aside[0],
-                            "tokens": float(rollouts.generated_tokens)})
+                            "tokens": float(rollouts.generated_tokens),
+                            "threads": torch.get_num_threads()})
             if step in eval_steps:
                 s0 = time.perf_counter()
                 path = out_dir / f"step-{step}"
@@ -228,7 +229,8 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                      extra={"step_s": [float(x) for x in steps_t],
                             "eval_wall_s": [0.0, *(at_step[s]["t"] for s in eval_steps)],
                             "rollout_s": rollouts.rollout_s,
-                            "reward_mismatches": rollouts.reward_mismatches, "trl_log": history[-3:],
+                            "reward_mismatches": rollouts.reward_mismatches,
+                            "torch_threads": max(a["threads"] for a in at_step), "trl_log": history[-3:],
                             "loss_type": loss_type, "scale_rewards": scale_rewards},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
 
@@ -316,6 +318,19 @@ def parity(results: list[RunResult], ours: str = "grpo", ref: str = "trl_grpo") 
             "lo": mean - half, "hi": mean + half}
 
 
+def tokens_to_reach(r: RunResult, target: float) -> float:
+    """Generated tokens at which ``r``'s accuracy curve (linear between evaluations) first reaches
+    ``target``; nan when it never does within the run."""
+    tok, acc = r.eval_tokens, r.accuracy
+    for i in range(1, len(acc)):
+        if acc[i] >= target:
+            if acc[i - 1] >= target:
+                return float(tok[i - 1])
+            return float(tok[i - 1] + (target - acc[i - 1]) / (acc[i] - acc[i - 1])
+                         * (tok[i] - tok[i - 1]))
+    return float("nan")
+
+
 def _ratio(table: dict[str, Any], ours: str, ref: str, key: str) -> float:
     """Geometric mean over paired seeds of ours / ref."""
     a = dict(zip(table[ours]["seeds"], table[ours][key]))
@@ -357,6 +372,17 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
             print(f"{other} minus trl_grpo at equal tokens: {q['mean']:+.1f} points "
                   f"(95% CI {q['lo']:+.1f}, {q['hi']:+.1f}; seeds {q['seeds']})")
             out[f"parity_{other}"] = q
+            ref = {r.seed: r for r in results if r.method == "trl_grpo"}
+            mine = [r for r in results if r.method == other and r.seed in ref]
+            need = [tokens_to_reach(r, ref[r.seed].accuracy[-1]) for r in mine]
+            spent = [ref[r.seed].generated_tokens for r in mine]
+            reached = [n for n in need if np.isfinite(n)]
+            print(f"{other} tokens to trl_grpo's final accuracy (same seed): "
+                  + ", ".join(f"s{r.seed} {n:.0f}" if np.isfinite(n) else f"s{r.seed} not reached "
+                              f"in {r.generated_tokens:.0f}" for r, n in zip(mine, need))
+                  + f" (trl_grpo spent {np.mean(spent):.0f}); reached in {len(reached)} of "
+                  f"{len(need)} seeds")
+            out[f"tokens_to_trl_final_{other}"] = need
         wall = _ratio(t, "grpo", "trl_grpo", "wall_per_step")
         rate = _ratio(t, "grpo", "trl_grpo", "tokens_per_s")
         out.update(parity=p, wall_ratio=wall, rate_ratio=rate)
