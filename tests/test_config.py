@@ -274,8 +274,9 @@ def test_a_family_s_capabilities_and_defaults_come_from_its_one_registration():
     """What the code asks of a family it reads from ``register``'s arguments, never from its name:
     a generated family gets the config's difficulty and may bootstrap the tiny policy; a family
     of data files gets its registered defaults (splits, turn cap) and neither."""
-    from trace_rl.config import TrainConfig, load_config
+    from trace_rl.config import TrainConfig
     from trace_rl.config_checks import check_policy
+    from trace_rl.config_load import config_from_mapping
     from trace_rl.envs.registry import families, family_defaults, is_generated
 
     generated = {f for f in families() if is_generated(f)}
@@ -283,8 +284,9 @@ def test_a_family_s_capabilities_and_defaults_come_from_its_one_registration():
     assert TrainConfig(family="synth_chain", difficulty=2).env_kwargs()["difficulty"] == 2
     assert "difficulty" not in TrainConfig(family="hotpotqa").env_kwargs()
     assert family_defaults("bfcl")["eval_split"] == "simple_python"
-    assert load_config(None, ["family=bfcl", "policy=smollm2"]).eval_split == "simple_python"
-    assert load_config(None, ["family=bfcl", "policy=smollm2", "eval_split=multiple"]).eval_split == "multiple"
+    # the defaults apply where the user set none (config_from_mapping: no data files read)
+    assert config_from_mapping({"family": "bfcl"}).eval_split == "simple_python"
+    assert config_from_mapping({"family": "bfcl", "eval_split": "multiple"}).eval_split == "multiple"
     check_policy(TrainConfig(family="synth_lookup", policy="tiny"))
     with pytest.raises(ValueError, match="synthetic families only"):
         check_policy(TrainConfig(family="math", policy="tiny"))
