@@ -90,3 +90,23 @@ def test_the_readme_step_diagram_names_every_task_of_the_step():
     assert drawn - tasks == set(), f"the diagram names tasks that do not exist: {sorted(drawn - tasks)}"
     missing = tasks - drawn - set(OFF_STEP)
     assert not missing, f"tasks of the step missing from the README's diagram: {sorted(missing)}"
+
+
+ISSUE = re.compile(r"\b[Ii]ssues? #?\d+")
+CODE = (".py", ".sh", ".toml", ".yaml", ".yml")
+
+
+def test_nothing_cites_a_file_a_clone_lacks_and_code_cites_no_issue_numbers():
+    """A user's clone has no DESIGN.md (the design card lives outside the repository): the code
+    and docs cite docs/algorithm.md, docs/architecture.md and docs/schema.md instead. Code and
+    tests say what happened and why, not which issue it was (docs may name issues)."""
+    bad = []
+    for path in tracked_text_files():
+        if path == Path(__file__).resolve():
+            continue
+        rel = path.relative_to(REPO).as_posix()
+        text = path.read_text(encoding="utf-8", errors="replace")
+        bad += [f"{rel}: cites DESIGN.md" for _ in re.finditer(r"DESIGN\.md", text)]
+        if rel.endswith(CODE) and not rel.startswith("bench/results/"):
+            bad += [f"{rel}: cites '{m.group(0)}'" for m in ISSUE.finditer(text)]
+    assert not bad, "\n".join(bad)
