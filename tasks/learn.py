@@ -122,17 +122,19 @@ def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[Path
                           paths.column("advantages").to_pylist()):
         root = path[0]
         ids, mask, a = list(obs[root]), [0] * len(obs[root]), [0.0] * len(obs[root])
-        lp: list[float] | None = [0.0] * len(obs[root])  # the engine's, where it sampled
+        lp = [0.0] * len(obs[root])  # the engine's log-probs, where it sampled
+        known = True  # every turn of the path came with its engine log-probs
         for r, x in zip(path[1:], advs):
             ids += gen[r]
             mask += [1] * len(gen[r])
             a += [x] * len(gen[r])
-            lp = lp + list(gen_lp[r]) if lp is not None and len(gen_lp[r] or ()) == len(gen[r]) else None
+            known = known and len(gen_lp[r] or ()) == len(gen[r])
+            lp += (gen_lp[r] or []) + [0.0] * len(obs[r])
             ids += obs[r]
             mask += [0] * len(obs[r])
             a += [0.0] * len(obs[r])
-            lp = lp + [0.0] * len(obs[r]) if lp is not None else None
-        out.append(PathSample(ids, mask, a, group=int(tree_id[root]), engine_logprobs=lp))
+        out.append(PathSample(ids, mask, a, group=int(tree_id[root]),
+                              engine_logprobs=lp if known else None))
     return out
 
 

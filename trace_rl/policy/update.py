@@ -132,7 +132,7 @@ def _pad(samples: Sequence[PathSample], pad_id: int) -> dict[str, torch.Tensor]:
     mask = torch.zeros((B, T), dtype=torch.float32)
     adv = torch.zeros((B, T), dtype=torch.float32)
     known = all(s.engine_logprobs is not None for s in samples)
-    engine = torch.zeros((B, T), dtype=torch.float32)
+    engine = torch.zeros((B, T), dtype=torch.float32) if known else None
     for b, s in enumerate(samples):
         n = len(s.token_ids)
         ids[b, :n] = torch.tensor(list(s.token_ids))
