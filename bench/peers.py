@@ -55,6 +55,7 @@ from bench.learning import _policy_and_base, _start_accuracy
 from bench.learning_report import accuracy_at_tokens, token_budget
 from bench.learning_runs import (RunResult, _eval, eval_run_id, load_run, parse_seeds, run_one,
                                  save_run, signature, tokens_at_evals)
+from trace_core.stats import median_ratio
 
 METHODS = ("trl_grpo", "grpo", "trace")
 INSTALL = "pip install -e .[peers] -c requirements/cpu-constraints.txt"
@@ -339,6 +340,11 @@ def _ratio(table: dict[str, Any], ours: str, ref: str, key: str) -> float:
     return float(np.exp(np.mean(np.log(r)))) if r else float("nan")
 
 
+def _x(ratio: float) -> str:
+    """A budget ratio as read: 0.85x, or "never" for a method that never reaches the target."""
+    return f"{ratio:.2f}x" if np.isfinite(ratio) else "never"
+
+
 def _ms(values: Sequence[float], scale: float = 1.0) -> str:
     v = np.asarray(values, dtype=float) * scale
     v = v[np.isfinite(v)]
@@ -375,13 +381,18 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
             ref = {r.seed: r for r in results if r.method == "trl_grpo"}
             mine = [r for r in results if r.method == other and r.seed in ref]
             need = [tokens_to_reach(r, ref[r.seed].accuracy[-1]) for r in mine]
-            spent = [ref[r.seed].generated_tokens for r in mine]
-            reached = [n for n in need if np.isfinite(n)]
+            # TRL's own first crossing of its final accuracy (its curve need not rise monotonically)
+            base = [tokens_to_reach(ref[r.seed], ref[r.seed].accuracy[-1]) for r in mine]
             print(f"{other} tokens to trl_grpo's final accuracy (same seed): "
                   + ", ".join(f"s{r.seed} {n:.0f}" if np.isfinite(n) else f"s{r.seed} not reached "
                               f"in {r.generated_tokens:.0f}" for r, n in zip(mine, need))
-                  + f" (trl_grpo spent {np.mean(spent):.0f}); reached in {len(reached)} of "
-                  f"{len(need)} seeds")
+                  + " (trl_grpo: " + ", ".join(f"{b:.0f}" for b in base) + ")")
+            if mine:
+                ratio, lo, hi, never = median_ratio(need, base)
+                print(f"{other} tokens to trl_grpo's final / trl_grpo's: median {_x(ratio)} "
+                      f"(95% CI {_x(lo)}, {_x(hi)}; {never} of {len(need)} seeds never reach it)")
+                out[f"reach_ratio_{other}"] = {"median": ratio, "lo": lo, "hi": hi,
+                                                "never": never}
             out[f"tokens_to_trl_final_{other}"] = need
         wall = _ratio(t, "grpo", "trl_grpo", "wall_per_step")
         rate = _ratio(t, "grpo", "trl_grpo", "tokens_per_s")

@@ -40,6 +40,27 @@ def test_parity_is_paired_at_equal_tokens():
     assert (p["mean"], p["lo"], p["hi"]) == pytest.approx((20.0, 20.0 - half, 20.0 + half))
 
 
+def test_tokens_to_trl_final_is_a_ratio_with_an_interval(capsys):
+    """The default allocator's tokens to TRL-GRPO's final accuracy over TRL's own first crossing,
+    per seed (hand-worked: 150/200, 66.7/200, never), as a median with a bootstrap interval."""
+    from bench.peers import report
+
+    runs = []
+    for seed, acc in enumerate(([0.2, 0.3, 0.5], [0.2, 0.5, 0.6], [0.2, 0.25, 0.3])):
+        runs.append(_run("trl_grpo", seed, [0.2, 0.3, 0.4], [0.0, 100.0, 200.0]))
+        runs.append(_run("grpo", seed, [0.2, 0.3, 0.4], [0.0, 100.0, 200.0]))
+        runs.append(_run("trace", seed, acc, [0.0, 100.0, 200.0]))
+    out = report(runs, steps=4, start=0.2)
+    # the target is 0.4: s0 crosses it halfway from 100 to 200 tokens, s1 two thirds of the way
+    # to 100 (0.2 -> 0.5), s2 never
+    assert out["tokens_to_trl_final_trace"] == pytest.approx([150.0, 200.0 / 3, float("nan")],
+                                                             nan_ok=True)
+    r = out["reach_ratio_trace"]
+    assert (r["median"], r["never"]) == (pytest.approx(0.75), 1)
+    assert r["hi"] == float("inf")
+    assert "tokens to trl_grpo's final / trl_grpo's: median 0.75x" in capsys.readouterr().out
+
+
 def test_missing_trl_names_the_install_command(monkeypatch, capsys):
     from bench import peers
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from trace_core.stats import Interval, mean_interval, paired_gain, verdict
+from trace_core.stats import Interval, mean_interval, median_ratio, paired_gain, verdict
 
 
 def test_hand_worked_interval():
@@ -69,3 +69,17 @@ def test_verdict_says_not_better_when_the_interval_holds_zero():
     assert verdict(0.18, 0.135, 0.225) == "larger than its noise"
     assert verdict(-0.05, -0.08, -0.01) == "a loss larger than its noise"
     assert verdict(0.028, -0.003, 0.058).startswith("not distinguishable")
+
+
+def test_median_ratio_counts_a_seed_that_never_reaches_as_infinite():
+    """Ratios 0.5, 0.8 and never (NaN): the median is 0.8, not the 0.65 of the seeds that reached;
+    with a majority of seeds never reaching, the median itself is infinite."""
+    ratio, low, high, never = median_ratio([50.0, 80.0, float("nan")], [100.0, 100.0, 100.0])
+    assert (ratio, never) == (0.8, 1)
+    assert low == 0.5 and high == math.inf  # resampling 3 seeds reaches both extremes
+    ratio, _, _, never = median_ratio([float("nan"), float("nan"), 60.0], [100.0, 50.0, 100.0])
+    assert (ratio, never) == (math.inf, 2)
+    ratio, low, high, _ = median_ratio([30.0] * 4, [60.0] * 4)
+    assert ratio == low == high == 0.5
+    with pytest.raises(ValueError, match="one value per seed"):
+        median_ratio([1.0, 2.0], [1.0])

@@ -68,6 +68,28 @@ def paired_gain(before: Sequence[float], after: Sequence[float], level: float = 
     return mean_interval(a - b, level)
 
 
+def median_ratio(need: Sequence[float], base: Sequence[float], seed: int = 0,
+                 draws: int = 2000) -> tuple[float, float, float, int]:
+    """(median ratio, 95% low, high, seeds that never reach) of ``need[i] / base[i]`` over paired
+    seeds: the budget (tokens) one method needs to reach a target over the budget the reference
+    needs. A NaN in ``need`` (the method never reached the target) counts as an infinite ratio, so
+    a method that falls short is not flattered by its smaller total; the interval is a percentile
+    bootstrap of the median over seeds, taken on order statistics so that infinity stays
+    infinity."""
+    n = np.asarray(need, dtype=np.float64)
+    b = np.asarray(base, dtype=np.float64)
+    if n.shape != b.shape or n.ndim != 1 or n.size == 0:
+        raise ValueError(f"median_ratio: need {n.shape} and base {b.shape} must be the same "
+                         "non-empty flat shape (one value per seed)")
+    never = int(np.isnan(n).sum())
+    ratio = np.where(np.isnan(n), np.inf, n / np.maximum(b, 1e-9))
+    rng = np.random.default_rng(seed)
+    boot = np.median(ratio[rng.integers(0, ratio.size, size=(draws, ratio.size))], axis=1)
+    low = np.percentile(boot, 2.5, method="lower")
+    high = np.percentile(boot, 97.5, method="higher")
+    return float(np.median(ratio)), float(low), float(high), never
+
+
 def verdict(mean: float, low: float, high: float) -> str:
     """How a gain with interval [low, high] reads: "not better" whenever the interval holds 0."""
     if low > 0.0:

@@ -8,7 +8,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from trace_core.stats import Interval, paired_gain, verdict
+from trace_core.stats import Interval, median_ratio, paired_gain, verdict
 
 LAST = 5
 """Final accuracy = the mean held-out accuracy of the last LAST steps (declared before any run:
@@ -45,15 +45,9 @@ def reach_ratio(logs: list[dict], grpo: list[dict], seed: int = 0,
     a seed that never reaches it counts as an infinite ratio, so a method that falls short is not
     flattered by its smaller total. Median over seeds, percentile bootstrap over seeds."""
     targets = [final_accuracy(g) for g in grpo]
-    need = np.array([tokens_to_reach(lg, t) for lg, t in zip(logs, targets)])
-    base = np.array([tokens_to_reach(g, t) for g, t in zip(grpo, targets)])
-    never = int(np.isnan(need).sum())
-    ratio = np.where(np.isnan(need), np.inf, need / np.maximum(base, 1e-9))
-    rng = np.random.default_rng(seed)
-    boot = np.median(ratio[rng.integers(0, len(ratio), size=(draws, len(ratio)))], axis=1)
-    low = np.percentile(boot, 2.5, method="lower")  # order statistics: inf stays inf
-    high = np.percentile(boot, 97.5, method="higher")
-    return float(np.median(ratio)), float(low), float(high), never
+    need = [tokens_to_reach(lg, t) for lg, t in zip(logs, targets)]
+    base = [tokens_to_reach(g, t) for g, t in zip(grpo, targets)]
+    return median_ratio(need, base, seed, draws)
 
 
 def detectable(sd: float, n: int, power: float = 0.8, level: float = 0.95) -> float:
