@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from cli.output import console
-from trace_rl.envs.datadir import REAL_FAMILIES, check_data_dir, default_data_dir
+from trace_rl.envs.datadir import check_data_dir, data_families, default_data_dir
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True,
                        help="The real families' data directory ($TRACE_DATA_DIR).")
@@ -17,18 +17,19 @@ data_app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @data_app.command()
 def check(
-    families: List[str] = typer.Argument(None, help=f"Families to check (default: all of "
-                                         f"{', '.join(REAL_FAMILIES)})."),
+    families: List[str] = typer.Argument(None, help="Families to check (default: every family "
+                                         "that reads one)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Data directory to check "
                                             "(default: $TRACE_DATA_DIR)."),
 ) -> None:
     """Name each file a family reads that is missing from the data directory, and the family
     and splits that need it; exit 1 if any is missing (layout and sources: docs/families.md)."""
-    wanted = list(dict.fromkeys(families or REAL_FAMILIES))
-    unknown = [f for f in wanted if f not in REAL_FAMILIES]
+    readers = data_families()
+    wanted = list(dict.fromkeys(families or readers))
+    unknown = [f for f in wanted if f not in readers]
     if unknown:
         console.print(f"trace data check: no data directory is read by {', '.join(unknown)}; "
-                      f"the families that read one: {', '.join(REAL_FAMILIES)}",
+                      f"the families that read one: {', '.join(readers)}",
                       style="red", markup=False)
         raise typer.Exit(2)
     if data_dir is not None:

@@ -2,7 +2,7 @@
 
 The bootstrap measures sampled success after each epoch, which stays at 0 until names *and*
 relations are right nearly every time, so it says nothing about what is being learnt. This trains
-the bootstrap's own model on the bootstrap's own traces (synth_chain's ``FAMILY_SETTINGS``: the
+the bootstrap's own model on the bootstrap's own traces (synth_chain's registered settings: the
 ``split_names`` tokenizer, 800 traces a quarter of them imperfect, batch 16, AdamW 2e-3 with
 warm-up and a cosine over the 600 steps of 12 epochs) and every ``--every`` steps reads the
 policy's teacher-forced argmax along held-out expert traces, by kind of token
@@ -60,7 +60,7 @@ def rest_of_path_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str
     """The family's expert thoughts (``chain.expert_thoughts``), each followed by the relations
     still to follow: "start Kalo follow owner > mentor", "owner Miru follow mentor", "mentor
     Dova"; nothing before a retry under the listed name, as there."""
-    from trace_rl.envs.synthetic.chain import expert_thoughts
+    from trace_rl.envs.synth_chain.env import expert_thoughts
 
     path = item.meta["path"]
     thoughts, hop = [], 0
@@ -97,7 +97,7 @@ def numbered_thoughts(item: TaskItem, actions: Sequence[Action], joined: bool = 
     """The family's expert thoughts with each hop's number first: "start Kalo", "1 owner Miru",
     "2 mentor Dova" (with ``numbered_question``: the number is the previous thought's plus one,
     and the relation the word after that number in the question); ``joined``: "1owner Miru"."""
-    from trace_rl.envs.synthetic.chain import expert_thoughts
+    from trace_rl.envs.synth_chain.env import expert_thoughts
 
     thoughts, hop = [], 0
     for thought in expert_thoughts(item, actions):

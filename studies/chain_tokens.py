@@ -29,7 +29,7 @@ import argparse
 from collections import defaultdict
 from typing import Any, Sequence
 
-from trace_rl.envs.synthetic.chain import RELATIONS
+from trace_rl.envs.synth_chain.env import RELATIONS
 
 KINDS = ("name@think-start", "name@think-hop", "name@query", "name@answer", "relation@think",
          "other")
@@ -79,13 +79,13 @@ def token_kinds(pieces: Sequence[str], mask: Sequence[int], names: set[str]) -> 
 def expert_tokens(env: Any, items: Sequence[Any], tokenizer: Any, thoughts: Any = None
                   ) -> list[tuple[list[int], list[str | None]]]:
     """Per item: the token ids of its expert trace as the bootstrap renders it (``thoughts``: a
-    thought function as ``THOUGHTS``'s; None: the family's own) and each token's kind (None: not
+    thought function; None: the family's registered ones) and each token's kind (None: not
     the policy's). A relation that does not open its thought (one listed after it, as a
     rest-of-path thought writes) is ``relation@rest``."""
-    from trace_rl.policy.bootstrap import THOUGHTS, episode_example
+    from trace_rl.policy.bootstrap import episode_example, family_thoughts
     from trace_rl.rollout.react import expert_episode
 
-    think = thoughts or THOUGHTS["synth_chain"]
+    think = thoughts or family_thoughts("synth_chain")
     out = []
     for item in items:
         ex = episode_example(expert_episode(env, item, tokenizer,

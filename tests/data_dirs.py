@@ -15,15 +15,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trace_rl.envs.datadir import REAL_FAMILIES, check_data_dir, default_data_dir
+from trace_rl.envs.datadir import check_data_dir, data_families, default_data_dir
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "families"
 # Kept across the xdist workers and CLI subprocesses, which inherit the TRACE_DATA_DIR set below.
 FULL_DATA = Path(os.environ.setdefault("TRACE_TESTS_FULL_DATA", str(default_data_dir())))
 
 
-def missing_files(root: Path, families: tuple[str, ...] = REAL_FAMILIES) -> list[Path]:
-    """The files of ``families`` that the data directory ``root`` lacks (as full paths)."""
+def missing_files(root: Path, families: tuple[str, ...] | None = None) -> list[Path]:
+    """The files of ``families`` (default: every family that reads a data directory) that the
+    data directory ``root`` lacks (as full paths)."""
     return [root / f.path for _, missing in check_data_dir(root, families).values()
             for f in missing]
 
@@ -64,7 +65,7 @@ class FullDataPlugin:
             marker = item.get_closest_marker("full_data")
             if marker is None:
                 continue
-            families = tuple(marker.args) or REAL_FAMILIES
+            families = tuple(marker.args) or tuple(data_families())
             if families not in missing:
                 missing[families] = missing_files(self.full_data, families)
             if missing[families]:

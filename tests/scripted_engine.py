@@ -123,7 +123,7 @@ _STEP = re.compile(r"(\d+) more are (?:added|put in)\.|(\d+) are (?:taken out|re
 
 def arith_problem(question: str) -> tuple[int, list[tuple[str, int]]]:
     """(start value, [(operator, operand)]) of a synth_arith word problem, read from its text
-    (``trace_rl.envs.synthetic.arith``'s sentences)."""
+    (``trace_rl.envs.synth_arith.env``'s sentences)."""
     start = int(re.match(r"A box has (\d+) ", question).group(1))
     ops = []
     for m in _STEP.finditer(question):

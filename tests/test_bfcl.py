@@ -17,9 +17,10 @@ import pytest
 from data_dirs import FULL_DATA
 from trace_rl.envs.base import DatasetError, TaskItem, ToolError
 from trace_rl.envs.bfcl import (CATEGORIES, IRRELEVANCE, SINGLE_TURN, Backends, BFCLEnv,
-                                CallParseError, ToolkitEnv, answer_contradictions, gold_calls,
+                                CallParseError, answer_contradictions, gold_calls,
                                 grade_multi_turn, gt_call, load_bfcl_file, match_calls, openai_tool,
                                 parse_calls, to_json_schema)
+from trace_rl.envs.toolkit import ToolkitEnv
 from trace_rl.rollout.types import Action, Verdict
 
 needs_bfcl_eval = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None,

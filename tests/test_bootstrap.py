@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trace_rl.engines import make_engine
 from trace_rl.envs.registry import make_env
 from trace_rl.policy.bootstrap import entry
+from trace_rl.envs.synth_arith.env import expert_thoughts as arith_thoughts
 from trace_rl.policy.bootstrap import (CORRUPTIONS, IGNORE_INDEX, RECORD, _tokenizer_texts,
-                                       arith_thoughts, bootstrap_policy, episode_example, measure_success,
+                                       bootstrap_policy, episode_example, measure_success,
                                        read_record, sft_batch, sft_loss, shared_prefix_len,
                                        stop_early, trace_actions, wrong_final, wrong_step)
 from trace_rl.policy.tiny import build_model, build_tokenizer, save_policy
@@ -260,7 +261,7 @@ def test_cache_builds_once_per_machine_and_shows_progress(tmp_path, capsys):
 
 
 def test_input_hash_follows_the_chain_recipe(monkeypatch):
-    from trace_rl.envs.synthetic import chain
+    from trace_rl.envs.synth_chain import env as chain
     from trace_rl.policy.bootstrap import BootstrapConfig, input_hash
 
     env = make_env("synth_chain", difficulty=1, n_train=4, n_test=2)

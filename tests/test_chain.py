@@ -17,7 +17,7 @@ from scripted_engine import ScriptedEngine
 from trace_rl.config import TrainConfig, check_inputs
 from trace_rl.envs.base import TaskItem
 from trace_rl.envs.registry import make_env
-from trace_rl.envs.synthetic.chain import ALIAS, HOMONYM, expert_thoughts, parse_hops
+from trace_rl.envs.synth_chain.env import ALIAS, HOMONYM, expert_thoughts, parse_hops
 from trace_rl.rollout.format import TurnFormat, render_action
 from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,
                                     expert_episode, run_episodes)
@@ -260,7 +260,7 @@ def test_one_syllable_names_are_one_token_each_and_keep_the_hazards(tok, env):
     the chain's ``split_names`` tokenizer wherever it stands; an alias is written "Ka-" and its
     verbatim search suggests "Ka"; the expert solves every item within its cap; the default
     items are not changed by the option's existence."""
-    from trace_rl.envs.synthetic.chain import SYLLABLES, name_list
+    from trace_rl.envs.synth_chain.env import SYLLABLES, name_list
     from trace_rl.policy.bootstrap.data import tokenizer_texts
     from trace_rl.policy.tiny import build_tokenizer
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from data_dirs import FIXTURES, FULL_DATA
-from trace_rl.envs.datadir import REAL_FAMILIES, check_data_dir, expected_files
+from trace_rl.envs.datadir import check_data_dir, data_families, expected_files
 from trace_rl.envs.registry import make_env
 
 pytest_plugins = ["pytester"]
@@ -25,7 +25,7 @@ TESTS = Path(__file__).resolve().parent
 
 def test_the_fixtures_are_a_whole_data_dir_whose_every_split_loads():
     assert all(not missing for _, missing in check_data_dir(FIXTURES).values())
-    for family in REAL_FAMILIES:
+    for family in data_families():
         env = make_env(family, data_dir=FIXTURES)
         splits = {s for f in expected_files(family) for s in f.splits}
         for split in sorted(splits):
@@ -60,7 +60,7 @@ def check(*args: str, **env: str):
 def test_data_check_passes_on_the_fixtures():
     res = check("--data-dir", str(FIXTURES))
     assert res.exit_code == 0, res.output
-    assert [ln.split(":")[0] for ln in res.output.splitlines()[1:]] == list(REAL_FAMILIES)
+    assert [ln.split(":")[0] for ln in res.output.splitlines()[1:]] == data_families()
     assert all(": ok, all " in ln for ln in res.output.splitlines()[1:])
     res = check("math", TRACE_DATA_DIR=str(FIXTURES))  # $TRACE_DATA_DIR when no --data-dir
     assert res.exit_code == 0 and f"{FIXTURES} ($TRACE_DATA_DIR)" in res.output, res.output
@@ -71,7 +71,7 @@ def test_data_check_names_each_missing_file_and_its_family(tmp_path):
     empty.mkdir()
     res = check("--data-dir", str(empty))
     assert res.exit_code == 1
-    for family in REAL_FAMILIES:
+    for family in data_families():
         for f in expected_files(family):
             assert f"missing {f.path} (family {family}, split" in res.output, (f.path, res.output)
     assert "math/gsm8k_test.jsonl (family math, splits test, gsm8k_test)" in res.output

@@ -10,7 +10,7 @@ import pytest
 
 from data_dirs import FULL_DATA
 from trace_rl.envs.base import DatasetError, ToolError
-from trace_rl.envs.hotpotqa import (BLOCKS, DEV_HELDOUT, SPLITS, HotpotQAEnv, exact_match,
+from trace_rl.envs.hotpotqa.env import (BLOCKS, DEV_HELDOUT, SPLITS, HotpotQAEnv, exact_match,
                                     f1_score, grade, load_qa_file, normalize_answer)
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from data_dirs import FULL_DATA
 from trace_rl.envs.base import DatasetError, ToolError
-from trace_rl.envs.mathenv import SPLITS, MathEnv, grade, gsm8k_gold, load_math_file
-from trace_rl.envs.sandbox import SandboxLimits
+from trace_rl.envs.math.env import SPLITS, MathEnv, grade, gsm8k_gold, load_math_file
+from trace_rl.sandbox import SandboxLimits
 from trace_rl.rollout.types import Action
 
 

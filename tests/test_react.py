@@ -19,7 +19,8 @@ import pytest
 from scripted_engine import ScriptedEngine
 from trace_rl.envs.base import StepResult
 from trace_rl.envs.registry import families, make_env, register
-from trace_rl.envs.synthetic import SynthArith, SynthConfig
+from trace_rl.envs.synth_arith.env import SynthArith
+from trace_rl.envs.synthetic import SynthConfig
 from trace_rl.rollout.format import (PLAIN_GLUE, STOP, Glue, TurnFormat, derive_glue, parse_action,
                                      render_action)
 from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,
@@ -270,7 +271,7 @@ def test_stateful_env_is_rebuilt_after_a_timeout(tok):
     """A stateful tool that mutates and then hangs: after the timeout the episode's state is
     rebuilt by replay without that call, so the gold calls that follow still score 1, and the
     abandoned thread writing to the old state later changes nothing."""
-    from trace_rl.envs.synthetic import SynthFncall
+    from trace_rl.envs.synth_fncall.env import SynthFncall
 
     release = threading.Event()
 

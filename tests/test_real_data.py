@@ -19,7 +19,7 @@ from trace_rl.envs.base import DatasetError
 from trace_rl.envs.bfcl import CallParseError, parse_calls
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import write_jsonl
-from trace_rl.envs.hotpotqa import HotpotQAEnv, grade
+from trace_rl.envs.hotpotqa.env import HotpotQAEnv, grade
 from trace_rl.envs.registry import make_env
 
 DATA = default_data_dir()  # the full data, or the fixtures where it is absent (tests/data_dirs.py)

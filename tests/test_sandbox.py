@@ -19,8 +19,8 @@ import psutil
 import pytest
 from sandbox_watch import sandbox_processes
 
-from trace_rl.envs import sandbox
-from trace_rl.envs.sandbox import (SandboxLimits, SandboxUnavailable, probe_containment,
+from trace_rl.sandbox import box as sandbox
+from trace_rl.sandbox import (SandboxLimits, SandboxUnavailable, probe_containment,
                                     run_python)
 
 # A roomy wall limit: every program must get to run (on a machine at load 16 starting Python in a
@@ -47,7 +47,7 @@ def _sandbox_processes_once_settled(patience_s: float = 60) -> list[psutil.Proce
 def _interpreter_under_tmp() -> set[str]:
     """First folders under /tmp of the box's read-only binds (an interpreter or venv that lives
     under the host's /tmp, e.g. a clone in /tmp/x, is bound there inside the scratch /tmp)."""
-    from trace_rl.envs.sandbox_host import mounts
+    from trace_rl.sandbox.host import mounts
 
     return {dst.split("/")[2] for dst, _ in mounts(sys.executable)[0] if dst.startswith("/tmp/")}
 
@@ -163,7 +163,7 @@ def test_box_builds_for_an_unprivileged_user():
     the uid map is written unprivileged and the code is 65534 inside, seeing only the box."""
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root to start a test process as another user")
-    probe = ("import os\nfrom trace_rl.envs.sandbox import run_python, probe_containment\n"
+    probe = ("import os\nfrom trace_rl.sandbox import run_python, probe_containment\n"
              "assert os.geteuid() == 1000\nbox = probe_containment()\n"
              "assert box.namespaces and box.pids_cgroup is None, box\n"
              "r = run_python('import os\\nprint(os.getuid(), os.path.exists(\"/etc/passwd\"))')\n"
@@ -200,7 +200,7 @@ def test_no_namespaces_refuses_unless_opted_out(monkeypatch):
         with pytest.raises(SandboxUnavailable, match="TRACE_SANDBOX=unsafe-no-namespaces"):
             run_python("print(1)", LIMITS)
         from trace_rl.envs.base import TaskItem
-        from trace_rl.envs.mathenv import MathEnv
+        from trace_rl.envs.math.env import MathEnv
         env = MathEnv(limits=LIMITS)
         # An item as the math family's loader makes one (built here: no data file needed).
         item = TaskItem(id="gsm8k-0", family="math", question="What is 6 * 7?", gold="42",

@@ -39,7 +39,7 @@ import duckdb
 import psutil
 import pytest
 
-from trace_rl.envs.sandbox import SandboxLimits, probe_containment, run_python
+from trace_rl.sandbox import SandboxLimits, probe_containment, run_python
 
 # Over 70 boxed programs, four at a time (17 s here), once per xdist worker that runs one of them.
 pytestmark = pytest.mark.slow

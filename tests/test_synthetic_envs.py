@@ -19,8 +19,9 @@ import pytest
 from scripted_engine import ScriptedEngine
 from trace_rl.envs.base import DatasetError, TaskItem, ToolError
 from trace_rl.envs.registry import make_env
-from trace_rl.envs.synthetic import calculate, check_arguments
-from trace_rl.envs.synthetic.fncall import DOORS, FUNCTIONS, ROOMS
+from trace_rl.envs.synth_arith.env import calculate
+from trace_rl.envs.synthetic import check_arguments
+from trace_rl.envs.synth_fncall.env import DOORS, FUNCTIONS, ROOMS
 from trace_rl.rollout.format import TurnFormat, render_action
 from trace_rl.rollout.react import (Start, continue_from, episode_from_json, episode_to_json,
                                     expert_episode, run_episodes)
@@ -381,7 +382,7 @@ def test_difficulty_mix_interleaves_items_of_each_difficulty():
 
 _PARSE_RACE = r"""
 import gc, sys, threading, time
-from trace_rl.envs.synthetic import calculate
+from trace_rl.envs.synth_arith.env import calculate
 
 
 class Yield:

@@ -12,9 +12,10 @@ import random
 import pytest
 
 from data_dirs import FULL_DATA
+from trace_rl.envs.hotpotqa.warmstart import quote
 from trace_rl.envs.registry import make_env
 from trace_rl.policy.warmstart import (WarmstartConfig, build_traces, config_from_args,
-                                       load_split_items, quote, read_record, warmstart_policy)
+                                       load_split_items, read_record, warmstart_policy)
 
 
 @pytest.mark.parametrize("thoughts", [False, True])
@@ -208,7 +209,7 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
     from transformers import AutoTokenizer
 
     from trace_rl.policy.sft import ScriptedEnv
-    from trace_rl.policy.warmstart.traces import TRACES
+    from trace_rl.envs.bfcl.warmstart import bfcl_trace
     from trace_rl.rollout.react import expert_episode
 
     assert config_from_args([]) == WarmstartConfig()  # HotpotQA's recipe (and its hash)
@@ -232,7 +233,7 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
         assert [a.kind for a in actions] == ["answer"] and said == [""]
         assert expert_episode(ScriptedEnv(env, actions), item, tokenizer, thoughts=said).reward == 1.0
     multi = env.load("multi_turn_base", limit=1)[0]
-    assert TRACES["bfcl"](env, multi, random.Random(0), False, False) is None
+    assert bfcl_trace(env, multi, random.Random(0), False, False) is None
     # end to end on the tiny model: SFT on BFCL traces, measured on simple_python
     small = WarmstartConfig(**{**cfg.__dict__, "base": str(tiny_model_dir), "train_items": 4,
                                "trainable_layers": 1, "max_tokens": 100_000, "eval_items": 2,

@@ -19,6 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from trace_core.advantages import ESTIMATORS
 from trace_core.allocators import ALLOCATORS, AllocatorConfig, Budget
@@ -41,7 +42,6 @@ _MAX_SEED = 2**32 - 1  # numpy's legacy seeding and some samplers refuse larger 
 AllocatorName = Literal[tuple(n for n, f in ALLOCATORS.items() if not f.simulation_only)]  # type: ignore[misc]
 AdvantageName = Literal[tuple(ESTIMATORS)]  # type: ignore[misc]
 EngineKind = Literal[("auto", *ENGINES)]  # type: ignore[misc]
-Family = Literal[tuple(families())]  # type: ignore[misc]
 LossAggregation = Literal[LOSS_AGGREGATIONS]  # type: ignore[misc]
 
 
@@ -87,9 +87,9 @@ class TrainConfig(BaseModel):
     """Human name; the run id is ``<run_name>-<config hash>`` unless ``run_id`` is set."""
     run_id: str = Field("", pattern=f"^$|{_RUN_ID}")
     """Explicit run id (re-using one resumes that run); empty = derived from name + config hash."""
-    family: Family = "synth_arith"
-    """Task family (``trace_rl.envs.registry``): synth_arith, synth_lookup, synth_fncall,
-    synth_chain, hotpotqa, math, bfcl."""
+    family: str = Field("synth_arith", json_schema_extra=lambda s: s.update(enum=families()))
+    """Task family, one registered when the config is built (``trace_rl.envs.registry``):
+    synth_arith, synth_lookup, synth_fncall, synth_chain, hotpotqa, math, bfcl."""
     difficulty: int = Field(1, ge=1)
     """Difficulty knob of a synthetic family (ignored by real families). At 1 the bootstrapped
     tiny policy starts at 28-45% sampled success on synth_arith (five seeds), so groups mix; at 2
@@ -342,6 +342,14 @@ class TrainConfig(BaseModel):
                 return float(v)
             if isinstance(v, str) and _FLOAT_LITERAL.match(v.strip()):
                 return float(v)
+        return v
+
+    @field_validator("family", mode="before")
+    @classmethod
+    def _registered(cls, v: Any) -> Any:
+        if v not in families():
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": (
+                ", ".join(map(repr, families()[:-1])) + f" or {families()[-1]!r}")})
         return v
 
     @model_validator(mode="after")

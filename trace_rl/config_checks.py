@@ -47,15 +47,16 @@ def check_inputs(cfg: TrainConfig, train_split: bool = True) -> TrainConfig:
 
 
 def check_policy(cfg: TrainConfig) -> None:
-    """The policy must be ``tiny`` on a synthetic family, a named policy
+    """The policy must be ``tiny`` on a family that can bootstrap it (``Bootstrap`` registered:
+    the synthetic ones), a named policy
     (``trace_rl.policy.named``: ``smollm2``) or a Hugging Face model directory; ``ValueError``
     says which to give otherwise."""
-    from trace_rl.envs.registry import is_generated
+    from trace_rl.envs.registry import spec
     from trace_rl.policy.named import NAMED, check_named
 
     names = ", ".join(f"{k} ({v[0]})" for k, v in NAMED.items())
     if cfg.policy == "tiny":
-        if not is_generated(cfg.family):
+        if spec(cfg.family).bootstrap is None:
             raise ValueError(f"config: policy=tiny is bootstrapped on the synthetic families only, "
                              f"not on family={cfg.family!r}; give policy=<Hugging Face model "
                              f"directory>, a named policy ({names}), or warm-start one with "

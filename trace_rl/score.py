@@ -29,11 +29,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from trace_rl.envs.base import DatasetError, Environment, TaskItem
 from trace_rl.envs.io import check_text_file, text_lines
-from trace_rl.envs.registry import families, make_env
+from trace_rl.envs.registry import families, make_env, spec
 from trace_rl.rollout.types import Action, Verdict
 
 
@@ -51,13 +51,6 @@ def _by_replay(env: Environment, item: TaskItem, pred: Mapping[str, Any]) -> Ver
             raise ValueError(f"calls[{k}] must be an object with a string 'name'")
         env.step(state, Action(kind="tool", tool=call["name"], arguments=call.get("arguments") or {}))
     return env.verify_final(item, state, pred.get("answer"))
-
-
-GRADE_BY: dict[str, Callable[[Environment, TaskItem, Mapping[str, Any]], Verdict]] = {
-    "synth_fncall": _by_replay,
-}
-"""Families whose predictions are graded by replaying their calls; every other family grades
-the ``answer`` (or ``calls``) with ``env.verify``."""
 
 
 def _aliases(item: TaskItem) -> list[str]:
@@ -108,7 +101,7 @@ def score(task: str, data: Path, predictions: Path, **env_kwargs: Any) -> list[t
     items = env.load(str(data))
     if not items:
         raise DatasetError(str(data), 1, f"no {task} items in the data file")
-    grade = GRADE_BY.get(task, _by_answer)
+    grade = _by_replay if spec(task).score_by_replay else _by_answer
     results = []
     for lineno, item, pred in read_predictions(predictions, items):
         try:

@@ -1,113 +1,184 @@
-"""The one registry of task families: family name -> factory of an ``Environment``.
+"""The one registry of task families: family name -> what the rest of the code asks of it.
 
-``make_env("synth_arith", difficulty=2)`` builds a family from keyword arguments (the config edge);
-code elsewhere never branches on family names. Factories import their module lazily, so listing
-families costs nothing and a family whose extra dependencies are missing only fails when built.
+A family is one folder, ``trace_rl/envs/<name>/``, whose ``__init__.py`` registers it once, with
+the ``family`` decorator on the factory of its ``Environment``::
+
+    @family("synth_arith", generated=True, bootstrap=Bootstrap(thoughts=expert_thoughts))
+    def make(**kwargs):
+        from trace_rl.envs.synth_arith.env import SynthArith, SynthConfig
+        return SynthArith(SynthConfig(**kwargs))
+
+``families()`` finds the families by listing this package's folders and importing each one's
+``__init__.py``, so that file stays light: the factory imports the environment's modules (BM25,
+math-verify, ...) only when a family is built. ``make_env("synth_arith", difficulty=2)`` builds a
+family from keyword arguments (the config edge). Code elsewhere never tests a family's name: it
+reads the family's registered capabilities (``spec(name)``: generated items, a bootstrap recipe,
+a warm-start trace builder, data files, grading by replay) and its defaults. docs/families.md,
+"Adding a family", walks through one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib
+import pkgutil
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
-from trace_rl.envs.base import Environment
+from trace_rl.envs.base import Action, Environment, TaskItem
 
 Factory = Callable[..., Environment]
-_FACTORIES: dict[str, Factory] = {}
-_OPTIONS: dict[str, tuple[str, ...]] = {}
-_DEFAULTS: dict[str, dict[str, Any]] = {}
-_GENERATED: set[str] = set()
+Thoughts = Callable[[TaskItem, Sequence[Action]], "list[str]"]
+"""(item, action script) -> the thought written before each action."""
+TraceBuilder = Callable[[Environment, TaskItem, random.Random, bool, Any],
+                        "tuple[list[Action], list[str]] | None"]
+"""(env, training item, rng, recovery?, the warm start's config) -> (actions, the thought before
+each), or None when the item cannot give that trace."""
+DataFiles = Callable[["Path | None"], "list[tuple[Path, str]]"]
+"""(data directory, or None) -> (path under the data directory, split that needs it) for each
+file the family reads; given the directory, also the files its files name (BFCL's multi-turn
+function docs)."""
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """The family can bootstrap the tiny CPU policy (``policy=tiny``): SFT on its expert actions
+    (``Environment.expert_actions``), a share of them made imperfect
+    (``trace_rl.policy.bootstrap``)."""
+
+    thoughts: Thoughts | None = None
+    """The thought before each expert action (None: ``<think></think>``). A ``version``
+    attribute on the function enters the bootstrapped policy's cache key."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """``BootstrapConfig`` settings where its defaults do not suit the family."""
+    variants: tuple[tuple[Mapping[str, Any], Mapping[str, Any]], ...] = ()
+    """(the family options a variant has, its settings over ``settings``)."""
+
+
+@dataclass(frozen=True)
+class Warmstart:
+    """The family can warm-start a real model (``trace warmstart family=...``): SFT on ReAct
+    traces of its training items (``trace_rl.policy.warmstart``)."""
+
+    trace: TraceBuilder
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """``WarmstartConfig`` fields whose defaults (HotpotQA's recipe) do not fit the family."""
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything the code asks of a family, given once, where it registers."""
+
+    name: str
+    factory: Factory
+    options: tuple[str, ...] = ()
+    """``TrainConfig`` fields the factory takes as keyword arguments of the same names
+    (``TrainConfig.family_options`` passes them; e.g. the chain generator's parameters)."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Values of ``TrainConfig`` fields the family needs where the user set none (splits that
+    exist for it, a turn's token cap long enough for its answers)."""
+    generated: bool = False
+    """Its items come from a seeded generator, not data files: the factory takes the config's
+    ``difficulty`` and sizes its own splits."""
+    bootstrap: Bootstrap | None = None
+    warmstart: Warmstart | None = None
+    data_files: DataFiles | None = None
+    """It reads a data directory (``$TRACE_DATA_DIR``): the files, for ``trace data check``."""
+    score_by_replay: bool = False
+    """``trace score`` grades a prediction's ``calls`` by replaying them through the tools and
+    grading the state they leave (``env.verify_final``), not with ``env.verify``."""
+
+
+_FAMILIES: dict[str, FamilySpec] = {}
+_FOUND: set[str] = set()
+_LOCK = threading.RLock()
 
 
 def register(name: str, factory: Factory, options: tuple[str, ...] = (), *,
-             defaults: dict[str, Any] | None = None, generated: bool = False) -> None:
-    """Add a family, with everything the rest of the code asks of it. Registering a name twice is
-    an error (two families would shadow each other).
-
-    ``options``: ``TrainConfig`` fields the factory takes as keyword arguments of the same names
-    (``TrainConfig.env_kwargs`` passes them; e.g. the chain generator's parameters), beside a
-    generated family's ``difficulty``.
-    ``defaults``: values of ``TrainConfig`` fields the family needs where the user set none
-    (splits that exist for it, a turn's token cap long enough for its answers).
-    ``generated``: its items come from a seeded generator, not data files: it takes the
-    config's ``difficulty``, sizes its own splits, and the tiny CPU policy can be bootstrapped on
-    it from its expert actions (``policy=tiny``)."""
-    if name in _FACTORIES:
-        raise ValueError(f"task family {name!r} is already registered")
-    _FACTORIES[name] = factory
-    _OPTIONS[name] = tuple(options)
-    _DEFAULTS[name] = dict(defaults or {})
-    if generated:
-        _GENERATED.add(name)
+             defaults: Mapping[str, Any] | None = None, generated: bool = False,
+             bootstrap: Bootstrap | None = None, warmstart: Warmstart | None = None,
+             data_files: DataFiles | None = None, score_by_replay: bool = False) -> FamilySpec:
+    """Add a family (``FamilySpec``'s fields). Registering a name twice is an error (two families
+    would shadow each other). A family's folder calls it through ``family``."""
+    with _LOCK:
+        if name in _FAMILIES:
+            raise ValueError(f"task family {name!r} is already registered")
+        _FAMILIES[name] = FamilySpec(name, factory, tuple(options), dict(defaults or {}),
+                                     generated, bootstrap, warmstart, data_files, score_by_replay)
+        return _FAMILIES[name]
 
 
-def options(name: str) -> tuple[str, ...]:
-    """The ``TrainConfig`` fields family ``name`` reads (empty for an unknown family)."""
-    return _OPTIONS.get(name, ())
+def family(name: str, **capabilities: Any) -> Callable[[Factory], Factory]:
+    """Decorator: register the decorated factory as family ``name`` (``register``'s keyword
+    arguments). It must sit in the family's own folder, ``.../<name>/__init__.py``."""
+
+    def decorate(factory: Factory) -> Factory:
+        folder = factory.__module__.rpartition(".")[2]
+        if folder != name:
+            raise ValueError(f"task family {name!r} is registered in {factory.__module__}: a "
+                             f"family lives in the folder of its name (trace_rl/envs/{name}/)")
+        register(name, factory, **capabilities)
+        return factory
+
+    return decorate
 
 
-def family_defaults(name: str) -> dict[str, Any]:
-    """The ``TrainConfig`` values family ``name`` needs where the user set none ({} if none)."""
-    return dict(_DEFAULTS.get(name, {}))
+def _discover() -> None:
+    """Import every family folder of this package not imported yet (each registers itself)."""
+    import trace_rl.envs as package
 
-
-def is_generated(name: str) -> bool:
-    """Whether family ``name`` generates its items (``register``'s ``generated``)."""
-    return name in _GENERATED
+    with _LOCK:
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.ispkg and info.name not in _FOUND:
+                _FOUND.add(info.name)
+                importlib.import_module(f"{package.__name__}.{info.name}")
 
 
 def families() -> list[str]:
     """Registered family names, sorted."""
-    return sorted(_FACTORIES)
+    _discover()
+    return sorted(_FAMILIES)
+
+
+def spec(name: str) -> FamilySpec:
+    """Family ``name``'s registration; ``KeyError`` naming the registered ones for another."""
+    if name not in _FAMILIES:
+        _discover()
+    if name not in _FAMILIES:
+        raise KeyError(f"unknown task family {name!r}; registered: {', '.join(families())}")
+    return _FAMILIES[name]
+
+
+def _get(name: str) -> FamilySpec | None:
+    try:
+        return spec(name)
+    except KeyError:
+        return None
+
+
+def options(name: str) -> tuple[str, ...]:
+    """The ``TrainConfig`` fields family ``name`` reads (empty for an unknown family)."""
+    found = _get(name)
+    return found.options if found else ()
+
+
+def family_defaults(name: str) -> dict[str, Any]:
+    """The ``TrainConfig`` values family ``name`` needs where the user set none ({} if none)."""
+    found = _get(name)
+    return dict(found.defaults) if found else {}
+
+
+def is_generated(name: str) -> bool:
+    """Whether family ``name`` generates its items (``FamilySpec.generated``)."""
+    found = _get(name)
+    return bool(found and found.generated)
 
 
 def make_env(name: str, **kwargs: Any) -> Environment:
     """Build family ``name`` with its keyword arguments (e.g. ``difficulty``, ``seed``)."""
-    if name not in _FACTORIES:
-        raise KeyError(f"unknown task family {name!r}; registered: {', '.join(families())}")
-    env = _FACTORIES[name](**kwargs)
+    env = spec(name).factory(**kwargs)
     if env.family != name:
         raise TypeError(f"factory for {name!r} built an environment of family {env.family!r}")
     return env
-
-
-def _synthetic(name: str) -> Factory:
-    def build(**kwargs: Any) -> Environment:
-        from trace_rl.envs.synthetic import FAMILIES, SynthConfig
-
-        return FAMILIES[name](SynthConfig(**kwargs))
-
-    return build
-
-
-for _name in ("synth_lookup", "synth_arith", "synth_fncall"):
-    register(_name, _synthetic(_name), generated=True)
-
-
-def _chain(**kwargs: Any) -> Environment:
-    from trace_rl.envs.synthetic import ChainConfig, SynthChain
-
-    return SynthChain(ChainConfig(**kwargs))
-
-
-register("synth_chain", _chain, options=("chain_hops", "chain_hazard_a", "chain_hazard_b",
-                                         "chain_alias_share", "chain_train_items",
-                                         "chain_facts", "chain_syllables"), generated=True)
-
-
-def _real(module: str, cls: str) -> Factory:
-    def build(**kwargs: Any) -> Environment:
-        import importlib
-
-        return getattr(importlib.import_module(f"trace_rl.envs.{module}"), cls)(**kwargs)
-
-    return build
-
-
-# HotpotQA has train/dev splits and a turn cap that holds a bad search, two hops and the answer
-# (the warm start's recovery traces); BFCL trains on live_simple and evaluates on simple_python;
-# tests/test_real_data.py measures the gold turns against each family's max_new_tokens.
-register("hotpotqa", _real("hotpotqa", "HotpotQAEnv"),
-         defaults={"train_split": "train", "eval_split": "dev", "max_new_tokens": 128, "max_turns": 5})
-register("math", _real("mathenv", "MathEnv"), defaults={"max_new_tokens": 256})
-register("bfcl", _real("bfcl", "BFCLEnv"),
-         defaults={"train_split": "live_simple", "eval_split": "simple_python", "max_new_tokens": 256})

@@ -46,8 +46,9 @@ mpmath. Single-turn grading does not need it.
 
 The package is split by concern: ``calls`` (tool schemas, parsing an answer into calls),
 ``grader`` (the single-turn match), ``backends`` (multi-turn execution and checking), ``data``
-(loading category files and one's own files), ``env`` (``BFCLEnv``) and ``toolkit``
-(``ToolkitEnv``). The names below are the family's public surface.
+(loading category files and one's own files, and the files of the data directory), ``env``
+(``BFCLEnv``) and ``warmstart`` (the warm start's traces). The names below are the family's
+public surface; the family registers at the end.
 """
 
 from trace_rl.envs.bfcl.backends import Backends, MultiTurnState, grade_multi_turn, gt_call
@@ -68,7 +69,7 @@ from trace_rl.envs.bfcl.constants import (
                                       MULTI_TURN,
                                       SINGLE_TURN,
 )
-from trace_rl.envs.bfcl.data import category_of, load_bfcl_file, load_fncall_file
+from trace_rl.envs.bfcl.data import category_of, data_files, load_bfcl_file, load_fncall_file
 from trace_rl.envs.bfcl.env import BFCLConfig, BFCLEnv
 from trace_rl.envs.bfcl.grader import (
                                       FILE_CATEGORY,
@@ -82,13 +83,34 @@ from trace_rl.envs.bfcl.grader import (
                                       match_calls,
                                       standardize,
 )
-from trace_rl.envs.bfcl.toolkit import ToolkitEnv
+from trace_rl.envs.bfcl.warmstart import bfcl_trace
+from trace_rl.envs.registry import Warmstart, family
 
 __all__ = [
     "BFCL_DIR", "BFCL_EVAL_HINT", "CATEGORIES", "FAMILY", "FILE_CATEGORY", "GRADERS", "IRRELEVANCE",
     "MATCH_MODES", "MULTI_TURN", "SINGLE_TURN", "BFCLConfig", "BFCLEnv", "Backends",
-    "CallParseError", "MultiTurnState", "ToolkitEnv", "answer_contradictions", "category_of",
+    "CallParseError", "MultiTurnState", "answer_contradictions", "category_of",
     "from_json_schema", "gold_calls", "gold_value", "grade_multi_turn", "grade_single_turn",
     "gt_call", "load_bfcl_file", "load_fncall_file", "match_call", "match_calls", "openai_tool",
     "parse_calls", "parse_python_call", "standardize", "to_json_schema",
 ]
+
+WARMSTART = Warmstart(trace=bfcl_trace, settings={
+    "train_split": "live_simple", "eval_split": "simple_python", "env_args": (), "recovery": 0.0,
+    "bridge_thoughts": False, "question_first": False, "epochs": 1, "max_turns": 2,
+    "max_new_tokens": 256})
+"""Traces of ``live_simple`` (258 real user requests, median 506 tokens with SmolLM2's
+tokenizer), measured on ``simple_python`` as ``trace train family=bfcl`` evaluates; one turn
+answers an item, in at most 256 tokens; no search settings, recovery traces or bridge thoughts.
+Not ``multiple``: 96 of the first 100 ``simple_python`` questions are among its questions (the
+split check refuses it); ``live_multiple`` doubles the traces (1053 more, median over 1000
+tokens) and the SFT time."""
+
+
+# Trains on live_simple and evaluates on simple_python; tests/test_real_data.py measures the gold
+# turns against max_new_tokens.
+@family("bfcl", defaults={"train_split": "live_simple", "eval_split": "simple_python",
+                          "max_new_tokens": 256},
+        data_files=data_files, warmstart=WARMSTART)
+def make(**kwargs) -> BFCLEnv:
+    return BFCLEnv(**kwargs)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from trace_rl.envs.base import TaskItem
 from trace_rl.envs.bfcl.backends import bfcl_eval_backends
 from trace_rl.envs.bfcl.calls import CallParseError, from_json_schema, parse_calls
-from trace_rl.envs.bfcl.constants import CATEGORIES, FAMILY, IRRELEVANCE, MULTI_TURN
+from trace_rl.envs.bfcl.constants import BFCL_DIR, CATEGORIES, FAMILY, IRRELEVANCE, MULTI_TURN
 from trace_rl.envs.bfcl.grader import FILE_CATEGORY
 from trace_rl.envs.io import load_jsonl, row_field
 
@@ -122,3 +123,40 @@ def load_fncall_file(path: str | Path, limit: int | None = None) -> list[TaskIte
     same AST match as BFCL's single-turn categories (each expected value is the one acceptable
     value; an argument the expected call does not give must be left out)."""
     return load_jsonl(path, _fncall_row, limit)
+
+
+# ---- the data directory ----
+
+def data_files(data_dir: Path | None) -> list[tuple[Path, str]]:
+    """(path under the data directory, split) of every category's question file and, where it
+    has one, its possible answers (``BFCLEnv.load``, ``load_bfcl_file``); given ``data_dir``,
+    also the function docs its multi-turn rows name."""
+    pairs = []
+    for category in CATEGORIES:
+        name = f"BFCL_v4_{category}.json"
+        pairs.append((BFCL_DIR / name, category))
+        if category not in IRRELEVANCE:
+            pairs.append((BFCL_DIR / "possible_answer" / name, category))
+    return pairs + (_doc_files(data_dir) if data_dir is not None else [])
+
+
+def _doc_files(data_dir: Path) -> list[tuple[Path, str]]:
+    """The function docs that the multi-turn rows name (``involved_classes``), read from the
+    question file as ``load_bfcl_file`` reads them; none when the file or bfcl-eval (which maps
+    a class to its doc file) is missing: the question file is then reported, or loading says
+    what to install."""
+    try:
+        mapping = bfcl_eval_backends().MULTI_TURN_FUNC_DOC_FILE_MAPPING
+    except ImportError:
+        return []
+    pairs = []
+    for category in MULTI_TURN:
+        question = data_dir / BFCL_DIR / f"BFCL_v4_{category}.json"
+        if not question.is_file():
+            continue
+        with question.open(encoding="utf-8") as fh:
+            classes = {c for line in fh if line.strip()
+                       for c in json.loads(line).get("involved_classes", [])}
+        pairs += [(BFCL_DIR / "multi_turn_func_doc" / mapping[c], category)
+                  for c in sorted(classes) if c in mapping]
+    return pairs

@@ -12,8 +12,9 @@ groups with no contrast. The recipe, per family:
    tokens only (prompt and observation tokens carry label -100). A fraction ``noise`` of the traces
    is deliberately imperfect, built by one of ``CORRUPTIONS`` (a wrong final answer, an answer
    given too early, a wrong intermediate tool call), so the imitated behaviour fails part of the
-   time in the ways RL can fix. ``THOUGHTS`` gives a family's expert thoughts (arith restates
-   the step's sentence, chain the fact it follows; the others think nothing);
+   time in the ways RL can fix. A family's expert thoughts are those it registered
+   (``trace_rl.envs.registry.Bootstrap``: arith restates the step's sentence, chain the fact it
+   follows; the others think nothing);
 4. after every epoch the policy is measured by real rollouts (HF engine, ``run_episodes``,
    temperature 1) on held-out test items; SFT stops at the first epoch whose success lies in
    ``target_success``, else the epoch closest to that range is kept;
@@ -28,7 +29,7 @@ at difficulty 2 it ended at 19 % after 8 epochs and synth_chain at 0 % after 12,
 read ``bootstrap.json``'s ``target_met`` rather than assume a middle-range start (figures:
 docs/results.md, "Tiny policy bootstrap").
 
-The package, by concern: ``config`` (``BootstrapConfig``, the families' own settings),
+The package, by concern: ``config`` (``BootstrapConfig``, read with a family's own settings),
 ``data`` (expert and imperfect traces, thoughts, tokenizer text), ``training`` (the SFT epochs and
 their measurement), ``cache`` (input hash and record; the shared machinery is
 ``trace_rl.policy.cache``), ``entry`` (``bootstrap_policy``, ``run_bootstrap``, the command line).
@@ -38,11 +39,10 @@ The SFT pieces shared with the real-model warm start are in ``trace_rl.policy.sf
 from __future__ import annotations
 
 from trace_rl.policy.bootstrap.cache import input_hash, read_record
-from trace_rl.policy.bootstrap.config import (FAMILY_SETTINGS, OPTION_SETTINGS, RECIPE_VERSION,
-                                              RECORD, BootstrapConfig, family_config)
-from trace_rl.policy.bootstrap.data import (CORRUPTIONS, THOUGHTS, Corruption, Thoughts,
-                                            arith_thoughts, no_thoughts, stop_early, trace_actions,
-                                            tokenizer_texts, wrong_final, wrong_step)
+from trace_rl.policy.bootstrap.config import RECIPE_VERSION, RECORD, BootstrapConfig, family_config
+from trace_rl.policy.bootstrap.data import (CORRUPTIONS, Corruption, family_thoughts, no_thoughts,
+                                            stop_early, tokenizer_texts, trace_actions, wrong_final,
+                                            wrong_step)
 from trace_rl.policy.bootstrap.entry import bootstrap_policy, main, run_bootstrap
 from trace_rl.policy.bootstrap.training import measure_success, train_policy
 from trace_rl.policy.cache import build_once
@@ -52,10 +52,9 @@ from trace_rl.policy.sft import (IGNORE_INDEX, SFTExample, ScriptedEnv, auto_thr
 _Scripted = ScriptedEnv  # the names these had when this package was one module
 _tokenizer_texts = tokenizer_texts
 
-__all__ = ["BootstrapConfig", "CORRUPTIONS", "Corruption", "FAMILY_SETTINGS", "IGNORE_INDEX",
-           "OPTION_SETTINGS", "RECIPE_VERSION", "RECORD", "SFTExample", "ScriptedEnv", "THOUGHTS",
-           "Thoughts",
-           "arith_thoughts", "auto_threads", "bootstrap_policy", "build_once", "episode_example",
-           "family_config", "input_hash", "main", "measure_success", "no_thoughts", "read_record",
-           "run_bootstrap", "sft_batch", "sft_loss", "shared_prefix_len", "stop_early",
+__all__ = ["BootstrapConfig", "CORRUPTIONS", "Corruption", "IGNORE_INDEX", "RECIPE_VERSION",
+           "RECORD", "SFTExample", "ScriptedEnv", "auto_threads", "bootstrap_policy", "build_once",
+           "episode_example", "family_config", "family_thoughts", "input_hash", "main",
+           "measure_success", "no_thoughts", "read_record", "run_bootstrap", "sft_batch",
+           "sft_loss", "shared_prefix_len", "stop_early",
            "tokenizer_texts", "trace_actions", "train_policy", "wrong_final", "wrong_step"]

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.policy import cache
 from trace_rl.policy.bootstrap.config import RECIPE_VERSION, RECORD, BootstrapConfig
-from trace_rl.policy.bootstrap.data import THOUGHTS
+from trace_rl.policy.bootstrap.data import family_thoughts
 
 
 def input_hash(config: BootstrapConfig, env: Environment, items: Sequence[TaskItem]) -> str:
@@ -19,7 +19,7 @@ def input_hash(config: BootstrapConfig, env: Environment, items: Sequence[TaskIt
     thoughts where they carry one (``expert_thoughts.version``) and the items used."""
     h = hashlib.sha256()
     head = {"recipe": RECIPE_VERSION, "config": config.to_json(), "system": env.system_prompt()}
-    thoughts_version = getattr(THOUGHTS.get(config.family), "version", None)
+    thoughts_version = getattr(family_thoughts(config.family), "version", None)
     if thoughts_version is not None:  # a family whose expert thoughts changed since recipe 4
         head["thoughts"] = thoughts_version
     h.update(json.dumps(head, sort_keys=True).encode())

@@ -1,5 +1,6 @@
 """What determines a bootstrapped tiny policy: ``BootstrapConfig`` (all of it enters the input
-hash), the families' own settings, and the names and version of the cached result."""
+hash), read with a family's own settings (``family_config``: those it registered), and the
+names and version of the cached result."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from trace_rl.envs.registry import spec
 from trace_rl.policy.tiny import PRESETS
 
 RECORD = "bootstrap.json"
@@ -95,35 +97,17 @@ class BootstrapConfig:
         return d
 
 
-FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
-    "synth_chain": {"sft_examples": 800, "sft_epochs": 12, "split_names": True}}
-"""A family's own ``BootstrapConfig`` settings where the defaults do not suit it
-(``bootstrap_policy`` uses them unless told otherwise). synth_chain's traces are 3-4x longer than
-arith's: half the traces per epoch measures the policy twice as often, so SFT stops nearer the
-first epoch in the target; its names are copied from question to thought to query, so they must
-be the same tokens everywhere (``split_names``)."""
-
-
-OPTION_SETTINGS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
-    "synth_chain": [({"chain_facts": 1, "chain_syllables": 1},
-                     {"sft_examples": 22400, "sft_epochs": 2})]}
-"""Settings of a family's variant, over ``FAMILY_SETTINGS``: (options it must have, settings).
-synth_chain with one fact per hop and one-syllable names (``chain_facts=1 chain_syllables=1``)
-learns to copy names only after ~700 SFT steps of fresh traces, with the cosine planned over
-2,800 (22,400 traces x 2 epochs; measured 2026-12-03: held-out sampled success 0.57-0.60 after
-epoch 1, where 1,600 traces repeated per epoch stayed at 0.06-0.17 through epoch 9)."""
-
-
 def family_config(family: str, *, difficulty: int, preset: str, seed: int,
                   sft_examples: int | None, sft_epochs: int | None,
                   target_success: tuple[float, float], **settings: Any) -> BootstrapConfig:
-    """The ``BootstrapConfig`` of ``family``: the given settings over its variant's
-    ``OPTION_SETTINGS`` (chosen by ``settings["options"]``) over its ``FAMILY_SETTINGS`` over the
-    defaults (``sft_examples``/``sft_epochs`` None: the family's, else the default).
-    ``TypeError`` naming the known settings for an unknown one."""
-    own = dict(FAMILY_SETTINGS.get(family, {}))
+    """The ``BootstrapConfig`` of ``family``: the given settings over those of its variant
+    (chosen by ``settings["options"]``) over its own (``Bootstrap.settings`` and ``.variants``,
+    registered with the family) over the defaults (``sft_examples``/``sft_epochs`` None: the
+    family's, else the default). ``TypeError`` naming the known settings for an unknown one."""
+    recipe = spec(family).bootstrap
+    own = dict(recipe.settings) if recipe is not None else {}
     given = dict(settings.get("options", ()))
-    for needs, extra in OPTION_SETTINGS.get(family, []):
+    for needs, extra in recipe.variants if recipe is not None else ():
         if all(given.get(k) == v for k, v in needs.items()):
             own |= extra
     sft_examples = sft_examples or own.get("sft_examples", BootstrapConfig.sft_examples)

@@ -1,15 +1,15 @@
 """The bootstrap's training data: expert traces of a synthetic family, a share of them made
-imperfect on purpose (``CORRUPTIONS``), with the family's expert thoughts (``THOUGHTS``), rendered
-in the turn format as SFT examples; and the text the family's tokenizer is trained on."""
+imperfect on purpose (``CORRUPTIONS``), with the family's expert thoughts (``family_thoughts``:
+those it registered), rendered in the turn format as SFT examples; and the text the family's
+tokenizer is trained on."""
 
 from __future__ import annotations
 
 import random
-import re
 from typing import Any, Callable, Iterator, Sequence
 
 from trace_rl.envs.base import Environment, TaskItem
-from trace_rl.envs.synthetic.chain import expert_thoughts as chain_thoughts
+from trace_rl.envs.registry import Thoughts, spec
 from trace_rl.policy.bootstrap.config import BootstrapConfig
 from trace_rl.policy.sft import SFTExample, ScriptedEnv, episode_example
 from trace_rl.rollout.format import render_action
@@ -57,28 +57,14 @@ CORRUPTIONS: dict[str, Corruption] = {"wrong_final": wrong_final, "stop_early": 
 """The registry of imperfect-trace generators; one is drawn uniformly among those that apply."""
 
 
-Thoughts = Callable[[TaskItem, Sequence[Action]], "list[str]"]
-"""(item, action script) -> the thought written before each action."""
-
-
-def arith_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
-    """Before the k-th calculator call, the sentence of the question that step k applies; before
-    the answer, nothing. Restating the step turns "which numbers go into this call" from a search
-    over the question into a copy of the words just written, which a tiny model learns far sooner."""
-    steps = re.split(r"(?<=\.) ", item.question)[1:-1]  # drop the opening and the question
-    thoughts, k = [], 0
-    for action in actions:
-        thoughts.append(steps[k] if action.kind == "tool" and k < len(steps) else "")
-        k += action.kind == "tool"
-    return thoughts
-
-
 def no_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
     return [""] * len(actions)
 
 
-THOUGHTS: dict[str, Thoughts] = {"synth_arith": arith_thoughts, "synth_chain": chain_thoughts}
-"""Family -> expert thoughts; families not listed think nothing (``<think></think>``)."""
+def family_thoughts(family: str) -> Thoughts:
+    """The expert thoughts ``family`` registered (``Bootstrap.thoughts``), else none."""
+    recipe = spec(family).bootstrap
+    return recipe.thoughts if recipe is not None and recipe.thoughts is not None else no_thoughts
 
 
 def trace_actions(env: Environment, items: Sequence[TaskItem], noise: float,
@@ -121,7 +107,7 @@ def write_examples(config: BootstrapConfig, env: Environment, train: Sequence[Ta
     trace or, for a share ``config.noise``, an imperfect one (``trace_actions``), really run and
     graded by ``expert_episode`` with the family's expert thoughts (or ``thoughts``, for an
     experiment with other ones: ``studies.chain_sft``)."""
-    think = thoughts or THOUGHTS.get(config.family, no_thoughts)
+    think = thoughts or family_thoughts(config.family)
     examples, kinds, rewards = [], {}, {}
     for item, actions, kind in trace_actions(env, train, config.noise, rng):
         ep = expert_episode(ScriptedEnv(env, actions), item, tokenizer,

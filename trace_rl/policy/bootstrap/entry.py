@@ -107,9 +107,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sft-examples", type=int, default=None,
-                   help=f"default {BootstrapConfig.sft_examples}, or the family's (FAMILY_SETTINGS)")
+                   help=f"default {BootstrapConfig.sft_examples}, or the family's own")
     p.add_argument("--sft-epochs", type=int, default=None,
-                   help=f"default {BootstrapConfig.sft_epochs}, or the family's (FAMILY_SETTINGS)")
+                   help=f"default {BootstrapConfig.sft_epochs}, or the family's own")
     p.add_argument("--target", type=float, nargs=2, default=(0.3, 0.7), metavar=("LOW", "HIGH"))
     p.add_argument("--noise", type=float, default=BootstrapConfig.noise)
     p.add_argument("--lr", type=float, default=BootstrapConfig.learning_rate)

@@ -7,7 +7,7 @@ nothing to learn from. The recipe, for ``hotpotqa``:
 
 1. **Traces from training items only, never an evaluation item.** By default the 100 HotpotQA
    ``train`` questions and ``dev_rest``, the 400 dev items after the fixed held-out block
-   ``dev_heldout`` (the first 100 dev items in file order, ``trace_rl.envs.hotpotqa.BLOCKS``),
+   ``dev_heldout`` (the first 100 dev items in file order, ``trace_rl.envs.hotpotqa.env.BLOCKS``),
    which is what the policy is measured on; ``load_split_items`` refuses any split whose items
    (by id or question) meet the measured ones. Per item, a *gold* trace. Recipe 4 (the
    default, ``question_first``): ``search`` the question itself, then, when the observation the
@@ -43,8 +43,11 @@ The environment settings used (``env_args``: BM25 ``top_k`` and ``max_chars``) a
 recipe; train and evaluate the warm-started policy with the same ones (``extra=``; the CLI prints
 the command).
 
-The package, by concern: ``config`` (``WarmstartConfig``, ``config_from_args``), ``traces``
-(trace builders and the train/measured split), ``training`` (SFT and the record), ``measure``
+The traces of a family are written by the builder it registered (``trace_rl.envs.registry.
+Warmstart``: ``trace_rl.envs.hotpotqa.warmstart``, ``trace_rl.envs.bfcl.warmstart``), with the
+settings it registered over ``WarmstartConfig``'s defaults (HotpotQA's recipe). The package, by
+concern: ``config`` (``WarmstartConfig``, ``config_from_args``), ``traces`` (the traces of a
+config's items and the train/measured split), ``training`` (SFT and the record), ``measure``
 (success on held-out items), ``cache`` (input hash and record; the shared machinery is
 ``trace_rl.policy.cache``), ``entry`` (``warmstart_policy``). Importing it loads neither torch nor
 transformers (the command line checks a config first); ``training`` does, when a build starts.
@@ -54,12 +57,12 @@ from __future__ import annotations
 
 from trace_rl.policy.warmstart.cache import input_hash, read_record
 from trace_rl.policy.warmstart.config import (RECIPE_VERSION, RECORD, WarmstartConfig,
-                                              config_from_args)
+                                              config_from_args, family_settings,
+                                              warmstart_families)
 from trace_rl.policy.warmstart.entry import warmstart_policy
 from trace_rl.policy.warmstart.measure import measure
-from trace_rl.policy.warmstart.traces import (QUOTE_CHARS, TRACES, TraceBuilder, build_traces,
-                                              hotpotqa_trace, load_split_items, quote)
+from trace_rl.policy.warmstart.traces import build_traces, load_split_items
 
-__all__ = ["QUOTE_CHARS", "RECIPE_VERSION", "RECORD", "TRACES", "TraceBuilder", "WarmstartConfig",
-           "build_traces", "config_from_args", "hotpotqa_trace", "input_hash", "load_split_items",
-           "measure", "quote", "read_record", "warmstart_policy"]
+__all__ = ["RECIPE_VERSION", "RECORD", "WarmstartConfig", "build_traces", "config_from_args",
+           "family_settings", "input_hash", "load_split_items", "measure", "read_record",
+           "warmstart_families", "warmstart_policy"]

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from trace_rl.policy.warmstart.traces import TRACES
+from trace_rl.envs.registry import families, spec
 
 RECORD = "warmstart.json"
 """Name of the record written next to the weights."""
@@ -21,7 +21,7 @@ class WarmstartConfig:
     """Everything that determines a warm-started policy (all of it enters the input hash)."""
 
     family: str = "hotpotqa"
-    """Task family with a trace builder in ``TRACES``."""
+    """Task family that registered a trace builder (``trace_rl.envs.registry.Warmstart``)."""
     base: str = "smollm2"
     """Hugging Face causal-LM directory, or a named policy (``trace_rl.policy.named``)."""
     train_split: str = "train+dev_rest"
@@ -32,7 +32,7 @@ class WarmstartConfig:
     """Training items the traces come from (the first ones; 0 = all of ``train_split``)."""
     eval_split: str = "dev_heldout"
     """Held-out split the policy is measured on: by default the first 100 dev items, which no
-    training trace comes from (``trace_rl.envs.hotpotqa.BLOCKS``)."""
+    training trace comes from (``trace_rl.envs.hotpotqa.env.BLOCKS``)."""
     env_args: tuple[tuple[str, Any], ...] = (("top_k", 3), ("max_chars", 400))
     """Family settings for the traces and the measurement; ``trace train``/``trace eval`` of the
     warm-started directory take them (``extra``) from its record. Top 3 x 400 characters: one
@@ -105,9 +105,9 @@ class WarmstartConfig:
                              "(0, 2] (greedy is measured anyway, measure_greedy)")
         if self.learning_rate <= 0:
             raise ValueError(f"warmstart: learning_rate={self.learning_rate} must be > 0")
-        if self.family not in TRACES:
+        if self.family not in warmstart_families():
             raise ValueError(f"warmstart: no trace builder for family {self.family!r}; "
-                             f"families: {', '.join(sorted(TRACES))}")
+                             f"families: {', '.join(warmstart_families())}")
         if self.eval_split in self.train_splits:
             raise ValueError("warmstart: train_split and eval_split must differ (traces are "
                              "never built from evaluation items)")
@@ -128,25 +128,23 @@ class WarmstartConfig:
         return d
 
 
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "bfcl": {"train_split": "live_simple", "eval_split": "simple_python",
-             "env_args": (), "recovery": 0.0, "bridge_thoughts": False, "question_first": False,
-             "epochs": 1, "max_turns": 2, "max_new_tokens": 256},
-}
-"""Per family, the fields whose ``WarmstartConfig`` defaults (HotpotQA's) do not fit it, used
-where the arguments do not set them. BFCL: traces of ``live_simple`` (258 real user requests,
-median 506 tokens with SmolLM2's tokenizer), measured on ``simple_python`` as ``trace train
-family=bfcl`` evaluates; one turn answers an item, in at most 256 tokens
-(``trace_rl.envs.registry.family_defaults``); no search settings, recovery traces or bridge
-thoughts. Not ``multiple``: 96 of the first 100 ``simple_python`` questions are among its
-questions (the split check refuses it); ``live_multiple`` doubles the traces (1053 more, median
-over 1000 tokens) and the SFT time."""
+def warmstart_families() -> list[str]:
+    """The families that registered a trace builder, sorted."""
+    return [f for f in families() if spec(f).warmstart is not None]
+
+
+def family_settings(family: str) -> dict[str, Any]:
+    """The ``WarmstartConfig`` fields whose defaults (HotpotQA's recipe) do not fit ``family``,
+    as it registered them (``Warmstart.settings``); {} for a family without a trace builder."""
+    if family not in warmstart_families():
+        return {}
+    return dict(spec(family).warmstart.settings)
 
 
 def config_from_args(args: Sequence[str]) -> WarmstartConfig:
     """``key=value`` arguments (``family=hotpotqa epochs=1``) as a ``WarmstartConfig``; values
-    read as JSON when they parse (``env_args={"top_k": 3}``); the family's ``FAMILY_DEFAULTS``
-    fill the fields not given. ``ValueError`` names a bad one."""
+    read as JSON when they parse (``env_args={"top_k": 3}``); the family's own settings
+    (``family_settings``) fill the fields not given. ``ValueError`` names a bad one."""
     known = {f.name: f for f in dataclasses.fields(WarmstartConfig)}
     values: dict[str, Any] = {}
     for arg in args:
@@ -175,4 +173,4 @@ def config_from_args(args: Sequence[str]) -> WarmstartConfig:
             value = str(raw)
         values[key] = value
     family = values.get("family", known["family"].default)
-    return WarmstartConfig(**{**FAMILY_DEFAULTS.get(family, {}), **values})
+    return WarmstartConfig(**{**family_settings(family), **values})

@@ -15,10 +15,11 @@ from __future__ import annotations
 import ast
 import operator
 import random
-from typing import Any, Callable, Mapping
+import re
+from typing import Any, Callable, Mapping, Sequence
 
 from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict, parse_expression
-from trace_rl.envs.synthetic.common import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
+from trace_rl.envs.synthetic import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
 
 CALCULATOR = function_tool("calculator", "Evaluate an arithmetic expression.",
                            {"expression": {"type": "string"}})
@@ -152,3 +153,15 @@ class SynthArith(SyntheticEnv):
         steps = item.meta["steps"]
         return [Action(kind="tool", tool="calculator", arguments={"expression": s}) for s in steps] \
             + [Action(kind="answer", answer=str(item.gold))]
+
+
+def expert_thoughts(item: TaskItem, actions: Sequence[Action]) -> list[str]:
+    """Before the k-th calculator call, the sentence of the question that step k applies; before
+    the answer, nothing. Restating the step turns "which numbers go into this call" from a search
+    over the question into a copy of the words just written, which a tiny model learns far sooner."""
+    steps = re.split(r"(?<=\.) ", item.question)[1:-1]  # drop the opening and the question
+    thoughts, k = [], 0
+    for action in actions:
+        thoughts.append(steps[k] if action.kind == "tool" and k < len(steps) else "")
+        k += action.kind == "tool"
+    return thoughts

@@ -1,6 +1,6 @@
 """The sandbox's launcher: builds one call's namespaces and file system, then runs the model's code.
 
-Run by ``trace_rl.envs.sandbox`` as ``<python> -I -S sandbox_init.py <spec json>``, never imported
+Run by ``trace_rl.sandbox`` as ``<python> -I -S launcher.py <spec json>``, never imported
 by the package (it imports only the standard library). The steps, in order:
 
 1. L (this process) reads the model's code from the host folder while it still can.

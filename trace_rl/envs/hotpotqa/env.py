@@ -7,7 +7,7 @@ top-k titles and texts, each text cut at a word boundary.
 
 Reward (paper): 1 when the token F1 between the normalised prediction and the gold answer is at
 least 0.3, else 0; exact match, F1 and ``strict`` are reported as metrics (``grade``, in
-``trace_rl.envs.qa_metrics`` with the normalisation: the official HotpotQA evaluation's, and its
+``trace_rl.envs.hotpotqa.metrics`` with the normalisation: the official HotpotQA evaluation's, and its
 documented departures).
 
 Data ($TRACE_DATA_DIR/multihop_qa; docs/families.md, "Data"): ``dev`` =
@@ -35,10 +35,10 @@ import bm25s
 
 from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict
 from trace_rl.envs.datadir import default_data_dir
+from trace_rl.envs.hotpotqa.metrics import (F1_THRESHOLD, STRICT_PRECISION, exact_match,  # noqa: F401
+                                            f1_score, grade, normalize_answer, strict_match)
 from trace_rl.envs.io import load_jsonl, row_field, split_path
 from trace_rl.envs.prompt import system_prompt
-from trace_rl.envs.qa_metrics import (F1_THRESHOLD, STRICT_PRECISION, exact_match,  # noqa: F401
-                                      f1_score, grade, normalize_answer, strict_match)
 
 FAMILY = "hotpotqa"
 

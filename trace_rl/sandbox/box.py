@@ -1,7 +1,7 @@
 """A sandbox for model-written Python, contained by the operating system: one call, one box.
 
 The math family's ``python(code)`` tool runs untrusted code written by the policy. Each call gets
-its own user, mount, PID, network, IPC and UTS namespaces, built by ``sandbox_init.py`` (read its
+its own user, mount, PID, network, IPC and UTS namespaces, built by ``launcher.py`` (read its
 docstring for the steps):
 
 * **File system.** A new root (tmpfs, then read-only) holding read-only binds of only the
@@ -58,12 +58,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_rl.envs import sandbox_host as host
-from trace_rl.envs.sandbox_host import TOKEN_VAR, SandboxError
+from trace_rl.sandbox import host
+from trace_rl.sandbox.host import TOKEN_VAR, SandboxError
+from trace_rl.sandbox.limits import UNSAFE_ENV, UNSAFE_VALUE, SandboxLimits
 
-UNSAFE_ENV = "TRACE_SANDBOX"
-UNSAFE_VALUE = "unsafe-no-namespaces"
-_INIT = Path(__file__).with_name("sandbox_init.py")
+_INIT = Path(__file__).with_name("launcher.py")
 _SETUP_FAILED = 125
 _ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -71,43 +70,6 @@ _ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UT
 
 class SandboxUnavailable(RuntimeError):
     """The machine cannot build the sandbox's namespaces, and no one opted out."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Limits for one sandboxed call."""
-
-    cpu_seconds: int = 5
-    """RLIMIT_CPU: CPU seconds per process before SIGXCPU/SIGKILL."""
-    wall_seconds: float = 8.0
-    """Wall-clock timeout for the whole call (sleeping or blocked code included); below the ReAct
-    loop's default ``tool_timeout_s`` (10 s), so the sandbox, not the loop, ends a slow call."""
-    memory_bytes: int = 1 << 30
-    """RLIMIT_AS: address space per process."""
-    max_processes: int = 32
-    """Processes the call may hold at once (pids cgroup, else RLIMIT_NPROC inside the box)."""
-    file_bytes: int = 16 << 20
-    """RLIMIT_FSIZE: largest file a process may write (stdout and stderr files included)."""
-    scratch_bytes: int = 64 << 20
-    """Size of the writable scratch folder ``/tmp`` (a tmpfs: it counts as memory)."""
-    open_files: int = 64
-    """RLIMIT_NOFILE: open file descriptors per process."""
-    output_chars: int = 4000
-    """Characters of stdout and of stderr kept; the rest is cut with a marker."""
-    unsafe_no_namespaces: bool = False
-    """Opt out of the namespaces where the machine has none: the code then runs as a plain
-    limited child process that can read and write anything the user running TRACE can. Off by
-    default; ``TRACE_SANDBOX=unsafe-no-namespaces`` in the environment opts out too."""
-
-    def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "wall_seconds", "memory_bytes", "max_processes", "file_bytes",
-                     "scratch_bytes", "open_files", "output_chars"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
-
-    @property
-    def opted_out(self) -> bool:
-        return self.unsafe_no_namespaces or os.environ.get(UNSAFE_ENV) == UNSAFE_VALUE
 
 
 @dataclass(frozen=True)
@@ -173,7 +135,7 @@ def require_sandbox(limits: SandboxLimits = SandboxLimits()) -> Containment:
 
 def _run_boxed(code: str, limits: SandboxLimits, python: str, cgroup_base: Path | None,
                seccomp: bool) -> SandboxResult:
-    """One call in its own namespaces (``sandbox_init.py``); raises ``SandboxError`` when the
+    """One call in its own namespaces (``launcher.py``); raises ``SandboxError`` when the
     box could not be built."""
     binds, links = host.mounts(python)
     scratch = Path(tempfile.mkdtemp(prefix="trace-sbx-"))

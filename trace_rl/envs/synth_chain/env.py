@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict
-from trace_rl.envs.synthetic.common import (SynthConfig, SyntheticEnv, check_arguments,
+from trace_rl.envs.synthetic import (SynthConfig, SyntheticEnv, check_arguments,
                                             function_tool, need)
 
 SYLLABLES = ("ka", "lo", "mi", "ru", "te", "vo", "zi", "na", "pe", "sa", "do", "gu", "ba", "fi",

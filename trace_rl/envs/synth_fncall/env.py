@@ -21,7 +21,7 @@ import random
 from typing import Any, Callable, Mapping
 
 from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict
-from trace_rl.envs.synthetic.common import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
+from trace_rl.envs.synthetic import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
 
 ROOMS = ["kitchen", "bedroom", "office", "hall", "garden", "bath"]
 DOORS = ["front", "back", "garage"]

@@ -1,6 +1,6 @@
 """Math with a sandboxed Python tool: GSM8K, MATH-500 and AIME 2024 ($TRACE_DATA_DIR/math).
 
-The agent may call ``python(code)`` (run by ``trace_rl.envs.sandbox.run_python``: a fresh
+The agent may call ``python(code)`` (run by ``trace_rl.sandbox.run_python``: a fresh
 interpreter in its own namespaces per call, so nothing persists between calls; ``reset`` refuses to
 start an episode where the machine cannot build that box, unless the limits opt out) and ends with
 ``<answer>…</answer>``. The reward is 1 when ``math_verify.verify(gold, prediction)`` holds (paper:
@@ -32,7 +32,7 @@ from trace_rl.envs.base import Action, Environment, TaskItem, ToolError, Verdict
 from trace_rl.envs.datadir import default_data_dir
 from trace_rl.envs.io import load_jsonl, row_field, split_path
 from trace_rl.envs.prompt import system_prompt
-from trace_rl.envs.sandbox import SandboxLimits, require_sandbox, run_python
+from trace_rl.sandbox import SandboxLimits, require_sandbox, run_python
 
 FAMILY = "math"
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")

@@ -1,7 +1,7 @@
-"""The host's side of one sandboxed call (``trace_rl.envs.sandbox``): the read-only binds of the
+"""The host's side of one sandboxed call (``trace_rl.sandbox``): the read-only binds of the
 box, the rlimits and parent-death signal set in the forked child, a per-call pids cgroup, the wait
 for the launcher, the sweep that kills whatever a call left behind, and its output read back
-capped. The namespaces themselves are built inside, by ``sandbox_init.py``.
+capped. The namespaces themselves are built inside, by ``launcher.py``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from trace_rl.envs.sandbox import SandboxLimits
+from trace_rl.sandbox.limits import SandboxLimits
 
 TOKEN_VAR = "TRACE_SANDBOX_TOKEN"
 """The environment variable marking an unconfined call's processes (``processes_with_token``)."""

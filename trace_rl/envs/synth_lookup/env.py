@@ -18,7 +18,7 @@ import random
 from typing import Any, Mapping
 
 from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict
-from trace_rl.envs.synthetic.common import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
+from trace_rl.envs.synthetic import SynthConfig, SyntheticEnv, check_arguments, function_tool, need
 
 SYLLABLES = ("ka", "lo", "mi", "ru", "te", "vo", "zi", "na", "pe", "sa", "do", "gu", "ba", "fi",
              "ho", "je")
