@@ -145,6 +145,13 @@ def test_capabilities_are_registered_not_read_from_names():
     assert not found, found
 
 
+def test_every_family_has_one_row_in_the_docs_table():
+    text = (ENVS.parents[1] / "docs" / "families.md").read_text(encoding="utf-8")
+    table = text[text.index("| family (`trace_rl/envs/<family>/`)"):].split("\n\n")[0]
+    rows = re.findall(r"^\| `(\w+)`", table, re.M)
+    assert sorted(rows) == families() and len(rows) == len(set(rows))
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in ENVS.iterdir() if (p / "__init__.py").is_file()))
 def test_every_registered_family_meets_the_contract(name):
     check_contract(name)

@@ -117,3 +117,27 @@ def test_no_cycle_between_trace_rl_sub_packages():
     graph = sub_package_graph()
     assert "envs" in graph["rollout"]  # the loop drives environments: the one direction
     assert cycle(graph) is None, " -> ".join(cycle(graph) or [])
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """The modules of ``package`` (a folder) -> those of its modules they import."""
+    modules = {module_name(p): p for p in package_files(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for imported in imports(path):
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()  # ``from pkg.mod import name`` names the module pkg.mod
+            if parts and ".".join(parts) != name:
+                graph[name].add(".".join(parts))
+    return graph
+
+
+@pytest.mark.parametrize("package", ["trace_rl/sandbox", "trace_rl/envs"])
+def test_no_import_circle_inside_the_sandbox_or_the_families(package):
+    """The sandbox's modules (the call, the host's side, the limits) and the families' (each
+    folder imports the registry; the registry finds the folders without importing them by name)
+    import one way."""
+    graph = module_graph(package)
+    assert len(graph) > 3 and cycle(graph) is None, " -> ".join(cycle(graph) or [])

@@ -58,7 +58,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_rl.sandbox import host
+import trace_rl.sandbox.host as host
 from trace_rl.sandbox.host import TOKEN_VAR, SandboxError
 from trace_rl.sandbox.limits import UNSAFE_ENV, UNSAFE_VALUE, SandboxLimits
 
