@@ -185,6 +185,47 @@ def form_help(schema: dict[str, Any]) -> dict[str, Any]:
     return cut(schema)
 
 
+FORM_DROPS = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
+    "maxLength", "pattern", "additionalProperties", "patternProperties", "propertyNames",
+    "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "uniqueItems",
+    "contains", "minContains", "maxContains", "not", "oneOf", "if", "then", "else"})
+"""The validation keywords that the run form of the pinned Prefect UI (3.7) drops from a
+parameter schema: it reads a deployment's schema through a mapper (prefect-ui-library,
+``SchemaResponse`` -> ``Schema`` and back) that keeps, of each schema object it walks (the root,
+each definition, each property through ``properties``), only ``$ref``, ``allOf``, ``anyOf``,
+``const``, ``default``, ``description``, ``enum``, ``example``, ``format``, ``items``,
+``maxItems``, ``minItems``, ``position``, ``prefixItems``, ``properties``, ``required``,
+``title``, ``type`` and ``block_type_slug``. It sends what is left to the server's
+``/ui/schemas/validate`` on Submit, so without these keywords a bad value passes the form and is
+refused only by the run's creation. What is under ``allOf``, ``anyOf`` and ``items`` passes
+through whole."""
+
+
+def form_keeps_constraints(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (a parameter schema as JSON) with each schema object's validation keywords that
+    the pinned UI's run form drops (``FORM_DROPS``: ``minimum``, ``pattern``,
+    ``additionalProperties``, ...) moved into an ``allOf`` entry of that object, which the form
+    keeps whole. The same values are valid (a schema's keywords are an ``allOf`` of them; an
+    object's ``additionalProperties`` moves with the names of its ``properties``, the keys it is
+    judged against), so the server enforces what it did, and the form's check on Submit sees
+    every constraint and shows each error under its field."""
+    def move(node: dict[str, Any]) -> dict[str, Any]:
+        out = dict(node)
+        for group in ("properties", "definitions"):
+            if isinstance(out.get(group), dict):
+                out[group] = {name: move(sub) if isinstance(sub, dict) else sub
+                              for name, sub in out[group].items()}
+        moved = {k: out.pop(k) for k in list(out)
+                 if k in FORM_DROPS and not (k == "additionalProperties" and out[k] is True)}
+        if "additionalProperties" in moved or "patternProperties" in moved:
+            moved["properties"] = {name: {} for name in out.get("properties") or {}}
+        if moved:
+            out["allOf"] = [*out.get("allOf", []), moved]
+        return out
+    return move(schema)
+
+
 def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
                 source: Path = REPO_ROOT, paused: bool = True) -> list[Any]:
     """Each spec's deployment (a ``RunnerDeployment``, not yet sent to a server) on each of its
@@ -212,7 +253,7 @@ def deployments(specs: Sequence[DeploymentSpec], pools: Sequence[str], *,
             if spec.cron else None) for pool in targets]
         for d in made:
             d._parameter_openapi_schema = type(d._parameter_openapi_schema).model_validate(
-                form_help(d._parameter_openapi_schema.model_dump()))
+                form_keeps_constraints(form_help(d._parameter_openapi_schema.model_dump())))
         out += made
     return out
 

@@ -52,7 +52,6 @@ def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
         schema = deployment._parameter_openapi_schema.model_dump()
         assert schema["properties"]["config"]["$ref"] == "#/definitions/TrainConfig"
         form = schema["definitions"]["TrainConfig"]
-        assert form["additionalProperties"] is False
         assert set(form["properties"]) == set(TrainConfig.model_fields)
         for field, prop in form["properties"].items():
             assert prop.get("type") in ("integer", "number", "string", "boolean", "object"), field
@@ -64,13 +63,62 @@ def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
             assert prop.get("description"), (name, name_)
         assert form["properties"]["allocator"]["enum"] == [
             "grpo", "dapo", "prompt_only", "random_prefix", "trace", "trace_cover"]
-        assert (form["properties"]["exploration"]["minimum"],
-                form["properties"]["exploration"]["maximum"]) == (0, 1)
+        assert form["properties"]["exploration"]["allOf"] == [{"maximum": 1, "minimum": 0}]
         assert form["properties"]["advantage"]["description"] == (
             "Tree advantage estimator (trace_core.advantages): branch, treepo, tree_grpo, "
             "segment, grpo.")
     assert set(by_flow["train"]._parameter_openapi_schema.properties) == {
         "config", "workdir", "wait"}
+
+
+FORM_KEEPS = {"position", "block_type_slug", "$ref", "anyOf", "allOf", "example", "default",
+              "const", "description", "enum", "format", "items", "prefixItems", "properties",
+              "required", "title", "type", "maxItems", "minItems", "definitions"}
+"""What the pinned Prefect UI's run form keeps of each schema object it walks (prefect-ui-library's
+schema mapper); tests/test_ui.py checks the real form."""
+
+
+def _as_the_form_reads_it(node: dict) -> dict:
+    out = {k: v for k, v in node.items() if k in FORM_KEEPS}
+    for group in ("properties", "definitions"):
+        if group in out:
+            out[group] = {k: _as_the_form_reads_it(v) for k, v in out[group].items()}
+    return out
+
+
+def test_the_run_form_checks_every_constraint_the_server_enforces() -> None:
+    """Every deployment's parameter schema refuses the same values as the flow's own (pydantic's)
+    schema, each at its field, also as the run form reads it (without the keywords its mapper
+    drops: ``minimum``, ``pattern``, ``additionalProperties``); the flow's own, so read, passes
+    them all."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import validate
+
+    from deployments.deploy import deployments, deployment_specs
+    from flows.train import train
+
+    deps = {d.flow_name: d for d in deployments(deployment_specs(), [CPU_POOL])}
+    bad = [({"steps": 0}, ["config", "steps"]), ({"exploration": 2}, ["config", "exploration"]),
+           ({"run_name": "bad name!"}, ["config", "run_name"]),
+           ({"chain_hops": "2:x"}, ["config", "chain_hops"]),
+           ({"learning_rate": 0}, ["config", "learning_rate"]),
+           ({"policy": ""}, ["config", "policy"]), ({"stepz": 3}, ["config"]),
+           ({"family": "nope"}, ["config", "family"])]
+    original = parameter_schema(train).model_dump()
+    for name in ("train", "retrain-latest", "evaluate"):
+        schema = deps[name]._parameter_openapi_schema.model_dump()
+        values = {"policy_dir": "p"} if name == "evaluate" else {}
+        for config, where in bad:
+            errors = [list(e.path) for e in validate({**values, "config": config}, schema)]
+            form = [list(e.path) for e in validate({**values, "config": config},
+                                                   _as_the_form_reads_it(schema))]
+            assert errors == form == [where], (name, config, errors, form)
+        assert validate({**values, "config": {"steps": 3, "extra": {"any": 1}}}, schema) == []
+    for config, where in bad:
+        assert [list(e.path) for e in validate({"config": config}, original)] == [where]
+    # the flow's own schema, as the form reads it, lets every one through but the unknown family
+    passed = [c for c, _ in bad if not validate({"config": c}, _as_the_form_reads_it(original))]
+    assert passed == [c for c, _ in bad if "family" not in c]
 
 
 # ------------------------------------------------------------------ a real server and worker

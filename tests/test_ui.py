@@ -1,14 +1,14 @@
 """The Prefect and MLflow UIs as their users meet them, in a real headless chromium.
 
-One module fixture does what docs/deployments.md tells a user to do: a Prefect server with its UI
-on 127.0.0.1, ``python -m deployments.deploy``, a process worker (each in its own process group),
-and a 1-step ``train/cpu`` run created through the API the UI's Run form calls (``POST
-/deployments/{id}/create_flow_run``) with the default policy, so the flow runs the
-``bootstrap-policy`` subflow and passes its policy on to its tasks. Then ``mlflow ui`` and ``trace
-view`` serve the work dir. The tests read the runs back through the API and open the pages a user
-opens, driving chromium over the DevTools protocol (tests/browser.py): the UIs are single-page
-apps whose tabs render after their data arrives. Every process the fixture started is stopped.
-"""
+Two module fixtures do what docs/deployments.md tells a user to do. ``ui_server``: a Prefect server
+with its UI on 127.0.0.1, ``python -m deployments.deploy`` and a process worker (each in its own
+process group); the run form's tests need only this. ``ui_run`` adds a 1-step ``train/cpu`` run
+created through the API the UI's Run form calls (``POST /deployments/{id}/create_flow_run``) with
+the default policy, so the flow runs the ``bootstrap-policy`` subflow and passes its policy on to
+its tasks. Then ``mlflow ui`` and ``trace view`` serve the work dir. The tests read the runs back
+through the API and open the pages a user opens, driving chromium over the DevTools protocol
+(tests/browser.py): the UIs are single-page apps whose tabs render after their data arrives.
+Every process the fixtures started is stopped."""
 
 from __future__ import annotations
 
@@ -43,6 +43,17 @@ GENERATED = re.compile(r"[a-z]+(-[a-z]+)+")
 
 
 @dataclass
+class UiServer:
+    api: str
+    ui: str
+    workdir: Path
+    """The deployments' default work dir."""
+    env: dict[str, str]
+    """The environment of the server's processes."""
+    worker_log: Path
+
+
+@dataclass
 class UiRun:
     api: str
     ui: str
@@ -57,52 +68,64 @@ class UiRun:
 
 
 @pytest.fixture(scope="module")
-def ui_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiRun]:
+def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
+    """The Prefect server with its UI, the deployments of the CPU pool and a worker."""
+    home = tmp_path_factory.mktemp("ui_prefect_home")
+    wd = tmp_path_factory.mktemp("ui") / "wd"
+    with prefect_server(home, PREFECT_UI_ENABLED="true") as (api, env):
+        deployed = subprocess.run([sys.executable, "-m", "deployments.deploy", "--pools",
+                                   CPU_POOL, "--workdir", str(wd)], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=400)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        worker_log = home / "worker.log"
+        worker = start([sys.executable, "-m", "prefect", "worker", "start", "--pool", CPU_POOL],
+                       env, worker_log)
+        try:
+            yield UiServer(api, api.removesuffix("/api"), wd, env, worker_log)
+        finally:
+            stop(worker, signal.SIGINT)
+
+
+@pytest.fixture(scope="module")
+def ui_run(ui_server: UiServer) -> Iterator[UiRun]:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    home = tmp_path_factory.mktemp("ui_prefect_home")
-    wd = tmp_path_factory.mktemp("ui") / "wd"
+    api, wd, env, worker_log = (ui_server.api, ui_server.workdir, ui_server.env,
+                                ui_server.worker_log)
+    home = worker_log.parent
     procs: list[subprocess.Popen] = []
-    with prefect_server(home, PREFECT_UI_ENABLED="true") as (api, env):
-        try:
-            deployed = subprocess.run([sys.executable, "-m", "deployments.deploy", "--pools",
-                                       CPU_POOL, "--workdir", str(wd)], cwd=REPO, env=env,
-                                      capture_output=True, text=True, timeout=400)
-            assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-            worker_log = home / "worker.log"
-            procs.append(start([sys.executable, "-m", "prefect", "worker", "start", "--pool",
-                                CPU_POOL], env, worker_log))
-            with temporary_settings(updates={PREFECT_API_URL: api}), \
-                    get_client(sync_client=True) as client:
-                deployment = client.read_deployment_by_name("train/cpu")
-                run = client.create_flow_run_from_deployment(deployment.id,
-                                                              parameters={"config": SMALL})
-                deadline = time.monotonic() + 2700
-                while not (state := client.read_flow_run(run.id).state).is_final():
-                    assert time.monotonic() < deadline, f"train/cpu still {state}:\n" \
-                                                        f"{tail(worker_log)}"
-                    time.sleep(5)
-                assert state.is_completed(), f"train/cpu ended {state}:\n{tail(worker_log)}"
-                flow_runs = client.read_flow_runs()
-                task_runs = client.read_task_runs()
-                flows = {f.id: f.name for f in client.read_flows()}
-                artifacts = [a for a in client.read_artifacts() if a.key]
-            ports = free_port(), free_port()
-            mlflow_log, view_log = home / "mlflow.log", home / "view.log"
-            procs.append(start([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
-                                f"sqlite:///{wd / 'mlflow.db'}", "--host", "127.0.0.1",
-                                "--port", str(ports[0])], env, mlflow_log))
-            procs.append(start([sys.executable, "-m", "cli", "view", "--workdir", str(wd),
-                                "--port", str(ports[1])], env, view_log))
-            mlflow, view = (f"http://127.0.0.1:{p}" for p in ports)
-            wait_until_up(f"{mlflow}/health", procs[-2], mlflow_log, within=300)
-            wait_until_up(f"{view}/healthz", procs[-1], view_log)
-            yield UiRun(api, api.removesuffix("/api"), wd, str(run.id), mlflow, view, flow_runs,
-                        task_runs, flows, artifacts)
-        finally:
-            for proc in reversed(procs):
-                stop(proc, signal.SIGINT)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api}), \
+                get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("train/cpu")
+            run = client.create_flow_run_from_deployment(deployment.id,
+                                                          parameters={"config": SMALL})
+            deadline = time.monotonic() + 2700
+            while not (state := client.read_flow_run(run.id).state).is_final():
+                assert time.monotonic() < deadline, f"train/cpu still {state}:\n" \
+                                                    f"{tail(worker_log)}"
+                time.sleep(5)
+            assert state.is_completed(), f"train/cpu ended {state}:\n{tail(worker_log)}"
+            flow_runs = client.read_flow_runs()
+            task_runs = client.read_task_runs()
+            flows = {f.id: f.name for f in client.read_flows()}
+            artifacts = [a for a in client.read_artifacts() if a.key]
+        ports = free_port(), free_port()
+        mlflow_log, view_log = home / "mlflow.log", home / "view.log"
+        procs.append(start([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
+                            f"sqlite:///{wd / 'mlflow.db'}", "--host", "127.0.0.1",
+                            "--port", str(ports[0])], env, mlflow_log))
+        procs.append(start([sys.executable, "-m", "cli", "view", "--workdir", str(wd),
+                            "--port", str(ports[1])], env, view_log))
+        mlflow, view = (f"http://127.0.0.1:{p}" for p in ports)
+        wait_until_up(f"{mlflow}/health", procs[-2], mlflow_log, within=300)
+        wait_until_up(f"{view}/healthz", procs[-1], view_log)
+        yield UiRun(api, ui_server.ui, wd, str(run.id), mlflow, view, flow_runs, task_runs,
+                    flows, artifacts)
+    finally:
+        for proc in reversed(procs):
+            stop(proc, signal.SIGINT)
 
 
 @pytest.fixture
@@ -240,3 +263,137 @@ def test_the_schedule_card_says_when(ui_run: UiRun, page: Page) -> None:
     page.wait_for("document.body.innerText.includes('At 03:00 every day (UTC)')",
                   what="the schedule card's time")
     assert not re.search(r"(?m)^cron$", page.text()), page.text()[:3000]
+
+
+# ------------------------------------------------------------------ the run form
+
+_FIELD = """(label => [...document.querySelectorAll('.schema-form-property')].find(p => {
+    const l = p.querySelector('.schema-form-property__label');
+    return l && l.innerText.trim().replace(/ \\(Optional\\)$/, '') === label; }))"""
+"""JS: the run form's field whose label reads ``label`` (the config's fields are optional)."""
+
+
+def _field(page: Page, label: str) -> str:
+    """The text of a field of the run form: its label, help and any error under it."""
+    return str(page.eval(f"(() => {{ const p = {_FIELD}({json.dumps(label)}); "
+                         f"return p ? p.innerText : ''; }})()"))
+
+
+def _type(page: Page, label: str, text: str) -> None:
+    """Replace the value of the run form's field ``label`` by typing ``text``."""
+    found = page.eval(f"""(() => {{ const p = {_FIELD}({json.dumps(label)});
+        const input = p && p.querySelector('input, textarea');
+        if (input) {{ input.focus(); input.select(); }}
+        return !!input; }})()""")
+    assert found, f"no field {label!r}:\n{page.text()[:2000]}"
+    page.call("Input.insertText", text=text)
+    time.sleep(1)  # the form passes a value up one debounced level at a time
+
+
+def _open_run_form(ui: UiServer, page: Page) -> Any:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: ui.api}), \
+            get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("train/cpu")
+    page.goto(f"{ui.ui}/deployments/deployment/{deployment.id}/run")
+    page.wait_for("document.body && document.body.innerText.includes('Steps (Optional)')",
+                  within=120, what="the run form")
+    return deployment
+
+
+def _flow_runs(ui: UiServer, deployment: Any) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: ui.api}), \
+            get_client(sync_client=True) as client:
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(
+            id=DeploymentFilterId(any_=[deployment.id])))
+
+
+def _stop_new_runs(ui: UiServer, deployment: Any, before: set[Any]) -> list[Any]:
+    """The deployment's flow runs not in ``before``, any unfinished one cancelled: a run the form
+    let through by mistake must not hold the pool (one run at a time) for a default training."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelling
+
+    new = [r for r in _flow_runs(ui, deployment) if r.id not in before]
+    with temporary_settings(updates={PREFECT_API_URL: ui.api}), \
+            get_client(sync_client=True) as client:
+        for r in new:
+            if not r.state.is_final():
+                client.set_flow_run_state(r.id, Cancelling(), force=True)
+    return new
+
+
+def test_the_run_form_shows_a_bad_value_under_its_field(ui_server: UiServer, page: Page) -> None:
+    """A number out of range and a malformed name, typed into the train/cpu form: Submit shows
+    each refusal under its field and creates no run (it used to pass the form's check, whose schema
+    had lost ``minimum`` and ``pattern``, and came back as a toast from the server). A corrected
+    field loses its message without another Submit."""
+    deployment = _open_run_form(ui_server, page)
+    before = {r.id for r in _flow_runs(ui_server, deployment)}
+    try:
+        _type(page, "Steps", "0")
+        _type(page, "Run Name", "bad name!")
+        _type(page, "Exploration", "2")
+        page.click_text("Submit")
+        page.wait_for(f"{_FIELD}('Steps').innerText.includes('0 is less than the minimum of 1')",
+                      what="the error under Steps")
+        assert "'bad name!' does not match" in _field(page, "Run Name"), _field(page, "Run Name")
+        assert "2 is greater than the maximum of 1" in _field(page, "Exploration")
+        _type(page, "Run Name", "fixed")
+        page.wait_for(f"!{_FIELD}('Run Name').innerText.includes('does not match')",
+                      what="the corrected field's error gone")
+        assert "less than the minimum" in _field(page, "Steps")
+        assert page.eval("location.pathname").endswith("/run")  # still on the form
+        assert page.eval("document.querySelectorAll('.p-toast-container__toast').length") == 0
+        assert page.errors == [], page.errors  # no refused request either (it logged a 409)
+    finally:
+        created = _stop_new_runs(ui_server, deployment, before)
+    assert created == []
+
+
+def test_an_unticked_form_run_fails_before_the_flow_starts_naming_the_field(
+        ui_server: UiServer, page: Page) -> None:
+    """With "Validate parameters" unticked the form asks the server not to check the run
+    (``enforce_parameter_schema: false``, which the pinned server obeys over the deployment's
+    setting): the run is created, and fails at the flow's own parameter check, before the flow
+    starts, naming the field. Without that override the server refuses it, naming the field."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    deployment = _open_run_form(ui_server, page)
+    before = {r.id for r in _flow_runs(ui_server, deployment)}
+    _type(page, "Steps", "0")
+    unticked = page.eval("""(() => {
+        const box = [...document.querySelectorAll('input[type=checkbox]')].find(i =>
+            i.closest('.p-checkbox, label')?.innerText.includes('Validate parameters'));
+        if (box) box.click();
+        return box ? !box.checked : null; })()""")
+    assert unticked, page.text()[:3000]
+    page.click_text("Submit")
+    page.wait_for("!location.pathname.endsWith('/run')", what="the run created")
+    [run] = [r for r in _flow_runs(ui_server, deployment) if r.id not in before]
+    if run.parameters["config"]["steps"] != 0:  # not what was typed
+        _stop_new_runs(ui_server, deployment, before)
+        pytest.fail(f"the form sent {run.parameters}")
+    with temporary_settings(updates={PREFECT_API_URL: ui_server.api}), \
+            get_client(sync_client=True) as client:
+        try:
+            deadline = time.monotonic() + 600
+            while not (state := client.read_flow_run(run.id).state).is_final():
+                assert time.monotonic() < deadline, f"{state}:\n{tail(ui_server.worker_log)}"
+                time.sleep(2)
+            assert state.is_failed(), state
+            assert "config.steps: Input should be greater than or equal to 1" in state.message, \
+                state.message
+            with pytest.raises(Exception, match=r"Validation failed for field 'config\.steps'"):
+                client.create_flow_run_from_deployment(deployment.id,
+                                                       parameters={"config": {"steps": 0}})
+        finally:  # the train run's fixture lists every flow run: leave only its own
+            client.delete_flow_run(run.id)
