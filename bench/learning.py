@@ -14,6 +14,12 @@ cumulative budget (leaves, and generated tokens) is saved. The last line compare
 budget, the issue's basis; ``@tokens`` is a second view of the same runs (a continuation leaf
 generates only its suffix, so tree methods spend fewer tokens per leaf).
 
+The learning protocol (``--protocol tokens``; ``--regime paper`` names its configuration for the
+tiny LM) replaces the equal-leaf budget with equal generated tokens per step and equal optimiser
+steps, runs a negative control in the same invocation and reports as the simulator does:
+``bench/learning_protocol.py``.
+
+    python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
     python -m bench.learning                 # the full benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
     python -m bench.learning --workdir DIR --summarise-only   # re-print a finished benchmark
@@ -32,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.learning_protocol import REGIMES
 from bench.learning_report import (accuracy_at_tokens, area_under_curve,  # noqa: F401 (re-exported)
                                    paired, paired_tests, plot, print_paired, print_table,
                                    print_tests, report, summarise, token_budget)
@@ -43,15 +50,21 @@ from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval,  # noqa: F
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = _parser().parse_args(argv)
+    from bench import learning_protocol as protocol
+
+    args = protocol.parse(_parser(), argv)
+    tokens = args.protocol == "tokens"
     if args.summarise_only:
-        return summarise_recorded(Path(args.workdir), args.plot)
+        return protocol.report(protocol.records_folder(args), args.final_of, vars(args)) \
+            if tokens else summarise_recorded(Path(args.workdir), args.plot)
     if args.quick:
         args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
         args.seeds = args.seeds or "1"
         args.root_budget, args.pool_size = 4, 8
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
+    if tokens:
+        return protocol.run(args, _policy_and_base, _start_accuracy)
     workdir = Path(args.workdir)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds or "3", args.seed_start)
@@ -150,7 +163,27 @@ def _parser() -> argparse.ArgumentParser:
                     help="item difficulties taken in turn, e.g. 1,2,3 (a pool of uneven prompts; "
                          "--difficulty must be >= the largest); default: all at --difficulty")
     ap.add_argument("--methods", default=",".join(METHODS),
-                    help=f"allocators, or variants: {', '.join(VARIANTS)}")
+                    help=f"allocators, or variants: {', '.join(VARIANTS)} (--protocol tokens: "
+                         "trace_cover, the reference, among them)")
+    ap.add_argument("--protocol", choices=("leaves", "tokens"), default="leaves",
+                    help="leaves: every method at the same leaf budget; tokens: the learning "
+                         "protocol (bench/learning_protocol.py): grpo, dapo and prompt_only sized to "
+                         "trace_cover's generated tokens per step, equal steps, a negative control "
+                         "in the same invocation, records under --records")
+    ap.add_argument("--regime", choices=sorted(REGIMES), default=None,
+                    help="a named configuration of the tokens protocol, as defaults under the "
+                         "explicit options: paper = " + " ".join(
+                             f"--{k.replace('_', '-')} {v}" for k, v in REGIMES["paper"].items()))
+    ap.add_argument("--records", default="",
+                    help="--protocol tokens: where each run's record goes (default bench/results/"
+                         "learning_lm/<regime>, without a regime <workdir>/records)")
+    ap.add_argument("--control-difficulty", type=int, default=1,
+                    help="--protocol tokens: the negative control's one difficulty (no mix)")
+    ap.add_argument("--final-of", type=int, default=1,
+                    help="--protocol tokens: final accuracy = mean of the last this many evaluations")
+    ap.add_argument("--policy-difficulty", type=int, default=None,
+                    help="bootstrap the starting policy at this difficulty without a mix (default: "
+                         "at --difficulty and --mix)")
     ap.add_argument("--seeds", default=None,
                     help="a count (3: seeds seed-start .. seed-start + 2) or a range (3-5). Each "
                          "(method, seed) run is kept in <workdir>/runs/, and a later invocation "
@@ -227,9 +260,10 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     given = [f"family={args.family}", *([f"policy={args.policy}"] if args.policy else []), *args.set]
     overridden = load_config(None, given) if args.set else None
     family_options = {k: getattr(overridden or TrainConfig(), k) for k in options(args.family)}
+    boot = (args.policy_difficulty, None) if args.policy_difficulty else (args.difficulty, mix or None)
     policy = str(Path(args.policy).resolve()) if args.policy else bootstrap(
-        family=args.family, difficulty=args.difficulty, workdir=str(workdir), seed=0,
-        preset="test" if args.quick else "tiny", mix=mix or None, options=family_options or None)
+        family=args.family, difficulty=boot[0], workdir=str(workdir), seed=0,
+        preset="test" if args.quick else "tiny", mix=boot[1], options=family_options or None)
     base = {"family": args.family, "difficulty": args.difficulty, "steps": args.steps,
             "root_budget": args.root_budget, "multiplier": args.multiplier,
             "pool_size": args.pool_size, "plot_every": 0, "engine": "hf",

@@ -18,13 +18,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trace_oracle": {"allocator": "trace", "root_oracle": True},
     "trace_posterior": {"allocator": "trace", "root_posterior": 4.0},
     "trace_joint": {"allocator": "trace", "joint_split": True},
+    "cover_oracle": {"allocator": "trace_cover", "root_oracle": True},
 }
 """Methods beyond the allocators: TRACE with Stage 1 scored by the family's oracle
 (``TrainConfig.root_oracle``: on synth_chain 0.5 per homonym, scaled to the policy's success so
 far; what a predictor ranking prompts by their hidden hazards would give), TRACE with the
 per-prompt posterior (``root_posterior`` 4), and TRACE whose continuation leaves go wherever they
 buy the most expected mixed groups, new prompts included (``joint_split``: where continuations
-repeat their prefix's outcome, as they do on synth_chain, they go to prompts)."""
+repeat their prefix's outcome, as they do on synth_chain, they go to prompts), and the
+coverage-aware Stage 1 (``trace_cover``) scored by the family's oracle as ``trace_oracle`` is."""
 
 
 @dataclass
@@ -107,8 +109,28 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
                      extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics])),
                             **predictor_curves(metrics), "per_step": update_curves(metrics),
-                            **extra},
+                            "steps": step_costs(store, run_id, metrics), **extra},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
+
+
+def step_costs(store: Any, run_id: str, metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per step (step order), what the protocol's tables show: generated tokens, training tokens
+    (generated tokens summed over every root-to-leaf path, a shared prefix once per path through
+    it: what the update forwards and backwards), the bare rollouts (level 0) and their generated
+    tokens, and the active prompts (trees) with the mixed ones among them."""
+    rows = {r["step"]: r for r in store.query(
+        "SELECT step, sum(gen_tokens * coalesce(n_leaves, 0)) AS train_tokens, "
+        "coalesce(sum(gen_tokens) FILTER (WHERE level = 0), 0) AS bare_tokens, "
+        "count(*) FILTER (WHERE level = 0 AND is_leaf) AS bare "
+        "FROM nodes WHERE run_id = $r GROUP BY step", {"r": run_id}).to_pylist()}
+    steps = range(len(metrics))
+    active = [float(m.get("alloc/active_roots", float("nan"))) for m in metrics]
+    return {"tokens": [float(m["ledger/generated_tokens"]) for m in metrics],
+            "train_tokens": [float(rows[s]["train_tokens"] or 0) for s in steps],
+            "bare_tokens": [float(rows[s]["bare_tokens"]) for s in steps],
+            "bare": [float(rows[s]["bare"]) for s in steps],
+            "active": active,
+            "mixed": [a * float(m["tree/effective_ratio"]) for a, m in zip(active, metrics)]}
 
 
 PREDICTOR_KEYS = ("root_auc", "prefix_auc", "root_brier", "prefix_brier", "flip_predicted",
@@ -256,13 +278,27 @@ def run_record(workdir: Path, method: str, seed: int) -> Path:
     return workdir / "runs" / f"{method}-s{seed}.json"
 
 
-def save_run(workdir: Path, signature: str, r: RunResult) -> Path:
+def save_run(workdir: Path, signature: str, r: RunResult, compact: bool = False) -> Path:
+    """Record run ``r`` (``run_record``); ``compact``: on one line, floats to 6 significant
+    digits (records kept in git)."""
     path = run_record(workdir, r.method, r.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"signature": signature, "result": r.__dict__}, indent=1) + "\n")
+    body = {"signature": signature, "result": _rounded(r.__dict__) if compact else r.__dict__}
+    tmp.write_text((json.dumps(body, separators=(",", ":")) if compact
+                    else json.dumps(body, indent=1)) + "\n")
     tmp.rename(path)
     return path
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult | None:

@@ -105,9 +105,8 @@ from typing import Sequence
 import numpy as np
 
 from bench.sim.model import INIT_PROBS, ChainParams, dynamics, exact, make_items
-from bench.sim.report import best_baseline, closing, describe, detectable, print_table, rows_of
+from bench.sim.report import conclude, print_table, rows_of
 from bench.sim.run import LOG_KEYS, PLUS, REFERENCE, Method, Run, SimSettings, methods
-from trace_core.stats import paired_gain
 from trace_rl.config import TrainConfig
 
 REGIMES = {
@@ -283,18 +282,9 @@ def _report(root: Path, names: list[str], structures: dict, params: ChainParams,
     n = len(main_[REFERENCE])
     if n < 2:
         return {"tables": tables}
-    line, iv, civ = closing(main_, ctl, REFERENCE)
-    base = best_baseline(main_)
-    sd = float(np.std(main_[REFERENCE] - main_[base], ddof=1))
-    print(f"\npower: SD of the paired difference {sd:.2f} points; detectable at 80% power: "
-          f"{detectable(sd, n):.1f} points over {n} seeds ({detectable(sd, 20):.1f} over 20, "
-          f"{detectable(sd, 40):.1f} over 40)")
-    for other in ("trace", "cover_oracle", "oracle_pred"):
-        if other in main_:
-            print(f"{other} vs {base}: {describe(paired_gain(main_[base], main_[other]))}")
-    print(f"trace_cover vs {base}: {describe(iv)}; control: {describe(civ) if civ else '-'}")
-    print(line)
-    return {"tables": tables, "finals": finals, "gain": iv, "control": civ, "line": line}
+    out = conclude(main_, ctl, REFERENCE)
+    return {"tables": tables, "finals": finals, "gain": out["gain"], "control": out["control"],
+            "line": out["line"]}
 
 
 def _parser() -> argparse.ArgumentParser:

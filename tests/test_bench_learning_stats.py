@@ -203,12 +203,12 @@ def test_detectable_effect_is_the_paired_t_tests_80_percent_power_point():
 
 def test_every_variant_is_a_valid_train_config():
     """bench.learning's TRACE variants are TrainConfig overrides: each builds a config that differs
-    from plain TRACE's in exactly its own fields."""
+    from its plain allocator's (trace, trace_cover) in exactly its own fields."""
     from bench.learning_runs import VARIANTS
     from trace_rl.config import config_from_mapping
 
-    plain = config_from_mapping({"allocator": "trace"}, "test").model_dump()
     for name, overrides in VARIANTS.items():
+        plain = config_from_mapping({"allocator": overrides["allocator"]}, "test").model_dump()
         cfg = config_from_mapping(dict(overrides), f"variant {name}").model_dump()
         changed = {k for k in cfg if cfg[k] != plain[k]}
         assert changed == {k for k in overrides if k != "allocator"}, name

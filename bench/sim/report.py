@@ -1,10 +1,19 @@
-"""The simulator's figures under its protocol (equal tokens and steps): per-method table rows, the paired
-differences, tokens to reach GRPO's final accuracy (a ratio with a bootstrap interval over
-seeds), the detectable effect at 80% power, and the closing line."""
+"""The figures of the learning protocol (equal generated tokens per step and equal optimiser steps),
+shared by the simulator (``bench.learning_sim``) and the tiny LM (``bench.learning --protocol
+tokens``): per-method table rows, the paired differences, tokens to reach GRPO's final accuracy (a
+ratio with a bootstrap interval over seeds), the detectable effect at 80% power, and the closing
+line.
+
+A run's log is a dict of per-step lists (``tokens``, ``train_tokens``, ``leaves``, ``mixed``,
+``active``; ``cosine`` where known) and its held-out accuracy: ``acc0`` before the first step and
+``accuracy`` after each step, or, where a run is evaluated only at some steps (the LM), after each
+evaluation with ``eval_tokens`` the cumulative generated tokens there and ``final_of`` how many of
+the last evaluations make its final accuracy."""
 
 from __future__ import annotations
 
 from statistics import NormalDist
+from typing import Sequence
 
 import numpy as np
 
@@ -20,14 +29,24 @@ BASELINES = ("grpo", "dapo", "prompt_only")
 
 
 def final_accuracy(log: dict) -> float:
-    return 100.0 * float(np.mean(log["accuracy"][-LAST:]))
+    """Mean held-out accuracy (points) of the last ``final_of`` evaluations (default ``LAST``)."""
+    return 100.0 * float(np.mean(log["accuracy"][-int(log.get("final_of", LAST)):]))
+
+
+def curve(log: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(cumulative generated tokens, held-out accuracy in points) at the start and after each
+    evaluation: every step's, or those at ``eval_tokens`` where the log has them."""
+    spent = log["eval_tokens"] if "eval_tokens" in log else np.cumsum(log["tokens"])
+    if len(spent) != len(log["accuracy"]):
+        raise ValueError(f"{len(log['accuracy'])} accuracies against {len(spent)} token totals")
+    tokens = np.concatenate([[0.0], np.asarray(spent, dtype=float)])
+    return tokens, 100.0 * np.concatenate([[log["acc0"]], log["accuracy"]])
 
 
 def tokens_to_reach(log: dict, target: float) -> float:
     """Cumulative generated tokens at which the accuracy curve (points, linear in between) first
     reaches ``target`` (points); NaN if it never does."""
-    tokens = np.concatenate([[0.0], np.cumsum(log["tokens"])])
-    acc = 100.0 * np.concatenate([[log["acc0"]], log["accuracy"]])
+    tokens, acc = curve(log)
     hit = np.flatnonzero(acc >= target)
     if not len(hit):
         return float("nan")
@@ -77,7 +96,7 @@ def rows_of(results: list[dict], names: list[str]) -> tuple[list[dict], dict[str
             "tokens": float(np.mean([np.mean(lg["tokens"]) for lg in logs])),
             "train_tokens": float(np.mean([np.mean(lg["train_tokens"]) for lg in logs])),
             "leaves": float(np.mean([np.mean(lg["leaves"]) for lg in logs])),
-            "cosine": float(np.mean([np.mean(lg["cosine"]) for lg in logs])),
+            "cosine": float(np.mean([np.mean(lg.get("cosine", np.nan)) for lg in logs])),
             "acc": float(finals[n].mean()),
         }
         if len(results) >= 2 and grpo is not None:
@@ -123,3 +142,23 @@ def closing(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None,
 
 def describe(iv: Interval) -> str:
     return f"{iv.mean:+.1f} ({iv.low:+.1f}, {iv.high:+.1f}), {verdict(iv.mean, iv.low, iv.high)}"
+
+
+def conclude(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None, contender: str,
+             beside: Sequence[str] = ("trace", "cover_oracle", "oracle_pred")) -> dict:
+    """Print the power statement (the paired difference's SD against the best baseline and the
+    effect detectable at 80% power), the ``beside`` rows against the same baseline, and the
+    closing line; the figures as a dict."""
+    line, iv, civ = closing(main, control, contender)
+    base = best_baseline(main)
+    n = len(main[contender])
+    sd = float(np.std(main[contender] - main[base], ddof=1))
+    print(f"\npower: SD of the paired difference {sd:.2f} points; detectable at 80% power: "
+          f"{detectable(sd, n):.1f} points over {n} seeds ({detectable(sd, 20):.1f} over 20, "
+          f"{detectable(sd, 40):.1f} over 40)")
+    for other in beside:
+        if other in main:
+            print(f"{other} vs {base}: {describe(paired_gain(main[base], main[other]))}")
+    print(f"{contender} vs {base}: {describe(iv)}; control: {describe(civ) if civ else '-'}")
+    print(line)
+    return {"gain": iv, "control": civ, "line": line, "sd": sd, "best": base}
