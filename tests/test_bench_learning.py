@@ -190,3 +190,35 @@ def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_mod
     with pytest.raises(Exception, match="hard"):  # a family without a hard split says so
         main(["--quick", "--workdir", str(tmp_path / "arith"), "--plot", "", "--policy",
               str(tiny_model_dir), "--methods", "grpo", "--hard-items", "2"])
+
+
+def test_the_tokens_protocol_sizes_each_baseline_from_its_seeds_reference(tmp_path, capsys):
+    """--regime paper --quick: the reference first, grpo sized to its tokens per step, the control
+    on d = 1 items in the same invocation, compact records that a second invocation reuses."""
+    from bench.learning import main
+    from bench.learning_protocol import matched_budget
+    from bench.learning_runs import RunResult
+
+    rec = tmp_path / "rec"
+    common = ["--quick", "--regime", "paper", "--workdir", str(tmp_path / "wd"), "--records",
+              str(rec), "--methods", "trace_cover,grpo"]
+    out = main(common)
+    printed = capsys.readouterr().out
+    assert "no closing line: fewer than 2 complete seeds" in printed
+    for structure in ("main", "control"):
+        runs = {p.name: json.loads(p.read_text()) for p in (rec / structure / "runs").glob("*.json")}
+        assert set(runs) == {"trace_cover-s0.json", "grpo-s0.json"}
+        ref, grpo = (RunResult(**runs[f]["result"]) for f in ("trace_cover-s0.json", "grpo-s0.json"))
+        assert grpo.extra["budget"] == matched_budget(ref, "grpo", 4) and ref.extra["budget"] == {}
+        assert grpo.leaves == [grpo.extra["budget"]["root_budget"]] * 2  # every step at its size
+        assert len(ref.extra["steps"]["train_tokens"]) == 2
+        # a continuation's prefix is trained once per path through it, so training tokens are at
+        # least the generated ones; a flat method's are equal
+        assert all(t >= g for t, g in zip(ref.extra["steps"]["train_tokens"], ref.extra["steps"]["tokens"]))
+        assert grpo.extra["steps"]["train_tokens"] == grpo.extra["steps"]["tokens"]
+        assert len((rec / structure / "runs" / "grpo-s0.json").read_text().splitlines()) == 1
+    assert set(out["tables"]) == {"main", "control"}
+    before = {p: p.stat().st_mtime_ns for p in rec.rglob("*.json")}
+    again = main([*common, "--summarise-only"])
+    assert {p: p.stat().st_mtime_ns for p in rec.rglob("*.json")} == before
+    assert json.dumps(again["tables"], sort_keys=True) == json.dumps(out["tables"], sort_keys=True)
