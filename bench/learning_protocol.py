@@ -141,14 +141,22 @@ def run(args: argparse.Namespace, policy_and_base: Any, start_accuracy: Any) -> 
         structures[name] = Structure(name, b, sig, start_accuracy(
             b, policy, wd, sig, args.eval_items, skip, args.eval_samples, args.eval_temperature),
             wd, records / name, ms)
-    jobs = [(st.name, m, s) for s in seeds for st in structures.values()
-            for m in sorted(st.methods, key=lambda m: m != REFERENCE)]
+    jobs = job_order(seeds, {name: st.methods for name, st in structures.items()})
     for st in structures.values():  # records of other settings are not silently mixed in
         _check_signatures(st)
     jobs = [j for j in jobs if load_run(structures[j[0]].records, structures[j[0]].signature,
                                         j[1], j[2]) is None]
     run_jobs(jobs, structures, args.jobs, policy, eval_steps, ev)
     return report(records, args.final_of, vars(args))
+
+
+def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]]) -> list[tuple[str, str, int]]:
+    """(structure, method, seed) in the order runs start: seed by seed, the references of every
+    structure first, then the matched baselines (which wait for them), then the other rows, so
+    that paired seeds of the closing line complete as early as they can."""
+    rank = lambda m: 0 if m == REFERENCE else 1 if m in MATCHED else 2  # noqa: E731
+    return [(name, m, s) for s in seeds for r in (0, 1, 2) for name, ms in methods.items()
+            for m in ms if rank(m) == r]
 
 
 def records_folder(args: argparse.Namespace) -> Path:

@@ -51,6 +51,15 @@ def test_the_regime_gives_defaults_that_explicit_options_override():
     assert plain.protocol == "leaves" and plain.mix == "" and plain.final_of == 1
 
 
+def test_runs_start_references_first_then_matched_baselines_seed_by_seed():
+    order = protocol.job_order([3, 4], {"main": ("trace", "grpo", "trace_cover"),
+                                        "control": ("grpo", "trace_cover")})
+    assert order == [("main", "trace_cover", 3), ("control", "trace_cover", 3), ("main", "grpo", 3),
+                     ("control", "grpo", 3), ("main", "trace", 3),
+                     ("main", "trace_cover", 4), ("control", "trace_cover", 4), ("main", "grpo", 4),
+                     ("control", "grpo", 4), ("main", "trace", 4)]
+
+
 def test_matched_baselines_start_after_their_seeds_reference(tmp_path, monkeypatch):
     started: list[tuple[str, str, int, dict]] = []
 
