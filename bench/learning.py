@@ -245,7 +245,7 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     from flows.bootstrap import bootstrap
     from tasks.evaluate import bootstrap_items
     from trace_rl.config import TrainConfig, load_config
-    from trace_rl.config_load import warmstart_defaults
+    from trace_rl.config import warmstart_defaults
     from trace_rl.envs.registry import is_generated, options
 
     mix = [int(d) for d in args.mix.split(",") if d.strip()]

@@ -318,7 +318,7 @@ def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any
     order, so its runs do not pair with those. The config's ``NEVER_HASHED`` fields are left out."""
     import hashlib
 
-    from trace_rl.config_hash import NEVER_HASHED
+    from trace_rl.config import NEVER_HASHED
     from trace_rl.environ import torch_threads
 
     record = Path(policy) / "bootstrap.json"

@@ -300,11 +300,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--hazard-b", type=float, default=None, help="Beta b of the per-item hazard rate (default: the regime's)")
     ap.add_argument("--alias-share", type=float, default=ChainParams.alias_share, help="share of hazards that are aliases")
     ap.add_argument("--cue-rate", type=float, default=ChainParams.cue_rate, help="chance a hazard shows its text cue")
-    ap.add_argument("--pool-size", type=int, default=TrainConfig.model_fields["pool_size"].default, help="candidate prompts per step")
+    ap.add_argument("--pool-size", type=int, default=TrainConfig().pool_size, help="candidate prompts per step")
     ap.add_argument("--train-items", type=int, default=SimSettings.train_items, help="train pool (recurs every train_items / pool_size steps)")
     ap.add_argument("--eval-items", type=int, default=SimSettings.eval_items, help="held-out test items")
     ap.add_argument("--steps", type=int, default=SimSettings.steps)
-    ap.add_argument("--root-budget", type=int, default=TrainConfig.model_fields["root_budget"].default,
+    ap.add_argument("--root-budget", type=int, default=TrainConfig().root_budget,
                     help="M: bare rollouts per step (the leaf budget is M (1 + N))")
     ap.add_argument("--seeds", default="0-19", help="paired seeds, e.g. 0-19")
     ap.add_argument("--learning-rate", type=float, default=SimSettings.learning_rate, help="Adam step size on the logits")

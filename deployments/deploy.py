@@ -170,8 +170,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[^a-z\s])(?!\d+:)")
 
 def form_help(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` (a parameter schema as JSON) with every property's description cut to its
-    first sentence: the help the UI's run form shows under a field. The whole docstring, with
-    the measurements behind a default, stays in trace_rl/config.py (and docs/results.md)."""
+    first sentence: the help the UI's run form shows under a field. The whole docstring stays in
+    trace_rl/config/sections.py; the measurements behind a default are in docs/results.md."""
     def cut(node: Any) -> Any:
         if isinstance(node, dict):
             out = {k: cut(v) for k, v in node.items()}

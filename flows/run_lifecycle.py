@@ -19,7 +19,7 @@ from prefect.runtime import flow_run
 
 from tasks import runtime, track
 from trace_rl.config import TrainConfig
-from trace_rl.config_hash import NEVER_HASHED
+from trace_rl.config import NEVER_HASHED
 from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
 from trace_rl.storage.tracking import Tracker

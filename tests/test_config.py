@@ -15,7 +15,8 @@ import pytest
 
 from pydantic import ValidationError
 
-from trace_rl.config import ConfigError, TrainConfig, check_inputs, config_from_mapping, load_config
+from trace_rl.config import (FIELDS, ConfigError, TrainConfig, check_inputs, config_from_mapping,
+                             load_config)
 from trace_rl.envs.base import DatasetError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ def test_names_come_from_the_registries():
 
 def test_every_field_has_a_type_and_a_description():
     props = TrainConfig.model_json_schema()["properties"]
-    assert set(props) == set(TrainConfig.model_fields)
+    assert set(props) == set(FIELDS)
     for name, prop in props.items():
         assert prop.get("type") or prop.get("enum"), name
         assert len(prop.get("description", "")) > 10, name
@@ -243,7 +244,7 @@ def test_a_warm_started_policy_brings_its_family_settings_and_held_out_split(tmp
     `dev` holds the 400 `dev_rest` items the recipe trains on); what the user sets wins."""
     import json
 
-    from trace_rl.config_load import warmstart_defaults
+    from trace_rl.config import warmstart_defaults
     from trace_rl.policy.warmstart import WarmstartConfig
 
     ws = tmp_path / "ws"
@@ -274,9 +275,7 @@ def test_a_family_s_capabilities_and_defaults_come_from_its_one_registration():
     """What the code asks of a family it reads from ``register``'s arguments, never from its name:
     a generated family gets the config's difficulty and may bootstrap the tiny policy; a family
     of data files gets its registered defaults (splits, turn cap) and neither."""
-    from trace_rl.config import TrainConfig
-    from trace_rl.config_checks import check_policy
-    from trace_rl.config_load import config_from_mapping
+    from trace_rl.config import TrainConfig, check_policy, config_from_mapping
     from trace_rl.envs.registry import families, family_defaults, is_generated
 
     generated = {f for f in families() if is_generated(f)}
@@ -299,7 +298,7 @@ def test_fields_by_concern_dotted_or_flat_give_the_same_run(tmp_path):
     from trace_rl.config import CONCERNS, ConfigError, TrainConfig, load_config
 
     named = [n for fields in CONCERNS.values() for n in fields]
-    assert sorted(named) == sorted(TrainConfig.model_fields) and len(named) == len(set(named))
+    assert sorted(named) == sorted(FIELDS) and len(named) == len(set(named))
     flat = load_config(None, ["min_per_root=3", "learning_rate=2e-5", "difficulty=2"])
     dotted = load_config(None, ["allocation.min_per_root=3", "update.learning_rate=2e-5",
                                 "task.difficulty=2"])
@@ -316,3 +315,66 @@ def test_fields_by_concern_dotted_or_flat_give_the_same_run(tmp_path):
     yml.write_text("min_per_root: 2\nallocation: {min_per_root: 3}\n")
     with pytest.raises(ConfigError, match="'min_per_root' is given twice"):
         load_config(yml)
+
+
+def test_one_tree_by_concern_with_flat_names_as_aliases():
+    """The config is a tree of concern sections; a field is the same by its flat name, its
+    dotted name or its section, as an attribute and as input; its serialised form is flat (what
+    runs store and the Prefect form shows), and reads back as the same config."""
+    from trace_rl.config import SECTIONS, flatten
+
+    cfg = TrainConfig(allocation={"min_per_root": 3}, update={"learning_rate": 2e-5},
+                      cluster="local:2", rollout_engines=2)
+    assert cfg.allocation.min_per_root == cfg.min_per_root == 3
+    assert cfg.update.learning_rate == cfg.learning_rate == 2e-5
+    assert cfg.cluster == "local:2" and cfg.section("cluster").rollout_engines == 2
+    assert cfg == TrainConfig(min_per_root=3, learning_rate=2e-5, cluster="local:2",
+                              rollout_engines=2)
+    assert cfg == TrainConfig(**{"allocation.min_per_root": 3, "update.learning_rate": 2e-5,
+                                 "cluster.cluster": "local:2", "rollout_engines": 2})
+    flat = cfg.model_dump()
+    assert set(flat) == set(FIELDS) and flat["min_per_root"] == 3
+    assert TrainConfig.model_validate(flat) == cfg == TrainConfig.model_validate_json(
+        cfg.model_dump_json())
+    tree = {c: cfg.section(c).model_dump() for c in SECTIONS}
+    assert flatten(tree, "test") == flat and TrainConfig.model_validate(tree) == cfg
+    with pytest.raises(ValidationError, match="given twice"):
+        TrainConfig(min_per_root=3, allocation={"min_per_root": 3})
+
+
+def test_a_family_registered_later_is_accepted():
+    """The family is checked against the registry when a config is built, not against a list
+    fixed when the config module was imported."""
+    from trace_rl.envs import registry
+
+    name = "test_later_family"
+    assert name not in registry.families()
+    with pytest.raises(ConfigError, match=f"family='{name}'"):
+        config_from_mapping({"family": name})
+    registry.register(name, lambda **kw: None)
+    try:
+        cfg = config_from_mapping({"family": name})
+        assert cfg.family == name and cfg.config_hash != TrainConfig().config_hash
+        assert name in TrainConfig.model_json_schema()["properties"]["family"]["enum"]
+    finally:
+        registry._FAMILIES.pop(name)
+
+
+@pytest.mark.slow  # two `trace train` subprocesses
+def test_a_flat_name_command_and_a_dotted_one_give_the_same_run_id(tmp_path):
+    """`trace train min_per_root=3` and `trace train allocation.min_per_root=3` name the same
+    run: each prints its run id, then exits (status 3) on the work dir that this test holds."""
+    from trace_rl.storage.locks import train_lock
+
+    env = dict(os.environ, PYTHONPATH=str(REPO), MLFLOW_DISABLE_TELEMETRY="true")
+    ids = []
+    with train_lock(tmp_path, "held-by-the-test"):
+        for args in (["min_per_root=3", "learning_rate=2e-5"],
+                     ["allocation.min_per_root=3", "update.learning_rate=2e-5"]):
+            out = subprocess.run([sys.executable, "-m", "cli", "train", "--workdir", str(tmp_path),
+                                  *args], cwd=REPO, env=env, capture_output=True, text=True,
+                                 timeout=120)
+            assert out.returncode == 3, out.stdout + out.stderr
+            ids.append(out.stdout.split("run ", 1)[1].split(":", 1)[0].strip())
+    expected = load_config(None, ["min_per_root=3", "learning_rate=2e-5"]).resolved_run_id
+    assert ids == [expected, expected] and expected != TrainConfig().resolved_run_id

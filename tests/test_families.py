@@ -15,8 +15,7 @@ import pytest
 
 import trace_rl.envs
 from data_dirs import FIXTURES
-from trace_rl.config import TrainConfig
-from trace_rl.config_load import config_from_mapping
+from trace_rl.config import FIELDS, TrainConfig, config_from_mapping
 from trace_rl.envs import registry
 from trace_rl.envs.base import Action, Environment, TaskItem, Verdict
 from trace_rl.envs.datadir import check_data_dir
@@ -60,8 +59,8 @@ def check_contract(name: str, n_items: int = 3) -> None:
     family = spec(name)
     module = family.factory.__module__
     assert module.rpartition(".")[2] == name, module
-    assert set(family.defaults) <= set(TrainConfig.model_fields), family.defaults
-    assert set(family.options) <= set(TrainConfig.model_fields), family.options
+    assert set(family.defaults) <= set(FIELDS), family.defaults
+    assert set(family.options) <= set(FIELDS), family.options
     cfg = config_from_mapping({"family": name})
     env = make_env(name, **cfg.env_kwargs())
     assert env.family == name

@@ -14,6 +14,8 @@ import json
 
 from pydantic import BaseModel
 
+from trace_rl.config.sections import FIELDS
+
 HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a",
                          "chain_hazard_b", "chain_alias_share", "chain_train_items", "chain_facts",
                          "chain_syllables", "trainable_layers", "clip_ratio_c",
@@ -27,14 +29,15 @@ or with another checkpoint retention."""
 
 
 def config_hash(cfg: BaseModel) -> str:
-    """The first 10 hex digits of the SHA-256 of a ``TrainConfig``'s hashed fields as sorted
-    JSON (typed as its base class: this module sits below ``trace_rl.config``)."""
+    """The first 10 hex digits of the SHA-256 of a ``TrainConfig``'s hashed fields, by their
+    flat names, as sorted JSON (typed as its base class: this module sits below
+    ``trace_rl.config.model``)."""
     d = cfg.model_dump()
     d.pop("run_name")
     d.pop("run_id")
     for name in NEVER_HASHED:
         del d[name]
     for name in HASHED_UNLESS_DEFAULT:
-        if d[name] == type(cfg).model_fields[name].default:
+        if d[name] == FIELDS[name].default:
             del d[name]
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

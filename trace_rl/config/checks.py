@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trace_rl.config import TrainConfig
+from trace_rl.config.model import TrainConfig
 
 
 def check_inputs(cfg: TrainConfig, train_split: bool = True) -> TrainConfig:

@@ -15,18 +15,20 @@ from typing import Any, Mapping, Sequence, get_origin
 import yaml
 from pydantic import ValidationError
 
-from trace_rl.config import CONCERNS, ConfigError, TrainConfig
-from trace_rl.config_checks import check_inputs
+from trace_rl.config.checks import check_inputs
+from trace_rl.config.model import ConfigError, TrainConfig, flat_name, flatten
+from trace_rl.config.sections import FIELDS, SECTIONS
 
 
 def _explain(exc: ValidationError, where: str) -> ConfigError:
     """One line per error of ``exc``: the field, the value and type given, what it may be."""
     lines = []
     for e in exc.errors():
-        field = ".".join(str(p) for p in e["loc"])
+        loc = [str(p) for p in e["loc"]]
+        field = ".".join(loc[1:] if loc and loc[0] in SECTIONS and len(loc) > 1 else loc)
         if e["type"] == "extra_forbidden":
             lines.append(f"config: unknown field {field!r} in {where}; known: "
-                         f"{', '.join(TrainConfig.model_fields)}")
+                         f"{', '.join(FIELDS)}")
         elif not field:  # the model validator: already names its fields
             msg = e["msg"].removeprefix("Value error, ")
             lines += [f"config: {m} (in {where})" for m in msg.splitlines()]
@@ -41,10 +43,10 @@ def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "con
     ``where`` it came from."""
     if isinstance(data, TrainConfig):
         return data
-    values = dict(data)
+    values = flatten(data, where)
     for k, v in warmstart_defaults(values.get("policy"), values.get("family")).items():
         values.setdefault(k, v)  # the settings the warm start trained and measured with
-    family = values.get("family", TrainConfig.model_fields["family"].default)
+    family = values.get("family", FIELDS["family"].default)
     for k, v in _family_defaults(family).items():
         values.setdefault(k, v)  # splits and token caps that suit the family, unless given
     try:
@@ -97,49 +99,10 @@ def _family_defaults(family: Any) -> dict[str, Any]:
     return family_defaults(family) if isinstance(family, str) else {}
 
 
-def flat_name(key: str, where: str) -> str:
-    """The field a key names: ``allocation.min_per_root`` (by concern, ``CONCERNS``) or the flat
-    ``min_per_root``; ``ConfigError`` for a concern that does not hold the field."""
-    concern, dot, name = key.partition(".")
-    if not dot:
-        return key
-    if concern not in CONCERNS:
-        raise ConfigError(f"config: {key!r} in {where}: no concern {concern!r}; concerns: "
-                          f"{', '.join(CONCERNS)} (or give the flat field name)")
-    if name not in CONCERNS[concern]:
-        raise ConfigError(f"config: {key!r} in {where}: {concern} has no field {name!r}; its "
-                          f"fields: {', '.join(CONCERNS[concern])}")
-    return name
-
-
-def _flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A YAML mapping with concern sections (``allocation: {min_per_root: 3}``) and flat or dotted
-    keys, as flat field names; a field given twice is an error."""
-    out: dict[str, Any] = {}
-
-    def put(key: str, value: Any) -> None:
-        name = flat_name(key, where)
-        if name in out:
-            raise ConfigError(f"config: {name!r} is given twice in {where} (flat and by concern)")
-        out[name] = value
-
-    for key, value in data.items():
-        key = str(key)
-        if key in CONCERNS and key not in TrainConfig.model_fields:
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"config: {key!r} in {where} is a concern and needs a mapping "
-                                  f"of its fields, e.g. {key}: {{{CONCERNS[key][0]}: ...}}")
-            for sub, v in value.items():
-                put(f"{key}.{sub}", v)
-        else:
-            put(key, value)
-    return out
-
-
 def _coerce(name: str, raw: str) -> Any:
     """A command-line override string as the field's type; left as it is when it does not
     parse, so that validation reports it with the other problems."""
-    kind = TrainConfig.model_fields[name].annotation if name in TrainConfig.model_fields else str
+    kind = FIELDS[name].annotation if name in FIELDS else str
     try:
         if kind is bool:
             return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
@@ -168,7 +131,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
             raise ConfigError(f"config: cannot read {path} as a YAML mapping: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config: {path} must hold a mapping of field: value")
-        values.update(_flatten(data, str(path)))
+        values.update(flatten(data, str(path)))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"config: override {item!r} must look like key=value")

@@ -1,0 +1,230 @@
+"""The one typed, frozen configuration of a training run: ``TrainConfig``.
+
+``TrainConfig`` is a tree of the concern sections declared in ``trace_rl.config.sections``
+(``cfg.allocation.min_per_root``); every field is also an attribute, an input key and a
+serialised key by its flat name (``cfg.min_per_root``), so a config built from flat names, dotted
+names (``allocation.min_per_root``) or sections is the same config with the same run id, and its
+JSON form (what the Prefect UI's form shows and a run stores) is the flat one. Cross-field rules
+are one model validator; the settings below it (``AllocatorConfig``, ``UpdateSettings``,
+``Budget``) are derived from it, so no default is declared twice. A bad config raises
+``ConfigError``, one line per problem.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from trace_core.allocators import AllocatorConfig, Budget
+from trace_rl.config.hashing import config_hash as _config_hash
+from trace_rl.config.sections import (CONCERNS, FIELDS, SECTIONS, Allocation, Cluster, Eval,
+                                      Predictor, Rollout, Run, Section, SynthChain, Task, Update)
+
+if TYPE_CHECKING:
+    from trace_rl.policy.update import UpdateSettings
+
+_CONCERN_OF = {name: concern for concern, names in CONCERNS.items() for name in names}
+
+
+class ConfigError(ValueError):
+    """A config that cannot run: one line per problem, each naming the field, the value given
+    and what it may be (``config: steps=-1 (int) in overrides: Input should be ...``)."""
+
+
+def flat_name(key: str, where: str) -> str:
+    """The field a key names: ``allocation.min_per_root`` (by concern, ``CONCERNS``) or the flat
+    ``min_per_root``; ``ConfigError`` for a concern that does not hold the field."""
+    concern, dot, name = key.partition(".")
+    if not dot:
+        return key
+    if concern not in CONCERNS:
+        raise ConfigError(f"config: {key!r} in {where}: no concern {concern!r}; concerns: "
+                          f"{', '.join(CONCERNS)} (or give the flat field name)")
+    if name not in CONCERNS[concern]:
+        raise ConfigError(f"config: {key!r} in {where}: {concern} has no field {name!r}; its "
+                          f"fields: {', '.join(CONCERNS[concern])}")
+    return name
+
+
+def flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A mapping with concern sections (``allocation: {min_per_root: 3}``, or a section model)
+    and flat or dotted keys, as flat field names; a field given twice is an error. Unknown flat
+    keys are kept (validation names them)."""
+    out: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        name = flat_name(key, where)
+        if name in out:
+            raise ConfigError(f"config: {name!r} is given twice in {where} (flat and by concern)")
+        out[name] = value
+
+    for key, value in data.items():
+        key = str(key)
+        if key in CONCERNS and isinstance(value, (Mapping, Section)):
+            for sub, v in (value if isinstance(value, Mapping) else dict(value)).items():
+                put(f"{key}.{sub}", v)
+        elif key in CONCERNS and key not in FIELDS:
+            raise ConfigError(f"config: {key!r} in {where} is a concern and needs a mapping "
+                              f"of its fields, e.g. {key}: {{{CONCERNS[key][0]}: ...}}")
+        else:
+            put(key, value)
+    return out
+
+
+class TrainConfig(BaseModel):
+    """A TRACE training run. ``trace train`` with no config runs these defaults: 20 steps of
+    the tiny CPU policy on a synthetic family, evaluated on held-out items before and after, small
+    enough for a 2-core machine (figures: docs/results.md, "The default run")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    run: Run = Field(default_factory=Run)
+    task: Task = Field(default_factory=Task)
+    synth_chain: SynthChain = Field(default_factory=SynthChain)
+    rollout: Rollout = Field(default_factory=Rollout)
+    allocation: Allocation = Field(default_factory=Allocation)
+    update: Update = Field(default_factory=Update)
+    predictor: Predictor = Field(default_factory=Predictor)
+    eval: Eval = Field(default_factory=Eval)
+    cluster_section: Cluster = Field(default_factory=Cluster, alias="cluster")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, data: Any) -> Any:
+        """Flat, dotted and sectioned keys (``flatten``) grouped into the sections; unknown keys
+        stay at the top, where validation names them."""
+        if not isinstance(data, Mapping):
+            return data
+        nested: dict[str, Any] = {}
+        for name, value in flatten(data, "TrainConfig").items():
+            if name in _CONCERN_OF:
+                nested.setdefault(_CONCERN_OF[name], {})[name] = value
+            else:
+                nested[name] = value
+        return nested
+
+    @model_serializer(mode="plain")
+    def _flat(self) -> dict[str, Any]:
+        """Serialised by flat names (what a run stores, MLflow's params, the UI form's values)."""
+        return {k: v for c in SECTIONS for k, v in self.section(c).model_dump().items()}
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        """The flat form: one property per field, as the Prefect UI renders it and the server
+        enforces it on a deployment's runs."""
+        props: dict[str, Any] = {}
+        for section in SECTIONS.values():
+            props.update(section.model_json_schema()["properties"])
+        return {"title": cls.__name__, "description": " ".join((cls.__doc__ or "").split()),
+                "type": "object", "properties": props, "additionalProperties": False}
+
+    def section(self, concern: str) -> Section:
+        """The section of ``concern`` (``cfg.section("cluster")``: ``cfg.cluster`` is that
+        section's field of the same name, the Ray address)."""
+        return self.__dict__["cluster_section" if concern == "cluster" else concern]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        """The rules that tie fields together, all reported at once."""
+        bad = []
+        if self.max_per_root < self.min_per_root:
+            bad.append(f"max_per_root={self.max_per_root} < min_per_root={self.min_per_root}")
+        if self.root_budget < self.min_per_root:
+            bad.append(f"root_budget={self.root_budget}; must be >= min_per_root={self.min_per_root}")
+        if self.pool_size * self.max_per_root < self.root_budget:
+            bad.append(f"pool_size * max_per_root = {self.pool_size * self.max_per_root} cannot "
+                       f"hold root_budget={self.root_budget}; raise pool_size or max_per_root")
+        if self.tis_cap and self.tis_cap < 1.0:
+            bad.append(f"tis_cap={self.tis_cap} must be 0 (off) or >= 1 (the cap on "
+                       "pi_train / pi_engine)")
+        if self.clip_ratio_c and self.clip_ratio_c <= 1.0 + self.clip_high:
+            bad.append(f"clip_ratio_c={self.clip_ratio_c} must be 0 (off) or > 1 + clip_high = "
+                       f"{1.0 + self.clip_high}")
+        if self.cluster.startswith("local:") and not re.fullmatch(r"local:[1-9][0-9]*", self.cluster):
+            bad.append(f"cluster={self.cluster!r}: local:N needs N >= 1 simulated nodes")
+        if not self.cluster and (self.rollout_engines > 1 or self.trainer_ranks > 1):
+            bad.append(f"rollout_engines={self.rollout_engines}, trainer_ranks="
+                       f"{self.trainer_ranks} need a Ray cluster; set cluster=local:N, auto or "
+                       "HOST:PORT (or leave both at 1)")
+        if bad:
+            raise ValueError("\n".join(bad))
+        return self
+
+    @property
+    def leaf_budget(self) -> int:
+        """Trajectories per step at equal cost: M bare rollouts + M * N continuations."""
+        return self.root_budget * (1 + self.multiplier)
+
+    @property
+    def budget(self) -> Budget:
+        """The per-step leaf budget the allocators share (M, N)."""
+        return Budget(roots=self.root_budget, multiplier=self.multiplier)
+
+    @property
+    def allocator_config(self) -> AllocatorConfig:
+        """The allocators' knobs, from this config. DAPO's batch target (half the groups the leaf
+        budget affords) is set explicitly: a resumed step may refill with an allocator object
+        that never ran the step's first wave."""
+        return AllocatorConfig(
+            group_size=self.group_size, tree_group=self.tree_group,
+            min_per_root=self.min_per_root, max_per_root=self.max_per_root,
+            exploration=self.exploration, branch_from_root=self.branch_from_root,
+            joint_split=self.joint_split, multiplier=self.multiplier,
+            dapo_batch_groups=max(1, self.leaf_budget // self.group_size // 2))
+
+    @property
+    def update_settings(self) -> "UpdateSettings":
+        """The policy update's settings, from this config (imports torch)."""
+        from trace_rl.policy.update import UpdateSettings
+
+        return UpdateSettings(learning_rate=self.learning_rate, clip_low=self.clip_low,
+                              clip_high=self.clip_high, kl_coef=self.kl_coef,
+                              epochs=self.ppo_epochs, micro_batch=self.micro_batch,
+                              agg=self.loss_agg, mini_batches=self.mini_batches,
+                              target_kl=self.target_kl,
+                              target_position_kl=self.target_position_kl,
+                              clip_ratio_c=self.clip_ratio_c,
+                              tis_cap=self.tis_cap,
+                              trainable_layers=self.trainable_layers)
+
+    @property
+    def config_hash(self) -> str:
+        """Stable hash of everything that changes results (not the run name or id; rules and
+        reasons: ``trace_rl.config.hashing``)."""
+        return _config_hash(self)
+
+    def family_options(self) -> dict[str, Any]:
+        """The fields the family registered as its options (``trace_rl.envs.registry.options``),
+        by name: e.g. synth_chain's ``chain_*`` generator parameters."""
+        from trace_rl.envs.registry import options
+
+        return {name: getattr(self, name) for name in options(self.family)}
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the family's factory: ``difficulty`` for a generated family
+        (``trace_rl.envs.registry.is_generated``), ``family_options()``, then ``extra``."""
+        from trace_rl.envs.registry import is_generated
+
+        kwargs: dict[str, Any] = {"difficulty": self.difficulty} if is_generated(self.family) else {}
+        kwargs.update(self.family_options())
+        kwargs.update(self.extra)
+        return kwargs
+
+    @property
+    def resolved_run_id(self) -> str:
+        return self.run_id or f"{self.run_name}-{self.config_hash}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat form: every field by its flat name."""
+        return self.model_dump()
+
+
+def _flat_attribute(concern: str, name: str) -> property:
+    return property(lambda self: getattr(self.section(concern), name),
+                    doc=FIELDS[name].description)
+
+
+for _name, _concern in _CONCERN_OF.items():  # cfg.min_per_root is cfg.allocation.min_per_root
+    setattr(TrainConfig, _name, _flat_attribute(_concern, _name))

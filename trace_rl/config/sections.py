@@ -1,0 +1,298 @@
+"""The config's fields, each declared once, in one model per concern.
+
+``TrainConfig`` (``trace_rl.config.model``) is the tree of these sections; a field keeps one name
+in every form of the config (``min_per_root`` flat, ``allocation.min_per_root`` dotted, the
+``allocation`` section of a YAML file), and each field is documented here in one sentence (the
+first is the Prefect UI form's help). Why a default is what it is: docs/results.md, "Why the
+defaults are what they are".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+from trace_core.advantages import ESTIMATORS
+from trace_core.allocators import ALLOCATORS
+from trace_rl.engines import ENGINES
+from trace_rl.envs.registry import families
+
+_CLUSTER = r"^$|^local:[1-9][0-9]*$|^auto$|^(ray://)?[A-Za-z0-9_.-]+:[0-9]{1,5}$"
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+"""``trace_core.loss.AGGREGATIONS``' names (a test checks they agree; not imported: that module
+pulls in torch, and a config must be checked before anything heavy is imported)."""
+_RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # as trace_rl.storage.store and MLflow want
+_MAX_SEED = 2**32 - 1  # numpy's legacy seeding and some samplers refuse larger seeds
+_FLOAT_LITERAL = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+# The names a field may take, read from the registries they select from. (Oracle allocators need
+# the true V, which only a simulation has.) The family is checked when a config is built instead
+# (``Task._registered``), so that a family registered after this import is accepted.
+AllocatorName = Literal[tuple(n for n, f in ALLOCATORS.items() if not f.simulation_only)]  # type: ignore[misc]
+AdvantageName = Literal[tuple(ESTIMATORS)]  # type: ignore[misc]
+EngineKind = Literal[("auto", *ENGINES)]  # type: ignore[misc]
+LossAggregation = Literal[LOSS_AGGREGATIONS]  # type: ignore[misc]
+
+
+class Section(BaseModel):
+    """A frozen, strictly typed group of config fields, each with a range and a docstring. A
+    float field given as an int (``lr: 1``) or as YAML 1.1 reads ``1e-4`` (a string: PyYAML
+    wants a dot in a float's mantissa) becomes a float, so a hash of the config does not depend
+    on how a number was written."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _float_literals(cls, v: Any, info: Any) -> Any:
+        if cls.model_fields[info.field_name].annotation is float:
+            if isinstance(v, int) and not isinstance(v, bool):
+                return float(v)
+            if isinstance(v, str) and _FLOAT_LITERAL.match(v.strip()):
+                return float(v)
+        return v
+
+
+class Run(Section):
+    """What the run is called, how long it runs, what it starts from and keeps."""
+
+    run_name: str = Field("trace-default", pattern=_RUN_ID)
+    """Human name; the run id is ``<run_name>-<config hash>`` unless ``run_id`` is set."""
+    run_id: str = Field("", pattern=f"^$|{_RUN_ID}")
+    """Explicit run id (re-using one resumes that run); empty = derived from name + config hash."""
+    seed: int = Field(0, ge=0, le=_MAX_SEED)
+    """Seed of every random choice (roots, sampling, initialisation)."""
+    steps: int = Field(20, ge=1)
+    """Training steps (each: roots -> level 0 -> level 1 -> update)."""
+    policy: str = Field("tiny", min_length=1)
+    """A Hugging Face causal LM directory, a named policy (``smollm2``), or ``tiny`` for the
+    project's bootstrapped CPU model."""
+    checkpoint_every: int = Field(1, ge=1)
+    """Register the policy checkpoint in MLflow (weights and tokenizer, without the optimiser
+    state that only the newest local checkpoint keeps) every this many steps and at the last."""
+    keep_checkpoints: int = Field(0, ge=0)
+    """Policy checkpoints kept in the work dir: 0 keeps every step's weights, N >= 1 the newest N
+    and those ``checkpoint_every`` registers (not in the run id: it changes what is kept, not
+    what is computed)."""
+    plot_every: int = Field(1, ge=0)
+    """Render a rollout tree and a calibration plot every this many steps (0 = never)."""
+
+
+class Task(Section):
+    """The task family and the items it gives."""
+
+    family: str = Field("synth_arith", json_schema_extra=lambda s: s.update(enum=families()))
+    """Task family, a name registered in ``trace_rl.envs.registry`` (checked when the config is
+    built, so a family registered later is accepted)."""
+    difficulty: int = Field(1, ge=1)
+    """Difficulty knob of a generated (synthetic) family; real families ignore it."""
+    train_split: str = Field("train", min_length=1)
+    """Split (or data file, for real families) that roots are drawn from."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Family-specific options passed to the environment factory."""
+
+    @field_validator("family", mode="before")
+    @classmethod
+    def _registered(cls, v: Any) -> Any:
+        names = [repr(n) for n in families()]
+        if not isinstance(v, str) or repr(v) not in names:
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": f"{', '.join(names[:-1])} or {names[-1]}"})
+        return v
+
+
+class SynthChain(Section):
+    """synth_chain's own options: its generator's parameters (``trace_rl.envs.registry.options``),
+    which other families ignore."""
+
+    chain_hops: str = Field("2:0.35,3:0.40,4:0.25",
+                            pattern=r"^\s*\d+\s*:\s*[0-9.]+\s*(,\s*\d+\s*:\s*[0-9.]+\s*)*$")
+    """synth_chain: hop distribution of the items, ``HOPS:WEIGHT`` entries (normalised)."""
+    chain_hazard_a: float = Field(0.5, gt=0)
+    """synth_chain: a of the Beta(a, b) that draws each item's hazard rate (aliases and
+    homonyms along its chain)."""
+    chain_hazard_b: float = Field(1.0, gt=0)
+    """synth_chain: b of that Beta(a, b)."""
+    chain_alias_share: float = Field(0.5, ge=0, le=1)
+    """synth_chain: share of the hazards that are aliases (recoverable: a retry costs a turn),
+    the rest homonyms (unrecoverable: the wrong copy derails the chain)."""
+    chain_train_items: int = Field(256, ge=1)
+    """synth_chain: items of the train split that the pool prompts are drawn from."""
+    chain_facts: int = Field(2, ge=1, le=2)
+    """synth_chain: facts per record, 2 (a record also lists another relation, so the agent must
+    pick the question's k-th) or 1 (only the chain's relation; the hazards alone keep the
+    outcome open)."""
+    chain_syllables: int = Field(2, ge=1, le=2)
+    """synth_chain: syllables per name, 2 (256 names like "Kalo", two tokens each for the tiny
+    policy) or 1 (the 16 names like "Ka", one token each; an alias is written "Ka-")."""
+
+
+class Rollout(Section):
+    """How an episode is generated."""
+
+    engine: EngineKind = "auto"
+    """Rollout engine: ``hf`` (transformers), ``vllm``, or ``auto`` (per-device default chosen by
+    bench/engines.py)."""
+    max_turns: int = Field(4, ge=1)
+    """Turn cap of an episode."""
+    max_new_tokens: int = Field(48, ge=1)
+    """Token cap of one turn."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature of rollouts."""
+    tool_timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit of one tool call."""
+
+
+class Allocation(Section):
+    """Where a step's rollout budget goes (Stage 1 across prompts, Stage 2 across prefixes); the
+    knobs the allocators share are documented in ``trace_core.allocators.AllocatorConfig``."""
+
+    allocator: AllocatorName = "trace"
+    """Budget allocator: trace, trace_cover (coverage-aware Stage 1), grpo, dapo, prompt_only,
+    random_prefix."""
+    pool_size: int = Field(32, ge=1)
+    """Candidate prompts scored by the predictor per step (Stage 1 pool)."""
+    root_budget: int = Field(16, ge=2)
+    """M: bare rollouts per step, shared across the pool by Stage 1."""
+    multiplier: int = Field(2, ge=0)
+    """N: continuation multiplier; Stage 2 spends m_i * N continuations on prompt i."""
+    min_per_root: int = Field(2, ge=2)
+    """Smallest non-zero root allocation (``AllocatorConfig.min_per_root``)."""
+    max_per_root: int = Field(8, ge=2)
+    """Cap on rollouts per prompt (``AllocatorConfig.max_per_root``)."""
+    group_size: int = Field(4, ge=2)
+    """Rollouts per prompt of the flat baselines (``AllocatorConfig.group_size``)."""
+    tree_group: int = Field(2, ge=2)
+    """Uniform bare rollouts per prompt of random_prefix (``AllocatorConfig.tree_group``)."""
+    branch_from_root: bool = True
+    """Whether TRACE's Stage 2 may also continue a tree from its root
+    (``AllocatorConfig.branch_from_root``); off, as in the paper, only depth >= 1 prefixes."""
+    joint_split: bool = False
+    """Whether TRACE splits the continuation leaves across the whole step, between any tree's
+    prefixes and fresh prompts (``AllocatorConfig.joint_split``); off, the paper's split: m_i N
+    continuations inside tree i."""
+    exploration: float = Field(0.1, ge=0, le=1)
+    """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
+    correlation_window: int = Field(4, ge=0)
+    """Previous steps whose stored trees Stage 1 and 2 (trace, prompt_only) estimate rho from,
+    the correlation of a node's rollout outcomes given its prediction, to allocate on
+    Beta-posterior gains (``tasks.correlation``, ``trace_core.calibration``); 0 = independent
+    Bernoulli(V~) draws, the paper's formulas."""
+    correlation_min_terms: int = Field(16, ge=1)
+    """Nodes a depth needs in the window before its own rho estimate is used (else the pooled
+    prefixes' estimate, else 0)."""
+    root_posterior: float = Field(0.0, ge=0)
+    """Stage 1 (trace, prompt_only): strength k of a per-prompt posterior over the predictor's
+    root estimate, V~(x) = (s + k p) / (n + k) from s successes in n earlier bare rollouts of
+    prompt x (``trace_core.posterior``); 0 = off (it helps only where prompts recur)."""
+    root_oracle: bool = False
+    """Whether Stage 1 (trace, prompt_only) scores prompts by the family's oracle
+    (``Environment.oracle_success``, scaled to the policy's success so far by
+    ``tasks.roots.oracle_roots``) instead of the predictor, the reference for a perfect ranking."""
+
+
+class Update(Section):
+    """The tree advantages and the policy update; the update's knobs are documented in
+    ``trace_rl.policy.update.UpdateSettings`` where they are its own."""
+
+    advantage: AdvantageName = "branch"
+    """Tree advantage estimator (trace_core.advantages): branch, treepo, tree_grpo, segment, grpo."""
+    centre_advantages: bool = False
+    """Shift each tree's advantages so that its paths' advantages sum to zero
+    (``trace_core.advantages.centred``); a no-op for flat groups and zero-sum estimators."""
+    count_turns_once: bool = False
+    """Divide each turn's advantage by the number of paths that share it
+    (``trace_core.advantages.per_node``), so a prefix continued K times weighs once in the loss."""
+    learning_rate: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the policy (for the tiny CPU policy; about 1e-6 suits a
+    multi-billion-parameter model)."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over this many RL steps (0 = off): step s (0-based) uses
+    ``learning_rate * (s + 1) / lr_warmup_steps`` until the full rate."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """PPO ratio clip below 1."""
+    clip_high: float = Field(0.28, ge=0)
+    """PPO ratio clip above 1 (DAPO clip-higher)."""
+    clip_ratio_c: float = Field(0.0, ge=0)
+    """Dual clip of the policy loss, 0 = off (``UpdateSettings.clip_ratio_c``)."""
+    tis_cap: float = Field(0.0, ge=0)
+    """Truncated importance sampling's cap on pi_train / pi_engine, 0 = off
+    (``UpdateSettings.tis_cap``)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL penalty to the initial policy (0 disables it)."""
+    loss_agg: LossAggregation = "seq-mean-token-sum"
+    """How token losses are averaged (trace_core.loss.AGGREGATIONS): token-mean,
+    seq-mean-token-sum, seq-mean-token-mean."""
+    ppo_epochs: int = Field(4, ge=1)
+    """Passes over a step's paths, each of ``mini_batches`` optimiser steps."""
+    micro_batch: int = Field(8, ge=1)
+    """Paths per forward/backward pass (memory); gradients are accumulated over micro-batches."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimiser steps per pass over a step's paths (``UpdateSettings.mini_batches``)."""
+    target_kl: float = Field(0.1, ge=0)
+    """Trust-region guard of the policy update, 0 = off (``UpdateSettings.target_kl``)."""
+    target_position_kl: float = Field(0.0, ge=0)
+    """Position-wise trust-region guard, 0 = off (``UpdateSettings.target_position_kl``)."""
+    trainable_layers: int = Field(0, ge=0)
+    """Decoder layers trained from the top, 0 = all (``UpdateSettings.trainable_layers``)."""
+
+
+class Predictor(Section):
+    """The shared predictor's online fit."""
+
+    predictor_epochs: int = Field(5, ge=0)
+    """Epochs of the predictor's online regression per step."""
+    predictor_lr: float = Field(3e-3, gt=0)
+    """Learning rate of the predictor head."""
+
+
+class Eval(Section):
+    """The held-out evaluation before the first step and after the last."""
+
+    eval_split: str = Field("test", min_length=1)
+    """Held-out split for ``evaluate`` and the train flow's before/after evaluation."""
+    eval_items: int = Field(200, ge=0)
+    """Held-out items the train flow evaluates the policy on before the first step and after the
+    last, paired (same items, same sampling seeds; 0 = none; a bootstrapped policy's own
+    selection and report items are skipped)."""
+    eval_samples: int = Field(4, ge=1)
+    """Rollouts per held-out item, at the training temperature; an item's score is their mean."""
+
+
+class Cluster(Section):
+    """Where rollouts and updates run (docs/cluster.md); none of it enters the run id."""
+
+    cluster: str = Field("", pattern=_CLUSTER)
+    """Where rollouts and updates run: empty = this one process (Ray is never imported),
+    ``local:N`` = N simulated Ray nodes on this machine, ``auto`` or ``HOST:PORT``
+    (``ray://HOST:PORT``) = an existing Ray cluster."""
+    rollout_engines: int = Field(1, ge=1, le=1024)
+    """Engine actors of the rollout pool when ``cluster`` is set (one tree's requests go to one
+    engine, for its prefix cache)."""
+    trainer_ranks: int = Field(1, ge=1, le=1024)
+    """Trainer actors (torch.distributed ranks, gloo on CPU, NCCL on GPU) of the policy update
+    when ``cluster`` is set, together computing one process's update."""
+    trainer_strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """How the trainer ranks share the update: ``ddp`` (each holds the whole model, gradients
+    all-reduced) or ``fsdp2`` (parameters, gradients and AdamW state sharded;
+    trace_rl/cluster/fsdp.py)."""
+    weight_sync: Literal["disk", "broadcast"] = "disk"
+    """How new weights reach the engine actors: ``disk`` (each loads the checkpoint directory,
+    on a file system every node sees) or ``broadcast`` (trainer rank 0 sends the tensors over a
+    process group of their own)."""
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "run": Run, "task": Task, "synth_chain": SynthChain, "rollout": Rollout,
+    "allocation": Allocation, "update": Update, "predictor": Predictor, "eval": Eval,
+    "cluster": Cluster}
+"""The concerns of ``TrainConfig``, in the order its fields are listed (and shown in the UI form)."""
+FIELDS: dict[str, FieldInfo] = {n: f for s in SECTIONS.values() for n, f in s.model_fields.items()}
+"""Every field of ``TrainConfig`` by its flat name (its ``FieldInfo``: type, default, docstring)."""
+CONCERNS: dict[str, tuple[str, ...]] = {c: tuple(s.model_fields) for c, s in SECTIONS.items()}
+"""The flat names of each concern's fields; every field is in exactly one."""
