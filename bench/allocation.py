@@ -28,12 +28,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from bench.allocation_trees import Totals, TreeBuilder, sibling_contrast_pairs  # noqa: F401 (re-exported)
+from bench.allocation_trees import Grower, Totals, sibling_contrast_pairs  # noqa: F401 (re-exported)
 from trace_core.allocators import (ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet,
                                    RootPool)
 from trace_core.predictor import HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
 from trace_core.simulator import Prompt, SimConfig, Simulator, render
-from trace_core.tree import backup
 
 METHODS = ("grpo", "dapo", "prompt_only", "random_prefix", "trace", "oracle")
 
@@ -125,70 +124,77 @@ class MethodRun:
             true_value=np.array([self.sim.true_value(p) for p in pool_prompts]),
         )
         # Root stage (with DAPO's refill waves).
-        builders: dict[int, TreeBuilder] = {}
+        step_trees = Grower()
+        tree_of: dict[int, int] = {}  # pool position -> tree
         root_leaves = alloc.root_leaves(budget)
         counts = alloc.allocate_roots(pool, root_leaves, self.rng)
         wave = counts
         while wave is not None:
             ledger.spend(int(wave.sum()), f"{self.name} root stage")
             for j in np.flatnonzero(wave):
-                b = builders.setdefault(int(j), TreeBuilder(pool_prompts[j]))
+                k = tree_of.setdefault(int(j), len(tree_of))
+                if k == len(step_trees.prompts):
+                    step_trees.new_tree(pool_prompts[j])
                 for _ in range(int(wave[j])):
-                    self._roll(b, 0, bare=True)
+                    self._roll(step_trees, int(step_trees.trees.roots[k]))
+            step_trees.grow(level=0)
+            bare, wins = step_trees.bare_outcomes()
             mixed = np.zeros(pool.size, dtype=bool)
-            for j, b in builders.items():
-                outcomes = [b.reward[leaf] for leaf in b.bare_leaves]
-                mixed[j] = 0 < sum(outcomes) < len(outcomes)
+            mixed[list(tree_of)] = (wins > 0) & (wins < bare)
             wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), self.rng)
             if wave is not None:
                 counts = counts + wave
-        for j, b in builders.items():  # prefix stage, per tree
-            self._prefix_stage(b, alloc.tree_leaves(int(counts[j]), budget), ledger)
-        trees = list(builders.values())
-        self.totals.add(trees)
-        self.last_sampled[pool_idx[list(builders)]] = step
+        rows, observed = step_trees.trees.candidates(alloc.branches_from_root, deepest_first=True)
+        owner = step_trees.trees.tree_of_row[rows]
+        for j, k in tree_of.items():  # prefix stage, per tree
+            mine = owner == k
+            self._prefix_stage(step_trees, k, rows[mine], observed[mine],
+                               alloc.tree_leaves(int(counts[j]), budget), ledger)
+        step_trees.grow(level=1)
+        self.totals.add(step_trees.trees, step_trees.tokens)
+        self.last_sampled[pool_idx[list(tree_of)]] = step
         if self.predictor is not None:
-            self.fit_stats = self._fit(trees)
+            self.fit_stats = self._fit(step_trees)
         self.totals.seconds += time.perf_counter() - start
 
-    def _prefix_stage(self, b: TreeBuilder, leaves: int, ledger: LeafLedger) -> None:
-        """Stage 2 on one tree: spend its ``leaves`` continuations over its prefixes."""
+    def _prefix_stage(self, step_trees: Grower, k: int, nodes: np.ndarray, observed: np.ndarray,
+                      leaves: int, ledger: LeafLedger) -> None:
+        """Stage 2 on tree ``k``: spend its ``leaves`` continuations over its candidates
+        (``TreeBatch.candidates``: rows ``nodes``, their ``observed`` outcomes)."""
         alloc = self.allocator
         if leaves == 0:
             return
         ledger.spend(leaves, f"{self.name} prefix stage")
-        nodes, observed = b.prefixes(alloc.branches_from_root)
-        if not nodes:  # every bare rollout ended on its first turn: nothing to branch from
+        root = int(step_trees.trees.roots[k])
+        if nodes.tolist() == [root]:  # every bare rollout ended on its first turn
             for _ in range(leaves):
-                self._roll(b, 0, bare=False)
+                self._roll(step_trees, root)
             return
-        histories = [render(b.prompt, b.prefix[n]) for n in nodes]
+        prompt, prefix = step_trees.prompts[k], step_trees.prefix
         prefixes = PrefixSet(
-            predicted=self.predict(histories),
+            predicted=self.predict([render(prompt, prefix[n]) for n in nodes]),
             observed=observed,
-            true_value=np.array([self.sim.true_value(b.prompt, b.prefix[n]) for n in nodes]),
+            true_value=np.array([self.sim.true_value(prompt, prefix[n]) for n in nodes]),
         )
-        k = alloc.allocate_prefixes(prefixes, leaves, self.rng)
-        if int(k.sum()) != leaves:
-            raise AssertionError(f"{self.name}: prefix stage spent {int(k.sum())} of {leaves} leaves")
-        for node, times in zip(nodes, k):
+        k_per = alloc.allocate_prefixes(prefixes, leaves, self.rng)
+        if int(k_per.sum()) != leaves:
+            raise AssertionError(f"{self.name}: prefix stage spent {int(k_per.sum())} of {leaves} leaves")
+        for node, times in zip(nodes, k_per):
             for _ in range(int(times)):
-                self._roll(b, node, bare=False)
+                self._roll(step_trees, int(node))
 
-    def _roll(self, b: TreeBuilder, node: int, bare: bool) -> None:
-        r = self.sim.rollout(b.prompt, b.prefix[node], self.rng)
-        b.add_rollout(node, r.turns, r.reward, r.tokens, bare)
+    def _roll(self, step_trees: Grower, node: int) -> None:
+        prompt = step_trees.prompts[step_trees.trees.tree_of_row[node]]
+        r = self.sim.rollout(prompt, step_trees.prefix[node], self.rng)
+        step_trees.add(node, r.turns, r.reward, r.tokens)
 
-    def _fit(self, trees: list[TreeBuilder]) -> dict[str, float]:
-        histories, targets, weights = [], [], []
-        for b in trees:
-            tree = b.tree()
-            value, n_leaves = backup(tree.parent, tree.leaf_reward)
-            for node in np.flatnonzero(~tree.is_leaf):
-                histories.append(render(b.prompt, b.prefix[node]))
-                targets.append(value[node])
-                weights.append(n_leaves[node])
-        return self.predictor.fit(histories, np.asarray(targets), np.asarray(weights, dtype=np.float64))
+    def _fit(self, step_trees: Grower) -> dict[str, float]:
+        trees = step_trees.trees
+        value, n_leaves = trees.backup()
+        internal = np.flatnonzero(~trees.is_leaf)
+        histories = [render(step_trees.prompts[trees.tree_of_row[r]], step_trees.prefix[r])
+                     for r in internal]
+        return self.predictor.fit(histories, value[internal], n_leaves[internal].astype(np.float64))
 
 
 def evaluate_predictor(

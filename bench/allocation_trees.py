@@ -1,6 +1,7 @@
-"""The allocation benchmark's rollout trees and what is counted on them: a prompt's tree grown
-rollout by rollout (``TreeBuilder``), and per method the running sums behind the table's figures
-(``Totals``: effective ratio, mixed-anchor share, sibling contrast pairs, tokens).
+"""The allocation benchmark's rollout trees and what is counted on them: a step's trees as one
+``trace_core.tree.TreeBatch`` with each node's turns (``Grower``: rollouts hung below nodes, a
+batch at a time), and per method the running sums behind the table's figures (``Totals``:
+effective ratio, mixed-anchor share, sibling contrast pairs, tokens).
 Definitions: ``bench.allocation``'s docstring."""
 
 from __future__ import annotations
@@ -9,47 +10,62 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trace_core.allocators import bare_prefixes
 from trace_core.simulator import Prompt
-from trace_core.tree import NO_PARENT, Tree, backup
+from trace_core.tree import TreeBatch
+
+
+def objects(items: list) -> np.ndarray:
+    """A 1-D object array of ``items`` (tuples stay elements, not rows)."""
+    out = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
 
 
 @dataclass
-class TreeBuilder:
-    """One prompt's rollout tree as growing arrays (node ids in creation order, so parent < child)."""
+class Grower:
+    """One step's trees while they are rolled out: the batch, each node's turns from its root
+    (``prefix``), each tree's prompt and generated tokens, and the rollouts waiting to be hung."""
 
-    prompt: Prompt
-    parent: list[int] = field(default_factory=lambda: [NO_PARENT])
-    prefix: list[tuple[str, ...]] = field(default_factory=lambda: [()])  # turns up to each node
-    reward: list[float] = field(default_factory=lambda: [np.nan])  # NaN at internal nodes
-    bare_leaves: list[int] = field(default_factory=list)
-    tokens: int = 0
+    trees: TreeBatch = field(default_factory=TreeBatch.empty)
+    prefix: np.ndarray = field(default_factory=lambda: objects([]))
+    prompts: list[Prompt] = field(default_factory=list)
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pending: list[tuple[int, tuple[str, ...], int, int]] = field(default_factory=list)
 
-    def add_rollout(self, at: int, turns: tuple[str, ...], reward: int, tokens: int, bare: bool) -> None:
-        """Attach a rollout's new turns as a chain below node ``at``."""
-        node = at
-        for turn in turns:
-            self.parent.append(node)
-            self.prefix.append(self.prefix[node] + (turn,))
-            self.reward.append(np.nan)
-            node = len(self.parent) - 1
-        if node == at:
+    def new_tree(self, prompt: Prompt) -> int:
+        """Open a tree (a root with no rollout yet); its position."""
+        self.trees = self.trees.with_new_trees(1)
+        self.prefix = np.r_[self.prefix, objects([()])]
+        self.prompts.append(prompt)
+        self.tokens = np.r_[self.tokens, 0]
+        return len(self.prompts) - 1
+
+    def add(self, at: int, turns: tuple[str, ...], reward: int, tokens: int) -> None:
+        """A rollout's new turns, to hang as a chain below row ``at`` at the next ``grow``."""
+        if not turns:
             raise ValueError("a rollout must generate at least one turn")
-        self.reward[node] = float(reward)
-        self.tokens += tokens
-        if bare:
-            self.bare_leaves.append(node)
+        self.pending.append((at, turns, reward, tokens))
 
-    def prefixes(self, from_root: bool = False) -> tuple[list[int], np.ndarray]:
-        """Non-leaf prefixes (depth >= 1) on the bare rollouts, with the bare outcome through each;
-        with ``from_root``, also the root (node 0) when the bare outcomes all agree
-        (``trace_core.allocators.root_prefix``), as the pipeline's tasks/prefixes.py does."""
-        return bare_prefixes(self.parent, self.reward, self.bare_leaves, from_root)
+    def grow(self, level: int) -> None:
+        """Hang the waiting rollouts (their nodes at ``level``), in the order they were added."""
+        at = np.array([p[0] for p in self.pending], np.int64)
+        self.trees, growth = self.trees.grow(at, [len(p[1]) for p in self.pending],
+                                             [float(p[2]) for p in self.pending], level)
+        self.prefix = growth.place(self.prefix, objects(
+            [self.prefix[a] + turns[:i + 1] for a, turns, _, _ in self.pending
+             for i in range(len(turns))]))
+        tree = self.trees.tree_of_row[growth.leaf] if len(at) else np.zeros(0, np.int64)
+        self.tokens = self.tokens + np.bincount(tree, weights=[p[3] for p in self.pending],
+                                                minlength=len(self.prompts)).astype(np.int64)
+        self.pending = []
 
-    def tree(self) -> Tree:
-        parent = np.asarray(self.parent, dtype=np.int64)
-        depth = np.asarray([len(p) for p in self.prefix], dtype=np.int64)
-        return Tree(parent=parent, depth=depth, leaf_reward=np.asarray(self.reward, dtype=np.float64))
+    def bare_outcomes(self) -> tuple[np.ndarray, np.ndarray]:
+        """([T] bare rollouts, [T] of them successes) per tree."""
+        t = self.trees
+        bare = t.is_leaf & (t.level == 0) & (t.depth > 0)
+        return (np.bincount(t.tree_of_row[bare], minlength=len(t)),
+                np.bincount(t.tree_of_row[bare], weights=t.reward[bare], minlength=len(t)))
 
 
 @dataclass
@@ -67,22 +83,21 @@ class Totals:
     seconds: float = 0.0
     per_step: list[tuple[int, int]] = field(default_factory=list)  # (mixed roots, active roots)
 
-    def add(self, builders: list[TreeBuilder]) -> None:
+    def add(self, trees: TreeBatch, tokens: np.ndarray) -> None:
+        """One step's trees and each tree's generated tokens."""
         self.steps += 1
-        mixed_before, roots_before = self.mixed_roots, self.roots
-        for b in builders:
-            tree = b.tree()
-            value, _ = backup(tree.parent, tree.leaf_reward)
-            internal = ~tree.is_leaf
-            mixed = internal & (value > 0) & (value < 1)
-            self.roots += 1
-            self.mixed_roots += int(mixed[0])
-            self.internal += int(internal.sum())
-            self.mixed_internal += int(mixed.sum())
-            self.contrast_pairs += sibling_contrast_pairs(tree.parent, value)
-            self.leaves += int(tree.is_leaf.sum())
-            self.tokens += b.tokens
-        self.per_step.append((self.mixed_roots - mixed_before, self.roots - roots_before))
+        value, _ = trees.backup()
+        internal = ~trees.is_leaf
+        mixed = internal & (value > 0) & (value < 1)
+        mixed_roots = int(mixed[trees.roots].sum())
+        self.roots += len(trees)
+        self.mixed_roots += mixed_roots
+        self.internal += int(internal.sum())
+        self.mixed_internal += int(mixed.sum())
+        self.contrast_pairs += sibling_contrast_pairs(trees.up, value)
+        self.leaves += int(trees.is_leaf.sum())
+        self.tokens += int(tokens.sum())
+        self.per_step.append((mixed_roots, len(trees)))
 
     def figures(self) -> dict[str, float]:
         late = np.asarray(self.per_step[len(self.per_step) // 2 :]).reshape(-1, 2)  # [S/2, 2]
@@ -97,14 +112,17 @@ class Totals:
         }
 
 
-def sibling_contrast_pairs(parent: np.ndarray, value: np.ndarray) -> int:
-    """Unordered pairs of siblings (children of one node) whose backed-up values differ."""
-    children = parent[1:]  # [n - 1] parent of each non-root node
+def sibling_contrast_pairs(up: np.ndarray, value: np.ndarray) -> int:
+    """Unordered pairs of siblings (children of one node) whose backed-up values differ, over
+    every tree of a batch (``up``: each row's parent row, -1 at roots; one tree's parent array
+    is its own)."""
+    up = np.asarray(up)
+    child = np.flatnonzero(up >= 0)
     # Values are leaf-count ratios; rounding makes equal ratios compare equal.
-    keys = np.round(value[1:], 9)
-    pairs = 0
-    for p in np.unique(children):
-        _, counts = np.unique(keys[children == p], return_counts=True)
-        k = counts.sum()
-        pairs += int(k * (k - 1) // 2 - (counts * (counts - 1) // 2).sum())
-    return pairs
+    parent, key = up[child], np.round(value[child], 9)
+    order = np.lexsort((key, parent))
+    parent, key = parent[order], key[order]
+    siblings = np.diff(np.flatnonzero(np.r_[True, parent[1:] != parent[:-1], True]))
+    same = np.diff(np.flatnonzero(np.r_[True, (parent[1:] != parent[:-1]) | (key[1:] != key[:-1]),
+                                        True]))
+    return int((siblings * (siblings - 1) // 2).sum() - (same * (same - 1) // 2).sum())

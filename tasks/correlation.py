@@ -54,9 +54,5 @@ def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calib
     terms = []
     for s in range(first, stop):
         trees = StepTrees(store.read_step(run_id, s))
-        predicted = trees.allocation_scores(scores)
-        for k in range(len(trees)):
-            at = slice(trees.offsets[k], trees.offsets[k + 1])
-            terms += calibration.tree_terms(trees.parent[at], trees.reward[at], trees.level[at],
-                                            predicted[at])
+        terms += calibration.batch_terms(trees.batch, trees.allocation_scores(scores))
     return terms

@@ -15,8 +15,6 @@ from prefect import task
 from tasks import runtime
 from trace_core import advantages as adv
 from trace_core.predictor import auc, brier
-from trace_core.tree import backup as tree_backup
-from trace_core.tree import root_to_leaf_paths
 from trace_rl.config import TrainConfig
 from trace_rl.policy.update import PathSample, PolicyTrainer, warmup_scale
 from trace_rl.rollout.treeio import StepTrees
@@ -30,13 +28,8 @@ def _trees(workdir: str, run_id: str, step: int) -> StepTrees:
 def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None) -> dict[str, float]:
     """V^ and n for every node (success rate of the leaves below), stored on the nodes."""
     trees = _trees(workdir, run_id, step)
-    values = np.empty(len(trees.parent), dtype=np.float64)
-    counts = np.empty(len(trees.parent), dtype=np.int64)
-    for k in range(len(trees)):
-        tree = trees.tree(k)
-        s = slice(trees.offsets[k], trees.offsets[k + 1])
-        values[s], counts[s] = tree_backup(tree.parent, tree.leaf_reward)
-    roots = values[trees.offsets[:-1]]
+    values, counts = trees.batch.backup()
+    roots = values[trees.batch.roots]
     mixed = int(np.count_nonzero((roots > 0.0) & (roots < 1.0)))
     runtime.store(workdir).update_values(run_id, step, pa.table({
         "node_id": trees.table.column("node_id"), "value": pa.array(values, pa.float64()),
@@ -66,39 +59,36 @@ def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> dic
 def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa.Table:
     """Per root-to-leaf path: its node ids and the advantage of each turn (estimator from the
     config). Each node also stores the mean advantage over the paths through it."""
-    estimator = adv.ESTIMATORS[cfg.advantage]
     trees = _trees(workdir, run_id, step)
-    node_id = trees.column("node_id")
-    leaf_ids, path_nodes, path_adv = [], [], []
-    node_sum = np.zeros(len(trees.parent), dtype=np.float64)  # per row: advantages summed
-    node_cnt = np.zeros(len(trees.parent), dtype=np.int64)  # per row: paths through it
-    for k in range(len(trees)):
-        if trees.offsets[k + 1] - trees.offsets[k] < 2:
-            continue
-        tree = trees.tree(k)
-        parent, reward = tree.parent, tree.leaf_reward
-        a = estimator(parent, reward)  # [L, D]
-        if cfg.centre_advantages:
-            a = adv.centred(a)
-        if cfg.count_turns_once:
-            a = adv.per_node(parent, reward, a)
-        paths = root_to_leaf_paths(parent)  # [L, D+1]
-        for l in range(paths.shape[0]):
-            rows = trees.offsets[k] + paths[l][paths[l] >= 0]
-            advs = a[l, : len(rows) - 1]
-            leaf_ids.append(node_id[rows[-1]])
-            path_nodes.append([node_id[r] for r in rows])
-            path_adv.append(advs.tolist())
-            np.add.at(node_sum, rows[1:], advs)
-            node_cnt[rows[1:]] += 1
+    batch = trees.batch
+    turned = np.flatnonzero(batch.sizes >= 2)  # a root alone has no turn to train
+    mine = batch.select(turned)
+    a = adv.advantages(mine, cfg.advantage, centre=cfg.centre_advantages,
+                       turns_once=cfg.count_turns_once)  # [L, D]
+    paths = mine.paths()  # [L, D+1] rows of ``mine``
+    back = batch.rows_of(turned)  # the step's row of each row of ``mine``
+    on = paths >= 0
+    rows = back[paths[on]]  # every path's rows, root first, path after path
+    ends = np.cumsum(on.sum(axis=1))  # [L]
+    turns = on[:, 1:]
+    node_sum = np.zeros(batch.num_rows, dtype=np.float64)  # per row: advantages summed
+    node_cnt = np.zeros(batch.num_rows, dtype=np.int64)  # per row: paths through it
+    turn_rows = back[paths[:, 1:][turns]]
+    np.add.at(node_sum, turn_rows, a[turns])
+    np.add.at(node_cnt, turn_rows, 1)
+    node_id = trees.table.column("node_id")
+    leaf_ids = node_id.take(rows[ends - 1]) if len(ends) else pa.array([], pa.string())
+    path_nodes = pa.ListArray.from_arrays(pa.array(np.r_[0, ends], pa.int32()),
+                                          node_id.take(rows).combine_chunks()
+                                          if len(rows) else pa.array([], pa.string()))
+    path_adv = pa.ListArray.from_arrays(pa.array(np.r_[0, np.cumsum(turns.sum(axis=1))],
+                                                 pa.int32()), pa.array(a[turns], pa.float64()))
     through = np.flatnonzero(node_cnt)
     if through.size:
         runtime.store(workdir).update_values(run_id, step, pa.table({
             "node_id": trees.table.column("node_id").take(through),
             "advantage": pa.array(node_sum[through] / node_cnt[through], pa.float64())}))
-    return pa.table({"leaf_id": pa.array(leaf_ids, pa.string()),
-                     "path": pa.array(path_nodes, pa.list_(pa.string())),
-                     "advantages": pa.array(path_adv, pa.list_(pa.float64()))})
+    return pa.table({"leaf_id": leaf_ids, "path": path_nodes, "advantages": path_adv})
 
 
 _LIVE: dict[str, PolicyTrainer] = {}

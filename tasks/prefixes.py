@@ -10,7 +10,7 @@ from prefect import task
 from tasks import runtime
 from tasks.correlation import outcome_correlation
 from tasks.roots import with_counts
-from trace_core.allocators import Allocator, PrefixSet, RootPool, root_prefix
+from trace_core.allocators import Allocator, PrefixSet, RootPool
 from trace_core.waves import split_jointly
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import StepTrees
@@ -28,24 +28,10 @@ def score_prefixes(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id:
     trees = StepTrees(runtime.store(workdir).read_step(run_id, step))
     from_root = allocator.branches_from_root
     rho = outcome_correlation(cfg, allocator, workdir, run_id, step)
-    below = trees.leaf_below()  # a level-0 prefix's bare rollout ends at the leaf below it
-    bare_leaf = trees.is_leaf & (trees.level == 0)
-    prefix = (trees.depth > 0) & ~trees.is_leaf & (trees.level == 0)
-    rows: list[np.ndarray] = []
-    observed: list[np.ndarray] = []
-    for k in range(len(trees)):
-        s = slice(trees.offsets[k], trees.offsets[k + 1])
-        root = int(trees.offsets[k])
-        mine = root + np.flatnonzero(prefix[s])
-        shared = root_prefix(trees.reward[s][bare_leaf[s]].tolist())
-        # Every bare rollout ended on its first turn: nothing to branch from, so the tree's
-        # continuation budget goes to more rollouts from the root (the ledger stays equal),
-        # observed: the shared outcome, NaN when mixed. TRACE also offers an agreeing root.
-        with_root = not len(mine) or (from_root and shared is not None)
-        rows.append(np.r_[mine, [root] * with_root].astype(np.int64))
-        observed.append(np.r_[trees.reward[below[mine]],
-                              [np.nan if shared is None else shared] * with_root])
-    at = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    # Every bare rollout ended on its first turn: nothing to branch from, so the tree's
+    # continuation budget goes to more rollouts from the root (the ledger stays equal); TRACE also
+    # offers an agreeing root (``TreeBatch.candidates``).
+    at, observed = trees.batch.candidates(from_root)
     depth = trees.depth[at]
     bare = trees.floats("allocated_k")[trees.offsets[trees.tree_of_row[at]]].astype(np.int64)
     histories = [trees.history(int(r)) for r in at]
@@ -56,8 +42,7 @@ def score_prefixes(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id:
                      "local_index": pa.array(at - trees.offsets[trees.tree_of_row[at]], pa.int64()),
                      "depth": pa.array(depth, pa.int64()),
                      "item_id": pa.array([item[r] for r in at], pa.string()),
-                     "observed": pa.array(np.concatenate(observed) if observed else at * 0.0,
-                                          pa.float64()),
+                     "observed": pa.array(observed, pa.float64()),
                      "bare": pa.array(bare, pa.int64()),
                      "seen": pa.array(np.where(depth == 0, bare, 1), pa.int64()),
                      "correlation": pa.array([rho.at(int(d)) for d in depth], pa.float64()),

@@ -5,17 +5,18 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trace_core.advantages import (
     ESTIMATORS,
     branch,
-    concat_forest,
     grpo,
     segment,
     tree_grpo,
     treepo,
 )
-from trace_core.tree import NO_PARENT, Tree, is_leaf
+from trace_core.tree import NO_PARENT, TreeBatch, is_leaf
 
 EPS = 1e-6
 
@@ -118,11 +119,11 @@ def test_estimators_match_naive_loops_on_random_trees(scale):
         parent, reward = random_tree(rng, int(rng.integers(2, 25)))
         ref = Naive(parent, reward)
         cases = [
-            (grpo(parent, reward, scale_by_std=scale), ref.grpo(scale)),
-            (tree_grpo(parent, reward, scale_by_std=scale), ref.tree_grpo(scale)),
-            (treepo(parent, reward, scale_by_std=scale), ref.treepo(scale)),
-            (segment(parent, reward), ref.segment()),
-            (branch(parent, reward), ref.branch()),
+            (grpo(TreeBatch(parent, reward), scale_by_std=scale), ref.grpo(scale)),
+            (tree_grpo(TreeBatch(parent, reward), scale_by_std=scale), ref.tree_grpo(scale)),
+            (treepo(TreeBatch(parent, reward), scale_by_std=scale), ref.treepo(scale)),
+            (segment(TreeBatch(parent, reward)), ref.segment()),
+            (branch(TreeBatch(parent, reward)), ref.branch()),
         ]
         for got, expected in cases:
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
@@ -135,36 +136,36 @@ def hand_tree():
     Node ids: 0 root, 1 a, 2 a1, 3 a2, 4 b, 5 b1, 6 b11, 7 b12. Leaves (rows): a1, a2, b11, b12.
     V^: root 1/4, a 1/2, b 0, b1 0.
     """
-    return Tree.from_paths(
+    return TreeBatch.from_paths(
         [["a", "a1"], ["a", "a2"], ["b", "b1", "b11"], ["b", "b1", "b12"]], [1, 0, 0, 0]
     )
 
 
 def test_grpo_hand_worked(hand_tree):
     # mean 1/4, std sqrt(3)/4: leaf a1 gets (3/4)/(sqrt(3)/4) = sqrt(3), the others -1/sqrt(3).
-    a = grpo(hand_tree.parent, hand_tree.leaf_reward)
+    a = grpo(hand_tree)
     s3 = math.sqrt(3)
     np.testing.assert_allclose(a[:, 0], [s3, -1 / s3, -1 / s3, -1 / s3], rtol=1e-5)
     assert np.isnan(a[0, 2]) and np.isnan(a[1, 2]) and a[2, 2] == a[2, 0]
-    b = grpo(hand_tree.parent, hand_tree.leaf_reward, scale_by_std=False)
+    b = grpo(hand_tree, scale_by_std=False)
     np.testing.assert_allclose(b[:, 0], [0.75, -0.25, -0.25, -0.25])
 
 
 def test_tree_grpo_hand_worked(hand_tree):
     # intra: under a, {1, 0} -> +1, -1; under b, {0, 0} -> 0. inter as GRPO.
-    a = tree_grpo(hand_tree.parent, hand_tree.leaf_reward, scale_by_std=False)
+    a = tree_grpo(hand_tree, scale_by_std=False)
     np.testing.assert_allclose(a[:, 0], [0.5 + 0.75, -0.5 - 0.25, -0.25, -0.25])
 
 
 def test_treepo_hand_worked(hand_tree):
     # a1: groups root (1/4) and a (1/2): mean(3/4, 1/2) = 5/8. a2: mean(-1/4, -1/2) = -3/8.
     # b11: b has one child, so only root and b1 (0): mean(-1/4, 0) = -1/8.
-    a = treepo(hand_tree.parent, hand_tree.leaf_reward)
+    a = treepo(hand_tree)
     np.testing.assert_allclose(a[:, 0], [5 / 8, -3 / 8, -1 / 8, -1 / 8])
 
 
 def test_segment_hand_worked(hand_tree):
-    a = segment(hand_tree.parent, hand_tree.leaf_reward)
+    a = segment(hand_tree)
     np.testing.assert_allclose(a[0, :2], [0.5 - 0.25, 1 - 0.5])
     np.testing.assert_allclose(a[2], [0 - 0.25, 0, 0])
     assert np.isnan(a[0, 2])
@@ -173,7 +174,7 @@ def test_segment_hand_worked(hand_tree):
 def test_branch_hand_worked(hand_tree):
     # a1 and a2: turn 1 from the root (V^ 1/4), turn 2 from a (branches, V^ 1/2). b11: turns 1
     # and 2 start below the root and at b (one child: its baseline is the root's), turn 3 at b1.
-    a = branch(hand_tree.parent, hand_tree.leaf_reward)
+    a = branch(hand_tree)
     np.testing.assert_allclose(a[0, :2], [1 - 0.25, 1 - 0.5])
     np.testing.assert_allclose(a[1, :2], [0 - 0.25, 0 - 0.5])
     np.testing.assert_allclose(a[2], [0 - 0.25, 0 - 0.25, 0 - 0])
@@ -186,7 +187,7 @@ def test_branch_pushes_on_a_branch_points_children_sum_to_zero():
     rng = np.random.default_rng(7)
     for _ in range(60):
         parent, reward = random_tree(rng, int(rng.integers(3, 30)))
-        a = branch(parent, reward)
+        a = branch(TreeBatch(parent, reward))
         ref = Naive(parent, reward)
         paths = np.array([ref.path(l) + [-1] * (a.shape[1] + 1 - len(ref.path(l)))
                           for l in ref.leaves])
@@ -198,34 +199,23 @@ def test_branch_pushes_on_a_branch_points_children_sum_to_zero():
         for y in range(len(parent)):
             if len(ref.kids[y]) >= 2:
                 assert abs(sum(total[c] for c in ref.kids[y])) < 1e-9
-    flat = Tree.from_paths([["a"], ["b"], ["c"], ["d"]], [1, 0, 0, 1])
-    np.testing.assert_allclose(branch(flat.parent, flat.leaf_reward),
-                               grpo(flat.parent, flat.leaf_reward, scale_by_std=False))
+    flat = TreeBatch.from_paths([["a"], ["b"], ["c"], ["d"]], [1, 0, 0, 1])
+    np.testing.assert_allclose(branch(flat),
+                               grpo(flat, scale_by_std=False))
 
 
 def test_all_equal_rewards_give_zero_advantage():
-    tree = Tree.from_paths([["a"], ["b", "c"], ["b", "d"]], [1, 1, 1])
+    tree = TreeBatch.from_paths([["a"], ["b", "c"], ["b", "d"]], [1, 1, 1])
     for name, estimator in ESTIMATORS.items():
-        a = estimator(tree.parent, tree.leaf_reward)
+        a = estimator(tree)
         assert np.all(a[~np.isnan(a)] == 0), name
 
 
 def test_estimators_validate_the_tree():
     with pytest.raises(ValueError, match="no children"):
-        grpo(np.array([-1, 0, 0]), np.array([np.nan, 1.0, np.nan]))
+        grpo(TreeBatch(np.array([-1, 0, 0]), np.array([np.nan, 1.0, np.nan])))
     with pytest.raises(ValueError, match="no turns"):
-        treepo(np.array([-1]), np.array([1.0]))
-
-
-def test_concat_forest_pads_shorter_trees():
-    small = Tree.from_paths([["a"], ["b"]], [1, 0])
-    deep = Tree.from_paths([["a", "b", "c"], ["a", "d"]], [1, 0])
-    out = concat_forest(
-        [grpo(small.parent, small.leaf_reward), grpo(deep.parent, deep.leaf_reward)]
-    )
-    assert out.shape == (4, 3)
-    assert np.isnan(out[0, 1]) and np.isnan(out[3, 2]) and not np.isnan(out[2, 2])
-    assert concat_forest([]).shape == (0, 0)
+        treepo(TreeBatch(np.array([-1]), np.array([1.0])))
 
 
 def test_centred_makes_treepo_zero_sum_and_leaves_flat_groups_alone():
@@ -234,15 +224,16 @@ def test_centred_makes_treepo_zero_sum_and_leaves_flat_groups_alone():
     # root -> a (-> a1 r=1, -> a2 r=1 continuation), root -> b (-> b1 r=0): a branched prefix.
     parent = np.array([-1, 0, 1, 1, 0, 4])
     reward = np.array([np.nan, np.nan, 1.0, 1.0, np.nan, 0.0])
-    a = treepo(parent, reward)
+    a = treepo(TreeBatch(parent, reward))
     assert np.nansum(a[:, 0]) != pytest.approx(0.0)  # treepo is not zero-sum here
-    c = centred(a)
+    c = centred(TreeBatch(parent, reward), a)
     assert np.nansum(np.nanmean(c, axis=1)) == pytest.approx(0.0)
     assert np.allclose(c - a, (c - a)[0, 0], equal_nan=True)  # one shift for the whole tree
     flat = np.array([-1, 0, 0, 0])
     r = np.array([np.nan, 1.0, 0.0, 0.0])
-    assert np.allclose(centred(treepo(flat, r)), treepo(flat, r))
-    assert np.allclose(centred(grpo(flat, r)), grpo(flat, r))
+    flat = TreeBatch(flat, r)
+    assert np.allclose(centred(flat, treepo(flat)), treepo(flat))
+    assert np.allclose(centred(flat, grpo(flat)), grpo(flat))
 
 
 def test_per_node_counts_each_sampled_turn_once():
@@ -251,8 +242,8 @@ def test_per_node_counts_each_sampled_turn_once():
     # root -> a (-> a1 r=1, -> a2 r=0, -> a3 r=0: a prefix continued twice), root -> b (r=1).
     parent = np.array([-1, 0, 1, 1, 1, 0])
     reward = np.array([np.nan, np.nan, 1.0, 0.0, 0.0, 1.0])
-    a = branch(parent, reward)  # V^(root) = 0.5, V^(a) = 1/3
-    w = per_node(parent, reward, a)
+    a = branch(TreeBatch(parent, reward))  # V^(root) = 0.5, V^(a) = 1/3
+    w = per_node(TreeBatch(parent, reward), a)
     # The turn "a" lies on three paths: each push is a third, and together they give
     # V^(a) - V^(root), the turn's own advantage, once.
     assert np.allclose(w[:3, 0], a[:3, 0] / 3)
@@ -270,16 +261,52 @@ def test_per_node_sums_to_the_mean_push_on_random_trees_and_leaves_flat_groups_a
     rng = np.random.default_rng(5)
     for _ in range(40):
         parent, reward = random_tree(rng, int(rng.integers(3, 14)))
-        a = branch(parent, reward)
-        w = per_node(parent, reward, a)
+        a = branch(TreeBatch(parent, reward))
+        w = per_node(TreeBatch(parent, reward), a)
         turns = root_to_leaf_paths(parent)[:, 1:]
         _, n = backup(parent, reward)
         for y in np.unique(turns[turns >= 0]):
             on = turns == y
             assert on.sum() == n[y]
             assert w[on].sum() == pytest.approx(a[on].mean())
-    flat = Tree.from_paths([["a", "b"], ["c"], ["d", "e"]], [1, 0, 0])
-    a = branch(flat.parent, flat.leaf_reward)
-    np.testing.assert_array_equal(per_node(flat.parent, flat.leaf_reward, a), a)
+    flat = TreeBatch.from_paths([["a", "b"], ["c"], ["d", "e"]], [1, 0, 0])
+    a = branch(flat)
+    np.testing.assert_array_equal(per_node(flat, a), a)
     with pytest.raises(ValueError, match="do not match"):
-        per_node(flat.parent, flat.leaf_reward, a[:, :1])
+        per_node(flat, a[:, :1])
+
+
+# ----------------------------------------------------------------- a batch of trees
+
+
+def test_estimators_on_a_batch_of_two_trees_hand_worked():
+    """Tree 0: root -> a -> {b: 1, c: 0}; root -> d: 1. Tree 1: root -> x -> y -> z: 0. Each
+    tree is its own group; the output has the batch's depth, 3."""
+    trees = TreeBatch.concat([TreeBatch.from_paths([["a", "b"], ["a", "c"], ["d"]], [1, 0, 1]),
+                              TreeBatch.from_paths([["x", "y", "z"]], [0])])
+    a = branch(trees)  # V^: root 2/3, a 1/2; tree 1 all 0
+    nan = np.nan
+    np.testing.assert_allclose(a, [[1 / 3, 1 / 2, nan], [-2 / 3, -1 / 2, nan], [1 / 3, nan, nan],
+                                   [0, 0, 0]])
+    g = grpo(trees, scale_by_std=False)  # tree 0's mean 2/3, tree 1's 0
+    np.testing.assert_allclose(g[:, 0], [1 / 3, -2 / 3, 1 / 3, 0])
+    from trace_core.advantages import advantages
+    w = advantages(trees, "branch", turns_once=True)  # turn a lies on two paths
+    np.testing.assert_allclose(w[:2, 0], [1 / 6, -1 / 3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=5), st.booleans(),
+       st.booleans())
+def test_batched_estimators_equal_each_tree_alone(seeds, centre, turns_once):
+    from trace_core.advantages import advantages
+
+    trees = [random_tree(np.random.default_rng(s), 2 + s % 13) for s in seeds]
+    batch = TreeBatch.concat([TreeBatch(p, r) for p, r in trees])
+    for name in ESTIMATORS:
+        got = advantages(batch, name, centre=centre, turns_once=turns_once)
+        alone = [advantages(TreeBatch(p, r), name, centre=centre, turns_once=turns_once)
+                 for p, r in trees]
+        want = np.concatenate([np.pad(a, ((0, 0), (0, got.shape[1] - a.shape[1])),
+                                      constant_values=np.nan) for a in alone])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, err_msg=name)

@@ -174,20 +174,24 @@ def test_pool_and_prefix_shapes_are_checked():
         PrefixSet(predicted=np.zeros(3), observed=np.zeros(3), true_value=np.zeros(2))
 
 
-def test_bare_prefixes_lists_the_bare_rollouts_prefixes_and_the_agreeing_root():
-    from trace_core.allocators import bare_prefixes
+def test_candidates_list_the_bare_rollouts_prefixes_and_the_agreeing_root():
+    from trace_core.tree import TreeBatch
 
     # root 0; bare rollout A: 0 -> 1 -> 2 (leaf, r = 1); bare rollout B: 0 -> 3 (leaf, r = 1);
     # a continuation 1 -> 4 (leaf, r = 0) is not a bare rollout and adds no candidate
     parent = [-1, 0, 1, 0, 1]
-    reward = [np.nan, np.nan, 1.0, 1.0, 0.0]
-    nodes, observed = bare_prefixes(parent, reward, [2, 3])
-    assert nodes == [1] and observed.tolist() == [1.0]
-    nodes, observed = bare_prefixes(parent, reward, [2, 3], from_root=True)
-    assert nodes == [1, 0] and observed.tolist() == [1.0, 1.0]
+    level = [0, 0, 0, 0, 1]
+    tree = TreeBatch(parent, [np.nan, np.nan, 1.0, 1.0, 0.0], level=level)
+    nodes, observed = tree.candidates(from_root=False)
+    assert nodes.tolist() == [1] and observed.tolist() == [1.0]
+    nodes, observed = tree.candidates(from_root=True)
+    assert nodes.tolist() == [1, 0] and observed.tolist() == [1.0, 1.0]
     # bare outcomes that disagree: the root is not offered
-    nodes, _ = bare_prefixes(parent, [np.nan, np.nan, 1.0, 0.0, 0.0], [2, 3], from_root=True)
-    assert nodes == [1]
-    # no prefix at depth >= 1 (every bare rollout ended on its first turn): nothing, root included
-    nodes, observed = bare_prefixes([-1, 0, 0], [np.nan, 0.0, 0.0], [1, 2], from_root=True)
-    assert nodes == [] and observed.shape == (0,)
+    mixed = TreeBatch(parent, [np.nan, np.nan, 1.0, 0.0, 0.0], level=level)
+    assert mixed.candidates(from_root=True)[0].tolist() == [1]
+    # no prefix at depth >= 1 (every bare rollout ended on its first turn): the root alone, its
+    # observed outcome the shared one (NaN when the rollouts disagree)
+    nodes, observed = TreeBatch([-1, 0, 0], [np.nan, 0.0, 0.0]).candidates(from_root=False)
+    assert nodes.tolist() == [0] and observed.tolist() == [0.0]
+    _, observed = TreeBatch([-1, 0, 0], [np.nan, 0.0, 1.0]).candidates(from_root=True)
+    assert np.isnan(observed).all()

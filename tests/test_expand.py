@@ -38,7 +38,7 @@ def test_bare_rollouts_grow_one_tree_of_m_leaves_per_candidate(cfg, level0):
     _, items, out = level0
     trees = StepTrees(out["nodes"].append_column("level", pa.array([0] * out["nodes"].num_rows)))
     assert trees.tree_ids.tolist() == [0, 2]
-    leaves = [int(trees.tree(k).is_leaf.sum()) for k in range(2)]
+    leaves = np.bincount(trees.tree_of_row[trees.batch.leaves]).tolist()
     assert leaves == [2, 3]
     roots = trees.offsets[:-1]
     assert [trees.column("allocated_k")[r] for r in roots] == [2, 3]
@@ -91,10 +91,10 @@ def test_persist_then_continue_from_stored_prefixes(cfg, level0):
     assert level1["ledger"]["trajectories"] == sum(p[3] for p in picks)
     expand.persist_level.fn(workdir, RUN, 0, 1, level1)
     grown = StepTrees(store.read_step(RUN, 0))
-    tree = grown.tree(1)
+    tree = grown.batch.select([1])
     below = np.zeros(len(tree.parent), dtype=np.int64)  # new leaves under each chosen node
     for leaf in np.flatnonzero(tree.is_leaf & (grown.level[grown.rows(1)] == 1)):
-        path = grown.path_rows(int(grown.offsets[1] + leaf))
+        path = grown.batch.path(int(grown.offsets[1] + leaf))
         assert grown.level[path[-1]] == 1
         for r in path:
             below[r - grown.offsets[1]] += 1

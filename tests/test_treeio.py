@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from trace_core.tree import backup
 from trace_rl.rollout.treeio import LevelBatch, StepTrees, history_text
 from trace_rl.rollout.types import Action, Episode, Turn
 from trace_rl.storage import TreeStore
@@ -62,11 +61,11 @@ def test_a_level_is_written_as_columns_and_read_back_as_trees(store):
     assert table.column("local_index").to_pylist() == [0, 1, 2, 3, 4, 5, 0, 1]
     trees = StepTrees(store.read_step(RUN, 0))
     assert trees.tree_ids.tolist() == [3, 5] and trees.offsets.tolist() == [0, 6, 8]
-    tree = trees.tree(0)
+    tree = trees.batch.select([0])
     assert tree.parent.tolist() == [-1, 0, 1, 0, 3, 4]
     assert tree.depth.tolist() == [0, 1, 2, 1, 2, 3]
-    np.testing.assert_array_equal(tree.leaf_reward, [np.nan, np.nan, 1.0, np.nan, np.nan, 0.0])
-    assert trees.tree(1).parent.tolist() == [-1, 0]
+    np.testing.assert_array_equal(tree.reward, [np.nan, np.nan, 1.0, np.nan, np.nan, 0.0])
+    assert trees.batch.select([1]).parent.tolist() == [-1, 0]
     # Rows keep what the episodes said: tokens, log-probs, the action, the root's prompt.
     assert trees.column("obs_token_ids")[0] == [1, 2, 3] and trees.column("gen_token_ids")[0] == []
     assert trees.column("gen_logprobs")[4] == [-0.5, -1.5] and trees.column("error")[3]
@@ -77,8 +76,8 @@ def test_a_level_is_written_as_columns_and_read_back_as_trees(store):
 def test_paths_histories_and_replayed_turns_come_from_the_parent_array(store):
     level0(store)
     trees = StepTrees(store.read_step(RUN, 0))
-    assert trees.path_rows(5) == [0, 3, 4, 5] and trees.path_rows(7) == [6, 7]
-    assert trees.leaf_below().tolist() == [2, 2, 2, 5, 5, 5, 7, 7]
+    assert trees.batch.path(5) == [0, 3, 4, 5] and trees.batch.path(7) == [6, 7]
+    assert trees.batch.leaf_below().tolist() == [2, 2, 2, 5, 5, 5, 7, 7]
     assert trees.history(4) == history_text("question three", [turn(7), turn(8)])
     assert trees.history(4) == "Q: question three\ncall 7\nObs: 8\ncall 8\nObs: 9"
     assert trees.history(6) == "Q: question five"
@@ -95,10 +94,10 @@ def test_a_continuation_appends_after_the_stored_rows(store):
     assert batch.add_episode(3, 3, 1, episode([turn(7), turn(6), turn(2, True)], 1.0, 1)) == 8
     store.write_level(RUN, 0, 1, batch.table())
     grown = StepTrees(store.read_step(RUN, 0))
-    tree = grown.tree(0)
+    tree = grown.batch.select([0])
     assert tree.parent.tolist() == [-1, 0, 1, 0, 3, 4, 3, 3, 7]
     assert grown.level[:9].tolist() == [0] * 6 + [1] * 3
-    value, n = backup(tree.parent, tree.leaf_reward)
+    value, n = tree.backup()
     assert value[3] == pytest.approx(2 / 3) and n[3] == 3 and value[0] == pytest.approx(3 / 4)
 
 
@@ -107,7 +106,7 @@ def test_predictor_examples_are_the_backed_up_internal_nodes(store):
     trees = StepTrees(store.read_step(RUN, 0))
     ids = trees.table.column("node_id")
     # Back up tree 3 only: tree 5's nodes keep a null value and give no example.
-    value, n = backup(trees.tree(0).parent, trees.tree(0).leaf_reward)
+    value, n = trees.batch.select([0]).backup()
     store.update_values(RUN, 0, pa.table({"node_id": ids.slice(0, 6), "value": value,
                                           "n_leaves": n}))
     hist, y, w = StepTrees(store.read_step(RUN, 0)).predictor_examples()

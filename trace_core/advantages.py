@@ -1,11 +1,12 @@
 """Advantage estimators over one rollout tree (docs/algorithm.md, "Tree-aware policy update").
 
-Every root-to-leaf path is a training sequence. Each estimator takes one tree as
-``(parent [N], leaf_reward [N])`` (see trace_core.tree) and returns a float64 array ``[L, D]``:
-L leaves in increasing id order (``Tree.leaves``), D the tree's maximum depth; entry ``[l, d]`` is
-the advantage of the turn at depth d + 1 on leaf l's path and NaN where the path is shorter. The
-tree is one prompt's group: the root is the prompt, so the flat baseline's group is "all leaves".
-``concat_forest`` stacks the per-tree outputs of a batch.
+Every root-to-leaf path is a training sequence. Each estimator takes a step's trees as one
+``trace_core.tree.TreeBatch`` and returns a float64 array ``[L, D]`` over all of them at once: L
+leaves in row order (``TreeBatch.leaves``: tree by tree), D the batch's maximum depth; entry
+``[l, d]`` is the advantage of the turn at depth d + 1 on leaf l's path and NaN where the path is
+shorter. Each tree is one prompt's group: its root is the prompt, so the flat baseline's group is
+"all leaves of the tree". A tree's rows of the output equal the estimator on that tree alone
+(padded with NaN to the batch's depth).
 
 Estimators (``mean`` and ``std`` over a set of leaf rewards; std is the population std;
 ``norm(r; G) = (r - mean_G) / (std_G + eps)``):
@@ -39,25 +40,23 @@ measurement at the config edge (``ESTIMATORS`` is the registry).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
-from trace_core.tree import ROOT, backup, is_leaf, root_to_leaf_paths
+from trace_core.tree import TreeBatch
 
 EPS = 1e-6
 """Added to std before dividing, so that an all-equal group gives advantage 0, not NaN."""
 
 
-def _leaf_rows(parent: np.ndarray, leaf_reward: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(paths [L, D+1] node ids padded with -1, reward [L]) after validating the tree."""
-    parent = np.asarray(parent, dtype=np.int64)
-    leaf_reward = np.asarray(leaf_reward, dtype=np.float64)
-    backup(parent, leaf_reward)  # validates; cheap next to the estimators
-    if len(parent) < 2:
-        raise ValueError("the tree has no turns: a root-only tree has nothing to train on")
-    leaves = np.flatnonzero(is_leaf(parent))
-    return root_to_leaf_paths(parent), leaf_reward[leaves]
+def _leaf_rows(trees: TreeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(paths [L, D+1] rows padded with -1, reward [L], tree [L]) after validating the trees."""
+    trees.check_rewards()
+    if np.any(trees.sizes < 2):
+        raise ValueError("a tree has no turns: a root-only tree has nothing to train on")
+    leaves = trees.leaves
+    return trees.paths(), trees.reward[leaves], trees.tree_of_row[leaves]
 
 
 def _per_turn(paths: np.ndarray, leaf_advantage: np.ndarray) -> np.ndarray:
@@ -80,51 +79,31 @@ def _group_norm(
     return centred / (std[idx] + eps)
 
 
-def grpo(
-    parent: np.ndarray,
-    leaf_reward: np.ndarray,
-    *,
-    scale_by_std: bool = True,
-    eps: float = EPS,
-) -> np.ndarray:
-    """[L, D] flat group-relative advantage over all leaves of the tree (GRPO / Dr. GRPO)."""
-    paths, reward = _leaf_rows(parent, leaf_reward)
-    one_group = np.zeros(len(reward), dtype=np.int64)
-    return _per_turn(paths, _group_norm(reward, one_group, scale_by_std, eps))
+def grpo(trees: TreeBatch, *, scale_by_std: bool = True, eps: float = EPS) -> np.ndarray:
+    """[L, D] flat group-relative advantage over all leaves of each tree (GRPO / Dr. GRPO)."""
+    paths, reward, tree = _leaf_rows(trees)
+    return _per_turn(paths, _group_norm(reward, tree, scale_by_std, eps))
 
 
-def tree_grpo(
-    parent: np.ndarray,
-    leaf_reward: np.ndarray,
-    *,
-    scale_by_std: bool = True,
-    eps: float = EPS,
-) -> np.ndarray:
+def tree_grpo(trees: TreeBatch, *, scale_by_std: bool = True, eps: float = EPS) -> np.ndarray:
     """[L, D] Tree-GRPO: intra-tree (same child of the root) + inter-tree (all leaves)."""
-    paths, reward = _leaf_rows(parent, leaf_reward)
+    paths, reward, tree = _leaf_rows(trees)
     intra = _group_norm(reward, paths[:, 1], scale_by_std, eps)  # group = child of the root
-    inter = _group_norm(reward, np.zeros(len(reward), dtype=np.int64), scale_by_std, eps)
+    inter = _group_norm(reward, tree, scale_by_std, eps)
     return _per_turn(paths, intra + inter)
 
 
-def treepo(
-    parent: np.ndarray,
-    leaf_reward: np.ndarray,
-    *,
-    scale_by_std: bool = False,
-    eps: float = EPS,
-) -> np.ndarray:
+def treepo(trees: TreeBatch, *, scale_by_std: bool = False, eps: float = EPS) -> np.ndarray:
     """[L, D] TreePO: mean over l's branching ancestors (and the root) of r_l - V^(ancestor)."""
-    parent = np.asarray(parent, dtype=np.int64)
-    paths, reward = _leaf_rows(parent, leaf_reward)
-    value, _ = backup(parent, leaf_reward)  # [N] mean leaf reward below each node
-    square, _ = backup(parent, np.asarray(leaf_reward, dtype=np.float64) ** 2)  # [N] mean r^2
-    std = np.sqrt(np.maximum(square - value**2, 0.0))  # [N] population std of leaves below
-    n_children = np.bincount(parent[1:], minlength=len(parent))  # [N]
+    paths, reward, tree = _leaf_rows(trees)
+    value, _ = trees.backup()  # [R] mean leaf reward below each node
+    square, _ = trees.backup(trees.reward**2)  # [R] mean r^2
+    std = np.sqrt(np.maximum(square - value**2, 0.0))  # [R] population std of leaves below
+    n_children = trees.n_children  # [R]
     depth = (paths >= 0).sum(axis=1) - 1  # [L] each leaf's depth
     proper = np.arange(paths.shape[1] - 1)[None, :] < depth[:, None]  # [L, D] proper ancestors
-    node = np.where(proper, paths[:, :-1], ROOT)  # [L, D]
-    group = proper & ((n_children[node] >= 2) | (node == ROOT))  # [L, D] sub-group roots
+    node = np.where(proper, paths[:, :-1], trees.roots[tree][:, None])  # [L, D]
+    group = proper & ((n_children[node] >= 2) | (trees.depth[node] == 0))  # [L, D] sub-groups
     sub = reward[:, None] - value[node]  # [L, D]
     if scale_by_std:
         sub = sub / (std[node] + eps)
@@ -132,31 +111,31 @@ def treepo(
     return _per_turn(paths, leaf_advantage)
 
 
-def segment(parent: np.ndarray, leaf_reward: np.ndarray) -> np.ndarray:
+def segment(trees: TreeBatch) -> np.ndarray:
     """[L, D] per-turn A(y) = V^(y) - V^(parent(y))."""
-    paths, _ = _leaf_rows(parent, leaf_reward)
-    value, _ = backup(parent, leaf_reward)
+    paths, _, _ = _leaf_rows(trees)
+    value, _ = trees.backup()
     here, up = paths[:, 1:], paths[:, :-1]  # [L, D] the turn's node and its parent
     return np.where(here >= 0, value[np.maximum(here, 0)] - value[np.maximum(up, 0)], np.nan)
 
 
-def branch(parent: np.ndarray, leaf_reward: np.ndarray) -> np.ndarray:
+def branch(trees: TreeBatch) -> np.ndarray:
     """[L, D] per-turn r_l - V^(nearest branching ancestor of the turn, or the root)."""
-    parent = np.asarray(parent, dtype=np.int64)
-    paths, reward = _leaf_rows(parent, leaf_reward)
-    value, _ = backup(parent, leaf_reward)  # [N]
-    n_children = np.bincount(parent[1:], minlength=len(parent))  # [N]
-    anchor = np.zeros(len(parent), dtype=np.int64)  # [N] nearest branching node at or above
-    for i in range(1, len(parent)):  # parents precede children
-        anchor[i] = i if n_children[i] >= 2 else anchor[parent[i]]
+    paths, reward, _ = _leaf_rows(trees)
+    value, _ = trees.backup()  # [R]
+    n_children = trees.n_children  # [R]
+    anchor = np.arange(trees.num_rows)  # [R] nearest branching node at or above (roots: self)
+    for d in range(1, int(trees.depth.max(initial=0)) + 1):  # parents' levels come first
+        rows = np.flatnonzero(trees.depth == d)
+        anchor[rows] = np.where(n_children[rows] >= 2, rows, anchor[trees.up[rows]])
     up = paths[:, :-1]  # [L, D] the node each turn starts from
     base = value[anchor[np.maximum(up, 0)]]  # [L, D]
     return np.where(paths[:, 1:] >= 0, reward[:, None] - base, np.nan)
 
 
-def centred(a: np.ndarray) -> np.ndarray:
-    """[L, D]: one tree's per-turn advantages shifted so that the leaves' advantages (each path's
-    mean over its turns) sum to zero.
+def centred(trees: TreeBatch, a: np.ndarray) -> np.ndarray:
+    """[L, D]: per-turn advantages ``a`` of ``trees`` shifted, tree by tree, so that each tree's
+    leaves' advantages (each path's mean over its turns) sum to zero.
 
     Tokens every path of a tree shares (the turn format: ``<think>``, the tool-call syntax) then
     get no net push from that tree. ``grpo`` and ``tree_grpo`` are zero-sum already; ``treepo``'s
@@ -168,12 +147,15 @@ def centred(a: np.ndarray) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
     if a.size == 0:
         return a
-    return a - np.nanmean(np.nanmean(a, axis=1))
+    tree = trees.tree_of_row[trees.leaves]  # [L]
+    path_mean = np.nanmean(a, axis=1)  # [L]
+    shift = np.bincount(tree, weights=path_mean) / np.bincount(tree)  # [T] (no leaf: not read)
+    return a - shift[tree][:, None]
 
 
-def per_node(parent: np.ndarray, leaf_reward: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """[L, D]: one tree's per-turn advantages ``a`` with each turn's entry divided by n_y, the
-    number of leaves under the turn's node y (the paths that share the turn).
+def per_node(trees: TreeBatch, a: np.ndarray) -> np.ndarray:
+    """[L, D]: per-turn advantages ``a`` of ``trees`` with each turn's entry divided by n_y,
+    the number of leaves under the turn's node y (the paths that share the turn).
 
     Every root-to-leaf path is a training sequence, so a turn shared by n_y paths is pushed n_y
     times: a prefix continued K times weighs K + 1 sampled turns although it was sampled once,
@@ -183,26 +165,15 @@ def per_node(parent: np.ndarray, leaf_reward: np.ndarray, a: np.ndarray) -> np.n
     Flat groups are unchanged (each turn lies on one path).
     """
     a = np.asarray(a, dtype=np.float64)
-    parent = np.asarray(parent, dtype=np.int64)
-    _, n = backup(parent, leaf_reward)  # [N] leaves below each node
-    turns = root_to_leaf_paths(parent)[:, 1:]  # [L, D] the node of each turn
+    _, n = trees.backup()  # [R] leaves below each node
+    turns = trees.paths()[:, 1:]  # [L, D] the node of each turn
     if a.shape != turns.shape:
-        raise ValueError(f"per_node: advantages of shape {a.shape} do not match the tree's paths {turns.shape}")
+        raise ValueError(f"per_node: advantages of shape {a.shape} do not match the trees' "
+                         f"paths {turns.shape}")
     return np.where(turns >= 0, a / n[np.maximum(turns, 0)], np.nan)
 
 
-def concat_forest(per_tree: Sequence[np.ndarray]) -> np.ndarray:
-    """[sum L, max D]: per-tree estimator outputs stacked, shorter trees padded with NaN."""
-    if not per_tree:
-        return np.zeros((0, 0))
-    width = max(a.shape[1] for a in per_tree)
-    padded = [
-        np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=np.nan) for a in per_tree
-    ]
-    return np.concatenate(padded, axis=0)
-
-
-Estimator = Callable[[np.ndarray, np.ndarray], np.ndarray]
+Estimator = Callable[[TreeBatch], np.ndarray]
 
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": grpo,
@@ -212,3 +183,15 @@ ESTIMATORS: dict[str, Estimator] = {
     "branch": branch,
 }
 """Name -> estimator (default keyword arguments); the config edge picks one by name."""
+
+
+def advantages(trees: TreeBatch, estimator: str, *, centre: bool = False,
+               turns_once: bool = False) -> np.ndarray:
+    """[L, D] the configured advantages of every path of ``trees``: the estimator, then
+    ``centred`` (``centre``) and ``per_node`` (``turns_once``), as the policy update reads them."""
+    a = ESTIMATORS[estimator](trees)
+    if centre:
+        a = centred(trees, a)
+    if turns_once:
+        a = per_node(trees, a)
+    return a

@@ -311,28 +311,6 @@ def root_prefix(bare_outcomes: Sequence[float]) -> float | None:
     return outcomes.pop() if len(outcomes) == 1 else None
 
 
-def bare_prefixes(parent: Sequence[int], reward: Sequence[float], bare_leaves: Sequence[int],
-                  from_root: bool = False) -> tuple[list[int], np.ndarray]:
-    """A tree's Stage 2 candidates: (node ids, observed outcome [K]) of the non-leaf prefixes at
-    depth >= 1 on its bare rollouts (leaves ``bare_leaves``; node 0 is the root, ``parent[i]``
-    the parent of node i), each with the outcome of the bare rollout through it, leaf first; with
-    ``from_root``, also the root (node 0) when there is some prefix and the bare outcomes all
-    agree (``root_prefix``), as the pipeline's tasks/prefixes.py offers it."""
-    nodes, observed = [], []
-    for leaf in bare_leaves:
-        node = parent[leaf]
-        while node > 0:
-            nodes.append(int(node))
-            observed.append(float(reward[leaf]))
-            node = parent[node]
-    if nodes and from_root:
-        shared = root_prefix([reward[leaf] for leaf in bare_leaves])
-        if shared is not None:
-            nodes.append(0)
-            observed.append(shared)
-    return nodes, np.asarray(observed, dtype=np.float64)
-
-
 ALLOCATORS: dict[str, Callable[[AllocatorConfig], Allocator]] = {
     cls.name: cls for cls in (Grpo, Dapo, PromptOnly, RandomPrefix, Trace, TraceCover, Oracle)
 }

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trace_core.tree import is_leaf, root_to_leaf_paths, validate
+from trace_core.tree import TreeBatch, is_leaf, root_to_leaf_paths, validate
 
 MAX_CORRELATION = 0.95
 """Upper clip of an estimate: rho -> 1 would make the allocation treat every observed outcome as
@@ -50,47 +50,60 @@ class Term:
 
 def tree_terms(parent: np.ndarray, leaf_reward: np.ndarray, level: np.ndarray,
                predicted: np.ndarray) -> list[Term]:
-    """The evidence of one stored tree (arrays as in ``trace_core.tree``, node 0 the root).
-
-    ``level`` [N]: 0 for nodes of bare rollouts, >= 1 for continuation nodes; ``predicted`` [N]:
-    the prediction the allocation used for a node (the root's Stage 1 score, a prefix's Stage 2
-    score), NaN where none was made. Leaves need a reward in {0, 1}.
-    """
-    parent = np.asarray(parent, dtype=np.int64)
-    reward = np.asarray(leaf_reward, dtype=np.float64)
-    level = np.asarray(level, dtype=np.int64)
-    predicted = np.asarray(predicted, dtype=np.float64)
+    """``batch_terms`` of one stored tree given as arrays (node 0 the root)."""
     n = len(parent)
-    if not (len(reward) == len(level) == len(predicted) == n):
+    if not (len(leaf_reward) == len(level) == len(predicted) == n):
         raise ValueError("tree_terms: parent, leaf_reward, level and predicted must have one entry "
                          "per node")
-    validate(parent, reward)
-    leaf = is_leaf(parent)
-    bad = np.flatnonzero(leaf & ~np.isin(reward, (0.0, 1.0)))
+    validate(parent, leaf_reward)
+    return batch_terms(TreeBatch(parent, leaf_reward, level=level), predicted)
+
+
+def batch_terms(trees: TreeBatch, predicted: np.ndarray) -> list[Term]:
+    """The evidence of every tree of a batch, tree by tree (each tree's root term first, then
+    its prefixes' by row), from one pass over all trees.
+
+    ``trees.level``: 0 for nodes of bare rollouts, >= 1 for continuation nodes; ``predicted``
+    [R]: the prediction the allocation used for a node (the root's Stage 1 score, a prefix's
+    Stage 2 score), NaN where none was made. Leaves need a reward in {0, 1}.
+    """
+    predicted = np.asarray(predicted, dtype=np.float64)
+    if predicted.shape != (trees.num_rows,):
+        raise ValueError(f"batch_terms: predicted has shape {predicted.shape}, the trees "
+                         f"{trees.num_rows} rows")
+    trees.check_rewards()
+    reward, leaves = trees.reward, trees.leaves
+    bad = leaves[~np.isin(reward[leaves], (0.0, 1.0))]
     if len(bad):
         raise ValueError(f"tree_terms: leaf {bad[0]} has reward {reward[bad[0]]}, not 0 or 1")
-    paths = root_to_leaf_paths(parent)  # [L, D+1]; leaf l lies below node y iff y is on its path
-    leaf_ids = np.flatnonzero(leaf)  # [L], the rows' leaves
-    bare = level[leaf_ids] == 0  # [L]
-
-    terms = []
-    v = predicted[0]
-    if np.isfinite(v) and bare.sum() >= 2:
-        m, s = int(bare.sum()), float(reward[leaf_ids[bare]].sum())
-        terms.append(Term(0, s * (m - s) / (m * (m - 1) / 2), 2.0 * v * (1.0 - v)))
-    prefix = ~leaf & (level == 0) & np.isfinite(predicted)
-    prefix[0] = False  # the root's evidence is its bare pairs, above
-    for y in np.flatnonzero(prefix):
-        below = (paths == y).any(axis=1)  # [L]
-        conts, own = leaf_ids[below & ~bare], leaf_ids[below & bare]
-        if not len(conts) or len(own) != 1:
-            continue
-        r, p = reward[own[0]], predicted[y]
-        q = r * p + (1.0 - r) * (1.0 - p)
-        depth = int(np.flatnonzero((paths == y).any(axis=0))[0])  # the column y appears in
-        terms.append(Term(depth, float(np.sum(reward[conts] != r)), len(conts) * (1.0 - q),
-                          float(len(conts))))
-    return terms
+    size, rows = len(trees), trees.num_rows
+    tree, y = trees.tree_of_row[leaves], reward[leaves]  # [L]
+    bare = trees.level[leaves] == 0  # [L]
+    m = np.bincount(tree[bare], minlength=size)
+    s = np.bincount(tree[bare], weights=y[bare], minlength=size)
+    v = predicted[trees.roots]
+    found: list[tuple[int, Term]] = [
+        (int(trees.roots[k]), Term(0, s[k] * (m[k] - s[k]) / (m[k] * (m[k] - 1) / 2),
+                                   2.0 * v[k] * (1.0 - v[k])))
+        for k in np.flatnonzero(np.isfinite(v) & (m >= 2))]
+    paths = trees.paths()  # [L, D+1]; leaf l lies below node y iff y is on its path
+    on = paths >= 0
+    node = paths[on]  # every (leaf, node above it) pair
+    which = np.repeat(np.arange(len(leaves)), on.sum(axis=1))  # its leaf
+    cont = ~bare[which]
+    n_cont = np.bincount(node[cont], minlength=rows)
+    cont_wins = np.bincount(node[cont], weights=y[which][cont], minlength=rows)
+    n_own = np.bincount(node[~cont], minlength=rows)
+    own = np.bincount(node[~cont], weights=y[which][~cont], minlength=rows)  # its bare outcome
+    prefix = (~trees.is_leaf & (trees.level == 0) & np.isfinite(predicted) & (trees.depth > 0)
+              & (n_cont > 0) & (n_own == 1))
+    for r in np.flatnonzero(prefix):
+        p, q_r = predicted[r], own[r]
+        q = q_r * p + (1.0 - q_r) * (1.0 - p)
+        flips = n_cont[r] - cont_wins[r] if q_r == 1.0 else cont_wins[r]
+        found.append((int(r), Term(int(trees.depth[r]), float(flips), int(n_cont[r]) * (1.0 - q),
+                                   float(n_cont[r]))))
+    return [t for _, t in sorted(found, key=lambda x: x[0])]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Sequence
 import numpy as np
 
 from bench.sim.model import INIT_PROBS, TOKENS_PER_TURN, Dynamics, Exact, Items, softmax
-from bench.sim.trees import LogisticPredictor, SimTree, features, roll_into
-from trace_core.advantages import ESTIMATORS, centred, per_node
+from bench.sim.trees import LogisticPredictor, SimStep, features, roll_into
+from trace_core.advantages import advantages
 from trace_core.allocation import allocate_prefixes
 from trace_core.allocators import (
     ALLOCATORS,
@@ -24,9 +24,8 @@ from trace_core.allocators import (
     TraceCover,
     _uniform_groups,
 )
-from trace_core.calibration import Term, estimate, tree_terms
+from trace_core.calibration import Term, batch_terms, estimate
 from trace_core.posterior import PromptPosterior
-from trace_core.tree import backup, root_to_leaf_paths
 from trace_rl.config import TrainConfig
 
 # ----------------------------------------------------------------------------- methods
@@ -155,7 +154,7 @@ class Run:
             raise ValueError(f"{method.name}: N = {n} does not divide the leaf budget {total}")
         self.budget = Budget(total // (1 + n), n)
         self.turns_once = cfg.count_turns_once if method.count_turns_once is None else method.count_turns_once
-        self.estimator = ESTIMATORS[cfg.advantage]
+        self.estimator = cfg.advantage
         self.centre = cfg.centre_advantages
         self.theta = np.log(INIT_PROBS)
         self.adam_m = np.zeros_like(self.theta)
@@ -171,10 +170,9 @@ class Run:
 
     # -- predictions ---------------------------------------------------------------------------
 
-    def _node_features(self, tree: SimTree, nodes: list[int]) -> np.ndarray:
-        state = np.array([tree.state[n] for n in nodes], np.int64).reshape(-1, 4)
-        return features(self.train, np.full(len(nodes), tree.item), state,
-                        np.array([tree.firsts[n] for n in nodes]))
+    def _node_features(self, step: SimStep, rows: np.ndarray) -> np.ndarray:
+        return features(self.train, step.item[step.trees.tree_of_row[rows]],
+                        step.state[rows].reshape(-1, 4), step.firsts[rows])
 
     def predict_roots(self, idx: np.ndarray, truth: Exact) -> np.ndarray:
         kind = self.method.predictor
@@ -188,18 +186,24 @@ class Run:
             v = self.posterior.predict([self.train.ids[i] for i in idx], v)
         return v
 
-    def predict_nodes(self, tree: SimTree, nodes: list[int], truth: Exact) -> np.ndarray:
+    def predict_nodes(self, step: SimStep, rows: np.ndarray, truth: Exact) -> np.ndarray:
+        """Predictions for ``rows`` of one tree."""
         kind = self.method.predictor
         if kind == "oracle":
-            return np.array([truth.value[t, tree.item, j, s, d] for j, s, d, t in
-                             (tree.state[n] for n in nodes)])
+            return self._true_values(step, rows, truth)
         if kind == "constant":
-            return np.full(len(nodes), self.constant)
-        v = self.learned.predict(self._node_features(tree, nodes))
-        if kind == "posterior" and 0 in nodes:
-            at = nodes.index(0)
-            v[at] = self.predict_roots(np.array([tree.item]), truth)[0]
+            return np.full(len(rows), self.constant)
+        v = self.learned.predict(self._node_features(step, rows))
+        root = step.trees.depth[rows] == 0
+        if kind == "posterior" and root.any():
+            item = step.item[step.trees.tree_of_row[rows[root]]]
+            v[root] = self.predict_roots(item, truth)
         return v
+
+    @staticmethod
+    def _true_values(step: SimStep, rows: np.ndarray, truth: Exact) -> np.ndarray:
+        j, s, d, t = step.state[rows].reshape(-1, 4).T
+        return truth.value[t, step.item[step.trees.tree_of_row[rows]], j, s, d]
 
     def correlation(self):
         if self.method.predictor == "oracle" or self.settings.train.correlation_window == 0:
@@ -219,8 +223,9 @@ class Run:
         return Budget(roots=group * max(1, round(target / (group * per_leaf))), multiplier=0)
 
     def step(self, step: int, pool_idx: np.ndarray, rng: np.random.Generator,
-             truth: Exact, budget: Budget | None = None) -> tuple[list[SimTree], dict[int, dict[int, float]]]:
-        """One step's trees; ``budget`` overrides the method's leaf budget for this step."""
+             truth: Exact, budget: Budget | None = None) -> tuple[SimStep, np.ndarray]:
+        """One step's trees and the prediction each node's allocation used (NaN where none);
+        ``budget`` overrides the method's leaf budget for this step."""
         self.budget = budget or self.budget
         alloc, budget = self.allocator, self.budget
         ledger = LeafLedger(budget.total)
@@ -234,182 +239,195 @@ class Run:
                                            step - self.first_offered[pool_idx]).astype(np.float64),
                         true_value=truth.start[pool_idx],
                         correlation=0.0 if rho is None else rho.at(0))
-        trees, counts = self._root_stage(pool, pool_idx, ledger, rng)
-        order = list(trees)
-        tree_list = [trees[j] for j in order]
-        predicted: dict[int, dict[int, float]] = {k: {0: float(predicted_roots[j])}
-                                                  for k, j in enumerate(order)}
+        trees, order, counts = self._root_stage(pool, pool_idx, ledger, rng)
         if alloc.splits_jointly:
-            self._joint(tree_list, order, pool, pool_idx, ledger, rho, truth, predicted, rng)
+            self._joint(trees, order, pool, pool_idx, ledger, rho, truth, rng)
         else:
-            self._per_tree(tree_list, order, counts, ledger, rho, truth, predicted, rng)
-        return tree_list, predicted
+            self._per_tree(trees, order, counts, ledger, rho, truth, rng)
+        return trees, trees.predicted
 
     def _root_stage(self, pool: RootPool, pool_idx: np.ndarray, ledger: LeafLedger,
-                    rng: np.random.Generator) -> tuple[dict[int, SimTree], np.ndarray]:
-        """Stage 1 and its refill waves: bare rollouts of the pool's prompts; (trees by pool
-        position, rollouts per position)."""
+                    rng: np.random.Generator) -> tuple[SimStep, list[int], np.ndarray]:
+        """Stage 1 and its refill waves: bare rollouts of the pool's prompts; (the trees, each
+        tree's pool position, rollouts per position)."""
         alloc = self.allocator
-        trees: dict[int, SimTree] = {}
+        trees, order = SimStep(), []
         root_leaves = alloc.root_leaves(self.budget)
         counts = alloc.allocate_roots(pool, root_leaves, rng)
         wave = counts
         while wave is not None:
             ledger.spend(int(wave.sum()), f"{self.method.name} root stage")
+            for j in np.flatnonzero(wave):
+                if int(j) not in order:
+                    trees.new_tree(int(pool_idx[j]), float(pool.predicted[j]))
+                    order.append(int(j))
             where = []
             for j in np.flatnonzero(wave):
-                trees.setdefault(int(j), SimTree(int(pool_idx[j])))
-            order = list(trees)
-            for j in np.flatnonzero(wave):
-                where += [(order.index(int(j)), 0, True)] * int(wave[j])
-            roll_into([trees[j] for j in order], where, self.dyn, self.theta, rng)
+                where += [(int(trees.trees.roots[order.index(int(j))]), True)] * int(wave[j])
+            roll_into(trees, where, self.dyn, self.theta, rng)
+            bare = trees.bare_leaves
+            t = trees.trees
+            won = t.is_leaf & (t.level == 0) & (t.depth > 0)
+            wins = np.bincount(t.tree_of_row[won], weights=t.reward[won], minlength=len(t))
             mixed = np.zeros(pool.size, bool)
-            for j, tr in trees.items():
-                out = [tr.reward[leaf] for leaf in tr.bare_leaves]
-                mixed[j] = 0 < sum(out) < len(out)
+            mixed[order] = (wins > 0) & (wins < bare)
             wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), rng)
             if wave is not None:
                 counts = counts + wave
-        return trees, counts
+        return trees, order, counts
 
-    def _per_tree(self, tree_list: list[SimTree], order: list[int], counts: np.ndarray,
-                  ledger: LeafLedger, rho, truth: Exact, predicted: dict[int, dict[int, float]],
-                  rng: np.random.Generator) -> None:
+    def _candidates(self, trees: SimStep) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per tree, Stage 2's candidates (``TreeBatch.candidates``: rows, observed outcomes);
+        none where the set is the root alone (no prefix to branch from)."""
+        rows, observed = trees.trees.candidates(self.allocator.branches_from_root,
+                                                deepest_first=True)
+        owner = trees.trees.tree_of_row[rows]
+        out = []
+        for k, root in enumerate(trees.trees.roots):
+            mine = owner == k
+            if rows[mine].tolist() == [root]:
+                mine[:] = False
+            out.append((rows[mine], observed[mine]))
+        return out
+
+    def _per_tree(self, trees: SimStep, order: list[int], counts: np.ndarray,
+                  ledger: LeafLedger, rho, truth: Exact, rng: np.random.Generator) -> None:
         """Stage 2 tree by tree (each tree's own continuation budget), then the rollouts."""
         alloc, budget = self.allocator, self.budget
+        candidates = self._candidates(trees)
+        bare = trees.bare_leaves
         where = []
-        for k, tr in enumerate(tree_list):
+        for k, (nodes, observed) in enumerate(candidates):
+            root = int(trees.trees.roots[k])
             leaves = alloc.tree_leaves(int(counts[order[k]]), budget)
             if leaves == 0:
                 continue
             if self.method.root_only:
                 ledger.spend(leaves, "root-only continuations")
-                where += [(k, 0, False)] * leaves
+                where += [(root, False)] * leaves
                 continue
-            nodes, observed = tr.prefixes(alloc.branches_from_root)
-            pred = self.predict_nodes(tr, nodes, truth) if nodes else np.zeros(0)
-            if self.method.flip_gate > 0 and nodes:
+            pred = self.predict_nodes(trees, nodes, truth) if len(nodes) else np.zeros(0)
+            if self.method.flip_gate > 0 and len(nodes):
                 flip = np.where(observed == 1, 1 - pred, pred)
-                keep = [i for i, n in enumerate(nodes) if n == 0 or flip[i] >= self.method.flip_gate]
-                nodes, observed, pred = [nodes[i] for i in keep], observed[keep], pred[keep]
-            if self.method.token_budget and nodes:
-                leaves = self._token_leaves(tr, nodes, observed, pred, rho, leaves, rng)
+                keep = (nodes == root) | (flip >= self.method.flip_gate)
+                nodes, observed, pred = nodes[keep], observed[keep], pred[keep]
+            if self.method.token_budget and len(nodes):
+                leaves = self._token_leaves(trees, k, nodes, observed, pred, rho, leaves)
                 ledger.budget += leaves - alloc.tree_leaves(int(counts[order[k]]), budget)
             ledger.spend(leaves, f"{self.method.name} prefix stage")
-            if not nodes:
-                where += [(k, 0, False)] * leaves
+            if not len(nodes):
+                where += [(root, False)] * leaves
                 continue
-            depth = [tr.state[n][3] for n in nodes]
+            depth = trees.state[nodes, 3]
             prefixes = PrefixSet(
-                predicted=pred, observed=observed,
-                true_value=np.array([truth.value[t, tr.item, j, s, d] for j, s, d, t in
-                                     (tr.state[n] for n in nodes)]),
+                predicted=pred, observed=observed, true_value=self._true_values(trees, nodes, truth),
                 correlation=None if rho is None else np.array([rho.at(x) for x in depth]),
-                seen=np.array([len(tr.bare_leaves) if n == 0 else 1 for n in nodes], np.int64))
+                seen=np.where(nodes == root, bare[k], 1).astype(np.int64))
             kk = alloc.allocate_prefixes(prefixes, leaves, rng)
-            for n, times, v in zip(nodes, kk, pred):
-                predicted[k][n] = float(v)
-                where += [(k, n, False)] * int(times)
-        roll_into(tree_list, where, self.dyn, self.theta, rng)
+            trees.predicted[nodes] = pred
+            for n, times in zip(nodes, kk):
+                where += [(int(n), False)] * int(times)
+        roll_into(trees, where, self.dyn, self.theta, rng)
 
-    def _token_leaves(self, tr: SimTree, nodes: list[int], observed: np.ndarray, pred: np.ndarray,
-                      rho, leaves: int, rng: np.random.Generator) -> int:
+    def _token_leaves(self, trees: SimStep, k: int, nodes: np.ndarray, observed: np.ndarray,
+                      pred: np.ndarray, rho, leaves: int) -> int:
         """Continuation leaves whose expected tokens match those of ``leaves`` full rollouts of
         this prompt (a budget in tokens, not leaves): a continuation from a prefix at turn t is
         taken to cost max(L - t, 1) turns, L the mean length of the prompt's bare rollouts; the
         Stage 2 allocation at ``leaves`` prices the mix, and the leaves are scaled to match."""
-        full = tr.turns / len(tr.bare_leaves)
-        cost = np.maximum(full - np.array([tr.state[n][3] for n in nodes]), 1.0)
-        depth = [tr.state[n][3] for n in nodes]
-        k = allocate_prefixes(pred, observed, leaves,
-                              correlation=0.0 if rho is None else np.array([rho.at(x) for x in depth]))
-        per_leaf = float((k * cost).sum()) / max(int(k.sum()), 1)
+        full = trees.turns[k] / trees.bare_leaves[k]
+        depth = trees.state[nodes, 3]
+        cost = np.maximum(full - depth, 1.0)
+        kk = allocate_prefixes(pred, observed, leaves,
+                               correlation=0.0 if rho is None else np.array([rho.at(x) for x in depth]))
+        per_leaf = float((kk * cost).sum()) / max(int(kk.sum()), 1)
         return max(leaves, int(leaves * full / per_leaf))
 
-    def _joint(self, tree_list, order, pool, pool_idx, ledger, rho, truth, predicted, rng) -> None:
-        nodes_all, obs_all, pred_all, true_all, depth_all, seen_all, owner = [], [], [], [], [], [], []
-        for k, tr in enumerate(tree_list):
-            nodes, observed = tr.prefixes(self.allocator.branches_from_root)
-            if not nodes:
+    def _joint(self, trees: SimStep, order: list[int], pool: RootPool, pool_idx: np.ndarray,
+               ledger: LeafLedger, rho, truth: Exact, rng: np.random.Generator) -> None:
+        bare = trees.bare_leaves
+        nodes_all, obs_all, pred_all, seen_all = [], [], [], []
+        for k, (nodes, observed) in enumerate(self._candidates(trees)):
+            if not len(nodes):
                 continue
-            nodes_all += nodes
+            nodes_all.append(nodes)
             obs_all.append(observed)
-            pred_all.append(self.predict_nodes(tr, nodes, truth))
-            true_all += [truth.value[t, tr.item, j, s, d] for j, s, d, t in (tr.state[n] for n in nodes)]
-            depth_all += [tr.state[n][3] for n in nodes]
-            seen_all += [len(tr.bare_leaves) if n == 0 else 1 for n in nodes]
-            owner += [k] * len(nodes)
+            pred_all.append(self.predict_nodes(trees, nodes, truth))
+            seen_all.append(np.where(nodes == trees.trees.roots[k], bare[k], 1))
+        nodes = np.concatenate(nodes_all) if nodes_all else np.zeros(0, np.int64)
         fresh = np.array([j for j in range(pool.size) if j not in set(order)], np.int64)
         leaves = self.budget.total - ledger.spent
         prefixes = PrefixSet(
             predicted=np.concatenate(pred_all) if pred_all else np.zeros(0),
             observed=np.concatenate(obs_all) if obs_all else np.zeros(0),
-            true_value=np.asarray(true_all, np.float64),
-            correlation=None if rho is None else np.array([rho.at(x) for x in depth_all]),
-            seen=np.asarray(seen_all, np.int64))
+            true_value=self._true_values(trees, nodes, truth).astype(np.float64),
+            correlation=None if rho is None else np.array([rho.at(x) for x in trees.state[nodes, 3]]),
+            seen=(np.concatenate(seen_all) if seen_all else np.zeros(0)).astype(np.int64))
         fresh_pool = RootPool(predicted=pool.predicted[fresh], staleness=pool.staleness[fresh],
                               true_value=pool.true_value[fresh], correlation=pool.correlation)
         m, kk = self.allocator.allocate_joint(prefixes, fresh_pool, leaves, rng)
         ledger.spend(int(m.sum() + kk.sum()), f"{self.method.name} joint split")
+        trees.predicted[nodes] = prefixes.predicted
         where = []
-        for n, k, times, v in zip(nodes_all, owner, kk, prefixes.predicted):
-            predicted[k][n] = float(v)
-            where += [(k, n, False)] * int(times)
+        for n, times in zip(nodes, kk):
+            where += [(int(n), False)] * int(times)
         for j, times in zip(fresh, m):
             if times:
-                tree_list.append(SimTree(int(pool_idx[j])))
+                k = trees.new_tree(int(pool_idx[j]), float(pool.predicted[j]))
                 order.append(int(j))
-                k = len(tree_list) - 1
-                predicted[k] = {0: float(pool.predicted[j])}
-                where += [(k, 0, True)] * int(times)
-        roll_into(tree_list, where, self.dyn, self.theta, rng)
+                where += [(int(trees.trees.roots[k]), True)] * int(times)
+        roll_into(trees, where, self.dyn, self.theta, rng)
 
     # -- learning ------------------------------------------------------------------------------
 
-    def gradient(self, trees: list[SimTree]) -> tuple[np.ndarray, int]:
+    def gradient(self, step: SimStep) -> tuple[np.ndarray, int]:
         """The estimated gradient (token-mean over the batch's path turns) and the number of
         mixed trees."""
+        trees = step.trees
         probs = softmax(self.theta)
         g = np.zeros_like(self.theta)
-        entries = 0
-        signal = 0
-        mixed = 0
-        for tr in trees:
-            parent, reward = tr.arrays()
-            leaves = reward[~np.isnan(reward)]
-            mixed += int(0 < leaves.sum() < len(leaves))
-            a = self.estimator(parent, reward)  # [L, D]
-            if self.centre:
-                a = centred(a)
-            if self.turns_once:
-                a = per_node(parent, reward, a)
-            node = root_to_leaf_paths(parent)[:, 1:]  # [L, D]
-            ok = node >= 0
-            nodes, adv = node[ok], a[ok]
-            typ = np.asarray(tr.typ)[nodes]
-            act = np.asarray(tr.action)[nodes]
-            entries += len(nodes)
-            # generated turns whose advantages over the paths through them do not cancel
-            net = np.bincount(nodes, weights=adv, minlength=len(parent))
-            signal += int(np.count_nonzero(np.abs(net) > 1e-9))
-            np.add.at(g, (typ, act), adv)
-            np.subtract.at(g, typ, adv[:, None] * probs[typ])
-        self._signal = signal
-        self._entries = entries  # path turns = what the update reads (training tokens / turn)
-        return g / max(entries, 1), mixed
+        leaves = trees.leaves
+        wins = np.bincount(trees.tree_of_row[leaves], weights=trees.reward[leaves], minlength=len(trees))
+        mixed = int(np.count_nonzero((wins > 0) & (wins < np.bincount(trees.tree_of_row[leaves],
+                                                                       minlength=len(trees)))))
+        a = advantages(trees, self.estimator, centre=self.centre, turns_once=self.turns_once)
+        node = trees.paths()[:, 1:]  # [L, D]
+        ok = node >= 0
+        nodes, adv = node[ok], a[ok]
+        typ, act = step.typ[nodes], step.action[nodes]
+        # generated turns whose advantages over the paths through them do not cancel
+        net = np.bincount(nodes, weights=adv, minlength=trees.num_rows)
+        # score-function terms: + A on the taken action, - A pi(.) on every action of the turn's
+        # type; summed tree by tree (each tree's + terms, then its - terms), the order the
+        # floating-point sums of the recorded seeds were taken in
+        tree = np.repeat(trees.tree_of_row[trees.leaves], ok.sum(axis=1))  # [E]
+        n_act = g.shape[1]
+        index = np.r_[typ * n_act + act, (typ[:, None] * n_act + np.arange(n_act)).ravel()]
+        value = np.r_[adv, (-adv[:, None] * probs[typ]).ravel()]
+        order = np.lexsort((np.arange(len(index)),
+                            np.r_[np.zeros(len(adv), int), np.ones(len(adv) * n_act, int)],
+                            np.r_[tree, np.repeat(tree, n_act)]))
+        flat = g.reshape(-1)
+        np.add.at(flat, index[order], value[order])
+        self._signal = int(np.count_nonzero(np.abs(net) > 1e-9))
+        self._entries = len(nodes)  # path turns = what the update reads (training tokens / turn)
+        return g / max(len(nodes), 1), mixed
 
-    def learn(self, trees: list[SimTree], predicted: dict[int, dict[int, float]], step: int,
+    def learn(self, step_trees: SimStep, predicted: np.ndarray, step: int,
               pool_grad: np.ndarray) -> None:
-        g, mixed = self.gradient(trees)
+        """One optimiser step on ``step_trees`` (``predicted``: each node's allocation input),
+        then the predictors and the rho window learn from them."""
+        trees = step_trees.trees
+        g, mixed = self.gradient(step_trees)
         denom = np.linalg.norm(g) * np.linalg.norm(pool_grad)
         self.log["cosine"].append(float((g * pool_grad).sum() / denom) if denom > 0 else 0.0)
         self.log["mixed"].append(mixed)
         self.log["active"].append(len(trees))
-        self.log["leaves"].append(sum(int(np.sum(~np.isnan(t.arrays()[1]))) for t in trees))
-        self.log["tokens"].append(TOKENS_PER_TURN * sum(t.turns for t in trees))
+        self.log["leaves"].append(int(trees.is_leaf.sum()))
+        self.log["tokens"].append(TOKENS_PER_TURN * int(step_trees.turns.sum()))
         self.log["train_tokens"].append(TOKENS_PER_TURN * self._entries)
-        self.log["bare_tokens"].append(TOKENS_PER_TURN * sum(t.bare_turns for t in trees))
-        self.log["bare"].append(sum(len(t.bare_leaves) for t in trees))
+        self.log["bare_tokens"].append(TOKENS_PER_TURN * int(step_trees.bare_turns.sum()))
+        self.log["bare"].append(int(step_trees.bare_leaves.sum()))
         self.log["signal_turns"].append(self._signal)
         self.leaf_tokens = self.log["tokens"][-1] / max(self.log["leaves"][-1], 1)
         # Adam (the pipeline's optimiser, no weight decay), ascending the return.
@@ -420,30 +438,20 @@ class Run:
         m_hat, v_hat = self.adam_m / (1 - b1 ** k), self.adam_v / (1 - b2 ** k)
         self.theta = self.theta + self.settings.learning_rate * m_hat / (np.sqrt(v_hat) + 1e-8)
         # The predictors and the rho window learn from this step's trees.
-        xs, ys, ws, terms, rewards = [], [], [], [], []
+        self.last_sampled[step_trees.item] = step
+        terms: list[Term] = []
         reads = self.allocator.uses_predictor and self.method.predictor != "oracle"
-        for k, tr in enumerate(trees):
-            parent, reward = tr.arrays()
-            rewards.append(reward[~np.isnan(reward)])
-            self.last_sampled[tr.item] = step
-            if not reads:
-                continue
-            value, n_leaves = backup(parent, reward)
-            internal = np.flatnonzero(np.isnan(reward))
-            xs.append(self._node_features(tr, list(internal)))
-            ys.append(value[internal])
-            ws.append(n_leaves[internal].astype(np.float64))
-            pred = np.full(len(parent), np.nan)
-            for n, v in predicted.get(k, {}).items():
-                pred[n] = v
-            terms += tree_terms(parent, reward, np.asarray(tr.level), pred)
-        if reads and self.method.predictor in ("learned", "posterior"):
-            self.learned.fit(np.concatenate(xs), np.concatenate(ys), np.concatenate(ws))
-        self.constant = float(np.concatenate(rewards).mean())
+        if reads:
+            value, n_leaves = trees.backup()
+            internal = np.flatnonzero(~trees.is_leaf)
+            if self.method.predictor in ("learned", "posterior"):
+                self.learned.fit(self._node_features(step_trees, internal), value[internal],
+                                 n_leaves[internal].astype(np.float64))
+            terms = batch_terms(trees, predicted)
+        self.constant = float(trees.reward[trees.leaves].mean())
         if self.method.predictor == "posterior":
-            self.posterior.update([self.train.ids[t.item] for t in trees],
-                                  np.array([t.root_successes for t in trees]),
-                                  np.array([t.root_rollouts for t in trees], np.float64))
+            self.posterior.update([self.train.ids[i] for i in step_trees.item],
+                                  step_trees.root_successes, step_trees.root_rollouts.astype(np.float64))
         window = self.settings.train.correlation_window
         if window:
             self.terms = (self.terms + [terms])[-window:]

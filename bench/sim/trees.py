@@ -6,69 +6,78 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.sim.model import HOMONYM, REPLAY_STEPS, Batch, Dynamics, Items, sample
-from trace_core.allocators import bare_prefixes
+from bench.sim.model import HOMONYM, REPLAY_STEPS, Dynamics, Items, sample
+from trace_core.tree import TreeBatch
 
 # ----------------------------------------------------------------------------- trees
 
 
 @dataclass
-class SimTree:
-    """One prompt's rollout tree (node 0 the root; parent < child) with each node's state."""
+class SimStep:
+    """One step's rollout trees (a ``TreeBatch``) with each node's chain state, the turn that led
+    to it, the first matches taken on its path and the prediction the allocation used for it
+    (NaN where none), and per tree its train item and counts."""
 
-    item: int  # index into the train pool
-    parent: list[int] = field(default_factory=lambda: [-1])
-    state: list[tuple[int, int, int, int]] = field(default_factory=lambda: [(0, 0, 0, 0)])
-    typ: list[int] = field(default_factory=lambda: [-1])  # the turn that led to the node
-    action: list[int] = field(default_factory=lambda: [-1])
-    firsts: list[int] = field(default_factory=lambda: [0])  # first matches taken on the path
-    level: list[int] = field(default_factory=lambda: [0])  # 0 bare rollouts, 1 continuations
-    reward: list[float] = field(default_factory=lambda: [np.nan])
-    bare_leaves: list[int] = field(default_factory=list)
-    root_successes: float = 0.0  # outcomes of rollouts started at the root (unbiased draws)
-    root_rollouts: int = 0
-    turns: int = 0  # generated turns
-    bare_turns: int = 0  # of which in bare rollouts (from the root)
+    trees: TreeBatch = field(default_factory=TreeBatch.empty)
+    state: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
+    typ: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # -1 at roots
+    action: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    firsts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    predicted: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    item: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [T] train pool index
+    root_successes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [T] from the root
+    root_rollouts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [T]
+    turns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [T] generated
+    bare_turns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [T] of which bare
 
-    def add(self, at: int, batch: Batch, r: int, bare: bool) -> None:
-        node = at
-        for k in range(int(batch.length[r])):
-            self.parent.append(node)
-            self.state.append(tuple(int(x) for x in batch.state[r, k]))
-            ty, a = int(batch.typ[r, k]), int(batch.action[r, k])
-            self.typ.append(ty)
-            self.action.append(a)
-            self.firsts.append(self.firsts[node] + int(ty == HOMONYM and a == 1))
-            self.level.append(0 if bare else 1)
-            self.reward.append(np.nan)
-            node = len(self.parent) - 1
-        self.reward[node] = float(batch.reward[r])
-        self.turns += int(batch.length[r])
-        if bare:
-            self.bare_turns += int(batch.length[r])
-            self.bare_leaves.append(node)
-        if at == 0:
-            self.root_successes += float(batch.reward[r])
-            self.root_rollouts += 1
+    def new_tree(self, item: int, predicted: float) -> int:
+        """Open a tree for train item ``item`` (its root's prediction ``predicted``); its position."""
+        self.trees = self.trees.with_new_trees(1)
+        self.state = np.r_[self.state, np.zeros((1, 4), np.int64)]
+        self.typ, self.action = np.r_[self.typ, -1], np.r_[self.action, -1]
+        self.firsts, self.predicted = np.r_[self.firsts, 0], np.r_[self.predicted, predicted]
+        self.item = np.r_[self.item, item]
+        self.root_successes, self.root_rollouts = np.r_[self.root_successes, 0.0], np.r_[self.root_rollouts, 0]
+        self.turns, self.bare_turns = np.r_[self.turns, 0], np.r_[self.bare_turns, 0]
+        return len(self.item) - 1
 
-    def prefixes(self, from_root: bool) -> tuple[list[int], np.ndarray]:
-        """Stage 2's candidates (``trace_core.allocators.bare_prefixes``)."""
-        return bare_prefixes(self.parent, self.reward, self.bare_leaves, from_root)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.asarray(self.parent, np.int64), np.asarray(self.reward, np.float64)
+    @property
+    def bare_leaves(self) -> np.ndarray:
+        """int64 [T]: bare rollouts per tree."""
+        t = self.trees
+        return np.bincount(t.tree_of_row[t.is_leaf & (t.level == 0) & (t.depth > 0)],
+                           minlength=len(t))
 
 
-def roll_into(trees: list[SimTree], where: list[tuple[int, int, bool]], dyn: Dynamics,
-              theta: np.ndarray, rng: np.random.Generator) -> None:
-    """Sample one rollout per (tree index, node, bare) in ``where``, in one batch."""
+def roll_into(step: SimStep, where: list[tuple[int, bool]], dyn: Dynamics, theta: np.ndarray,
+              rng: np.random.Generator) -> None:
+    """Sample one rollout per (row, bare) in ``where``, in one batch, and hang each below its row
+    (a tree's rollouts in the order given)."""
     if not where:
         return
-    item = np.array([trees[k].item for k, _, _ in where])
-    start = np.array([trees[k].state[n] for k, n, _ in where], np.int64)
-    batch = sample(dyn, theta, item, start, rng)
-    for r, (k, node, bare) in enumerate(where):
-        trees[k].add(node, batch, r, bare)
+    at = np.array([n for n, _ in where], np.int64)
+    bare = np.array([b for _, b in where])
+    tree = step.trees.tree_of_row[at]
+    root = step.trees.depth[at] == 0  # rollouts from the root: unbiased draws of its value
+    batch = sample(dyn, theta, step.item[tree], step.state[at], rng)
+    length = batch.length.astype(np.int64)
+    reward = batch.reward.astype(np.float64)
+    step.trees, growth = step.trees.grow(at, length, reward, np.where(bare, 0, 1))
+    on = np.arange(batch.state.shape[1])[None, :] < length[:, None]  # [C, K] the chains' turns
+    typ, action = batch.typ[on], batch.action[on]
+    first = np.where(on, (batch.typ == HOMONYM) & (batch.action == 1), 0).cumsum(axis=1)[on]
+    step.state = growth.place(step.state, batch.state[on].astype(np.int64))
+    step.typ, step.action = growth.place(step.typ, typ), growth.place(step.action, action)
+    step.firsts = growth.place(step.firsts, np.repeat(step.firsts[at], length) + first)
+    step.predicted = growth.place(step.predicted, np.full(int(length.sum()), np.nan))
+    t = len(step.item)
+    step.turns = step.turns + np.bincount(tree, weights=length, minlength=t).astype(np.int64)
+    step.bare_turns = step.bare_turns + np.bincount(tree, weights=length * bare,
+                                                    minlength=t).astype(np.int64)
+    step.root_successes = step.root_successes + np.bincount(tree, weights=reward * root,
+                                                            minlength=t)
+    step.root_rollouts = step.root_rollouts + np.bincount(tree, weights=root,
+                                                          minlength=t).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------- predictors

@@ -2,13 +2,14 @@
 
 A tree's nodes get local indices in the order they are created: the root (the prompt) is 0, the
 bare rollouts' turns follow at level 0, continuations' turns are appended at level 1. Because
-``parent[i] < i`` holds by construction, the local indices are exactly the struct-of-arrays index
-of ``trace_core.tree`` and a tree's rows map one-to-one onto its arrays.
+``parent[i] < i`` holds by construction, a step's rows (ordered by tree, then slot) are exactly
+the rows of ``trace_core.tree.TreeBatch``.
 
 Writing: ``LevelBatch`` appends a level's new nodes column by column (``storage.schema.NODE_INPUT``)
 and hands the store one Arrow table. Reading: ``StepTrees`` wraps a step's Arrow table (the
 store's ``read_step``, ordered by tree and slot) as numpy columns with each tree a contiguous
-slice, and builds ``trace_core.tree.Tree``s, paths and histories from the parent array. Neither
+slice: its tree structure converted once into a ``trace_core.tree.TreeBatch`` (``batch``), which
+every tree operation runs on, and the text columns for histories and replayed turns. Neither
 turns a node into a Python dict: at a few thousand leaves per step the per-node dicts were the
 bookkeeping that dominated a step's overhead.
 """
@@ -22,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trace_core.tree import NO_PARENT, Tree, leaf_below
+from trace_core.tree import NO_PARENT, TreeBatch
 from trace_rl.rollout.types import Action, Episode, Turn
 from trace_rl.storage.schema import NODE_INPUT, NODE_INPUT_SCHEMA
 
@@ -122,9 +123,10 @@ def _history(question: str, turns: Sequence[tuple[str, str | None]]) -> str:
 class StepTrees:
     """A step's stored nodes (``TreeStore.read_step``: ordered by tree, then slot) as columns.
 
-    Tree ``k`` (``k``-th tree of the step, id ``tree_ids[k]``) is rows ``offsets[k]`` to
-    ``offsets[k + 1]``; its local index is the row minus ``offsets[k]``, so ``parent`` of the
-    tree is the ``parent_index`` slice as it is. Text columns are converted once, when first used.
+    ``batch`` is the step's trees as trace_core's ``TreeBatch`` (tree ``k``, id ``tree_ids[k]``,
+    is rows ``offsets[k]`` to ``offsets[k + 1]``; its local index is the row minus
+    ``offsets[k]``); the tree arrays below are the batch's. Text columns are converted once,
+    when first used.
     """
 
     def __init__(self, table: pa.Table):
@@ -133,24 +135,22 @@ class StepTrees:
         tree_id = _ints(table, "tree_id")
         local = _ints(table, "local_index")
         starts = np.flatnonzero(np.r_[True, tree_id[1:] != tree_id[:-1]]) if n else np.zeros(0, int)
-        self.offsets = np.r_[starts, n].astype(np.int64)
-        """int64 [T + 1]: first row of each tree, then the row count."""
         self.tree_ids = tree_id[starts]
         """int64 [T]: the trees' ids, increasing."""
-        sizes = np.diff(self.offsets)
+        sizes = np.diff(np.r_[starts, n])
         if np.any(np.diff(self.tree_ids) <= 0) or not np.array_equal(
                 local, np.arange(n) - np.repeat(starts, sizes)):
             raise ValueError("StepTrees: rows must be ordered by tree_id, then local_index "
                              "without gaps (TreeStore.read_step's order)")
-        self.tree_of_row = np.repeat(np.arange(len(starts)), sizes)
-        """int64 [R]: which tree (position k) each row belongs to."""
-        self.parent = _ints(table, "parent_index")
-        """int64 [R]: parent slot within the row's tree (-1 at roots)."""
-        self.depth = _ints(table, "depth")
-        self.level = _ints(table, "level") if "level" in table.column_names else np.zeros(n, int)
-        self.is_leaf = table.column("is_leaf").to_numpy(zero_copy_only=False).astype(bool)
-        self.reward = np.where(self.is_leaf, _floats(table, "reward"), np.nan)
-        """float64 [R]: the outcome at leaves, NaN elsewhere (``Tree.leaf_reward``)."""
+        is_leaf = table.column("is_leaf").to_numpy(zero_copy_only=False).astype(bool)
+        self.batch = TreeBatch(
+            _ints(table, "parent_index"), np.where(is_leaf, _floats(table, "reward"), np.nan),
+            np.r_[starts, n], _ints(table, "depth"),
+            _ints(table, "level") if "level" in table.column_names else np.zeros(n, int))
+        b = self.batch
+        self.offsets, self.tree_of_row, self.parent, self.depth, self.level = (
+            b.offsets, b.tree_of_row, b.parent, b.depth, b.level)
+        self.is_leaf, self.reward = b.is_leaf, b.reward
         self._lists: dict[str, list[Any]] = {}
 
     def __len__(self) -> int:
@@ -171,11 +171,6 @@ class StepTrees:
         """int64: the rows of tree ``k``, root first."""
         return np.arange(self.offsets[k], self.offsets[k + 1])
 
-    def tree(self, k: int) -> Tree:
-        """Tree ``k`` as trace_core's struct of arrays."""
-        s = slice(self.offsets[k], self.offsets[k + 1])
-        return Tree(self.parent[s], self.depth[s], self.reward[s])
-
     def column(self, name: str) -> list[Any]:
         """A column as a Python list (converted once)."""
         if name not in self._lists:
@@ -186,26 +181,9 @@ class StepTrees:
         """A numeric column as float64, NaN where null."""
         return _floats(self.table, name)
 
-    def path_rows(self, row: int) -> list[int]:
-        """The rows from the root of ``row``'s tree down to ``row`` (both included)."""
-        base = int(self.offsets[self.tree_of_row[row]])
-        out = [int(row)]
-        while self.parent[out[-1]] != NO_PARENT:
-            out.append(base + int(self.parent[out[-1]]))
-        return out[::-1]
-
-    def leaf_below(self) -> np.ndarray:
-        """int64 [R]: per row, the row of the leaf reached by following first children
-        (``trace_core.tree.leaf_below``); on a bare rollout's chain, the rollout's leaf."""
-        out = np.empty(self.table.num_rows, dtype=np.int64)
-        for k in range(len(self)):
-            s = slice(self.offsets[k], self.offsets[k + 1])
-            out[s] = self.offsets[k] + leaf_below(self.parent[s])
-        return out
-
     def history(self, row: int) -> str:
         """The predictor's input for node ``row``: the question and the turns down to it."""
-        path = self.path_rows(row)
+        path = self.batch.path(row)
         text, obs = self.column("text"), self.column("observation")
         return _history(text[path[0]], [(text[i], obs[i]) for i in path[1:]])
 
@@ -218,7 +196,7 @@ class StepTrees:
                      text=c["text"][i], action=Action.from_json(json.loads(c["action_json"][i])),
                      obs_text=c["observation"][i], obs_ids=list(c["obs_token_ids"][i]),
                      tool_called=bool(c["tool_called"][i]), error=bool(c["error"][i]))
-                for i in self.path_rows(row)[1:]]
+                for i in self.batch.path(row)[1:]]
 
     def allocation_scores(self, scores: pa.Table) -> np.ndarray:
         """float64 [R]: the prediction each node's allocation used, NaN where none: a root's
