@@ -19,7 +19,8 @@ import numpy as np
 
 from bench.allocation import BenchConfig
 from trace_core.allocators import Budget, PrefixSet, RootPool, make_allocator, root_prefix
-from trace_core.replay import StoredPrefix, StoredRollout, StoredTree, replay_run
+from trace_core.replay import replay_run
+from trace_core.tree import TreeBatch
 from trace_core.simulator import SimConfig, Simulator
 
 KNOBS = BenchConfig().allocator  # the simulation's allocator knobs, as bench.allocation's
@@ -40,22 +41,32 @@ def prefixes(turns: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 def logged_steps(sim: Simulator, rng: np.random.Generator):
     """What a run stores: per step a pool of prompts with Stage 1 scores, STORED_BARE bare
-    rollouts each, and one continuation from every prefix on them (with its Stage 2 score)."""
+    rollouts each, and one continuation from every prefix on them (with its Stage 2 score); the
+    trees as ``trace_core.replay.StepInput`` (a ``TreeBatch`` and each row's score)."""
     steps = []
     for _ in range(STEPS):
         prompts = sim.sample_prompts(POOL, rng)
         v = [noisy(sim.true_value(p), rng) for p in prompts]
-        trees = []
-        for prompt, vi in zip(prompts, v):
-            bare = []
+        bare, conts = [], []  # (tree, length, reward); (tree, bare rollout, depth, score, reward)
+        for k, prompt in enumerate(prompts):
             for _ in range(STORED_BARE):
                 ro = sim.rollout(prompt, (), rng)
-                pre = tuple(StoredPrefix(depth=len(h), predicted=noisy(sim.true_value(prompt, h), rng),
-                                         continuations=(float(sim.rollout(prompt, h, rng).reward),))
-                            for h in prefixes(ro.turns))
-                bare.append(StoredRollout(float(ro.reward), pre))
-            trees.append(StoredTree(predicted=vi, bare=tuple(bare)))
-        steps.append((prompts, v, trees))
+                for h in prefixes(ro.turns):
+                    score = noisy(sim.true_value(prompt, h), rng)
+                    conts.append((len(bare), len(h), score,
+                                  float(sim.rollout(prompt, h, rng).reward)))
+                bare.append((k, len(ro.turns), float(ro.reward)))
+        trees = TreeBatch.empty().with_new_trees(len(prompts))
+        trees, grown = trees.grow(trees.roots[[k for k, _, _ in bare]], [n for _, n, _ in bare],
+                                  [r for _, _, r in bare], level=0)
+        start = grown.leaf - np.array([n for _, n, _ in bare]) + 1  # each bare rollout's first row
+        at = np.array([start[b] + d - 1 for b, d, _, _ in conts], np.int64)
+        score = np.full(trees.num_rows, np.nan)
+        score[trees.roots] = v
+        score[at] = [s for _, _, s, _ in conts]
+        trees, placed = trees.grow(at, np.ones(len(conts), np.int64),
+                                   [r for _, _, _, r in conts], level=1)
+        steps.append((prompts, v, (trees, placed.place(score, np.full(len(conts), np.nan)))))
     return steps
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from studies.replay import BUDGET, logged_steps, validate
-from trace_core.replay import StoredPrefix
 from trace_core.simulator import SimConfig, Simulator
 
 RUNS = 4  # simulated runs (logging seeds): one run's own sampling noise is ~10-20 %
@@ -67,15 +66,22 @@ def test_stored_trees_are_read_back_for_the_replay(tmp_path):
     store.write_level("r", 0, 1, pa.Table.from_pylist(cont, schema=NODE_INPUT_SCHEMA),
                       allocations=pa.table({"node_id": ["r/s0/t0/n1"], "allocator": ["trace"],
                                             "k": pa.array([1], pa.int64()), "predicted_v": [0.6]}))
-    steps, [trees] = stored_steps(TreeStore(tmp_path, create=False), "r")
+    steps, [(trees, score)] = stored_steps(TreeStore(tmp_path, create=False), "r")
     assert steps == [0]
-    sampled, never = trees
-    assert (never.predicted, never.bare) == (0.7, ())
+    # the sampled tree (bare rollouts 0-1-2: 1 and 0-3: 0, a continuation 1-4: 0, one from the
+    # root 0-5: 1), then the never-sampled candidate as a root alone
+    assert trees.offsets.tolist() == [0, 6, 7]
+    assert trees.parent.tolist() == [-1, 0, 1, 0, 1, 0, -1]
+    assert trees.level.tolist() == [0, 0, 0, 0, 1, 1, 0]
+    np.testing.assert_array_equal(trees.reward, [np.nan, np.nan, 1.0, 0.0, 0.0, 1.0, np.nan])
+    np.testing.assert_array_equal(score, [0.4, 0.6, np.nan, np.nan, np.nan, np.nan, 0.7])
+    from trace_core.replay import index_step
+    sampled, never = index_step((trees, score)).prompts
+    assert (never.predicted, never.bare) == (0.7, [])
     assert sampled.predicted == 0.4 and sampled.root_continuations == (1.0,)
     assert sampled.root_counts() == (2.0, 1.0)
-    by_reward = {r.reward: r for r in sampled.bare}
-    assert by_reward[0.0].prefixes == ()
-    assert by_reward[1.0].prefixes == (StoredPrefix(depth=1, predicted=0.6, continuations=(0.0,)),)
+    assert sampled.bare == [(1.0, [1]), (0.0, [])]  # each bare rollout's outcome and prefix rows
+    assert index_step((trees, score)).continuations == {1: (0.0,), 0: (1.0,)}
 
     repo = Path(__file__).resolve().parents[1]
     cli = [sys.executable, "-m", "cli", "replay", "--workdir", str(tmp_path)]

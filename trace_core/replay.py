@@ -48,44 +48,71 @@ import numpy as np
 
 from trace_core.allocators import Allocator, Budget, PrefixSet, RootPool, root_prefix
 from trace_core.stats import mean_interval
+from trace_core.tree import TreeBatch
 
 DEFAULT_KAPPA = 4.0
 """Concentration of a prefix's value around its prompt's when no continuation was stored."""
 
 
-@dataclass(frozen=True)
-class StoredPrefix:
-    """A non-leaf prefix (depth >= 1) on a stored bare rollout."""
-
-    depth: int
-    predicted: float
-    """Stage 2 score p = V~(H) the run had for it; NaN if none."""
-    continuations: tuple[float, ...] = ()
-    """Outcomes of the continuations the run started at H."""
+StepInput = tuple[TreeBatch, np.ndarray]
+"""One stored step as a replay reads it: its trees (``level`` 0 for the bare rollouts, >= 1 for
+continuations; a never-sampled candidate is a tree of its root alone) and per row the score its
+allocation had (a root's Stage 1 score, a prefix's Stage 2 score, NaN where none). Every tree
+needs a root score."""
 
 
 @dataclass(frozen=True)
-class StoredRollout:
-    """A stored bare rollout: its outcome and the prefixes on it (depth order)."""
-
-    reward: float
-    prefixes: tuple[StoredPrefix, ...] = ()
-
-
-@dataclass(frozen=True)
-class StoredTree:
-    """One prompt of a step: its Stage 1 score and its stored bare rollouts."""
+class PromptIndex:
+    """What a replay reads of one stored tree: the root's score, each bare rollout's outcome
+    and prefix rows (root side first), the outcomes of the continuations started at the root."""
 
     predicted: float
-    bare: tuple[StoredRollout, ...]
-    root_continuations: tuple[float, ...] = ()
-    """Outcomes of continuations from the root itself (more draws of V(x_i))."""
+    bare: list[tuple[float, list[int]]]
+    root_continuations: tuple[float, ...]
 
     def root_counts(self) -> tuple[float, float]:
         """(successes, failures) among the draws of V(x_i): bare rollouts and root continuations."""
-        draws = [r.reward for r in self.bare] + list(self.root_continuations)
+        draws = [r for r, _ in self.bare] + list(self.root_continuations)
         s = float(sum(draws))
         return s, len(draws) - s
+
+
+@dataclass(frozen=True)
+class StepIndex:
+    """A step's prompts and, per prefix row, its depth, score and continuation outcomes."""
+
+    prompts: list[PromptIndex]
+    depth: np.ndarray
+    predicted: np.ndarray
+    continuations: dict[int, tuple[float, ...]]
+
+
+def index_step(step: StepInput) -> StepIndex:
+    """Read a stored step once: bare rollouts from the level-0 leaves, a continuation's outcome
+    from the leaf its chain ends on (``TreeBatch.leaf_below``), started where its level rises."""
+    trees, predicted = step
+    predicted = np.asarray(predicted, np.float64)
+    v = predicted[trees.roots]
+    if np.any(~np.isfinite(v)):
+        raise ValueError(f"tree {int(np.flatnonzero(~np.isfinite(v))[0])} of a replayed step "
+                         "has no Stage 1 score")
+    up = np.maximum(trees.up, 0)
+    start = np.flatnonzero((trees.up >= 0) & (trees.level > trees.level[up]))
+    outcome = trees.reward[trees.leaf_below()[start]]
+    continuations: dict[int, list[float]] = {}
+    for at, y in zip(trees.up[start[np.isfinite(outcome)]], outcome[np.isfinite(outcome)]):
+        continuations.setdefault(int(at), []).append(float(y))
+    leaves = trees.leaves
+    paths = trees.paths()
+    bare: list[list[tuple[float, list[int]]]] = [[] for _ in range(len(trees))]
+    for leaf, path in zip(leaves, paths):
+        if trees.level[leaf] == 0 and trees.depth[leaf] > 0:
+            bare[trees.tree_of_row[leaf]].append(
+                (float(trees.reward[leaf]), path[1:trees.depth[leaf]].tolist()))
+    prompts = [PromptIndex(float(v[k]), bare[k], tuple(continuations.get(int(root), ())))
+               for k, root in enumerate(trees.roots)]
+    return StepIndex(prompts, trees.depth, predicted,
+                 {row: tuple(ys) for row, ys in continuations.items()})
 
 
 @dataclass(frozen=True)
@@ -118,29 +145,35 @@ def _concentration(observed: float, expected: float) -> float:
     return ratio / (1 - ratio)
 
 
-def fit_environment(steps: Sequence[Sequence[StoredTree]]) -> Environment:
+def fit_environment(steps: Sequence[StepInput]) -> Environment:
     """kappa_0 of the prompts' prior (disagreeing pairs among each prompt's stored draws against
     2 v (1 - v)), and kappa per depth from the continuations: P(continuation != y) =
     kappa / (kappa + 1) (1 - q), q = y V + (1 - y)(1 - V) with V the prompt's posterior mean, so
     kappa / (kappa + 1) is the observed number of flips over the sum of (1 - q)."""
-    trees = [t for step in steps for t in step if t.bare]
+    read = [index_step(step) for step in steps]
+    return _fit(read)
+
+
+def _fit(steps: Sequence[StepIndex]) -> Environment:
+    trees = [(t, step) for step in steps for t in step.prompts if t.bare]
     if not trees:
         raise ValueError("no stored tree with a bare rollout to replay")
     # Roots: disagreeing pairs among a prompt's stored draws, s f / C(n, 2), against 2 v (1 - v).
     pairs = [(s * f / (0.5 * (s + f) * (s + f - 1)), 2 * t.predicted * (1 - t.predicted))
-             for t in trees for s, f in [t.root_counts()] if s + f >= 2]
+             for t, _ in trees for s, f in [t.root_counts()] if s + f >= 2]
     env = Environment(root_kappa=_concentration(sum(p[0] for p in pairs), sum(p[1] for p in pairs)))
     flips: dict[int, float] = {}
     expected: dict[int, float] = {}
-    for t in trees:
+    for t, step in trees:
         a, b = env.posterior(t.predicted, *t.root_counts())
         v = a / (a + b)
-        for r in t.bare:
-            q = v if r.reward >= 0.5 else 1 - v
-            for h in r.prefixes:
-                for c in h.continuations:
-                    flips[h.depth] = flips.get(h.depth, 0.0) + float((c >= 0.5) != (r.reward >= 0.5))
-                    expected[h.depth] = expected.get(h.depth, 0.0) + (1 - q)
+        for reward, prefixes in t.bare:
+            q = v if reward >= 0.5 else 1 - v
+            for h in prefixes:
+                d = int(step.depth[h])
+                for c in step.continuations.get(h, ()):
+                    flips[d] = flips.get(d, 0.0) + float((c >= 0.5) != (reward >= 0.5))
+                    expected[d] = expected.get(d, 0.0) + (1 - q)
     kappa = {d: _concentration(flips[d], e) for d, e in expected.items() if e > 0}
     return Environment(root_kappa=env.root_kappa, kappa=kappa, identified=bool(kappa))
 
@@ -163,9 +196,11 @@ class StepReplay:
         return self.groups / self.active if self.active else 0.0
 
 
-def replay_step(trees: Sequence[StoredTree], allocator: Allocator, budget: Budget,
+def replay_step(step: StepInput | StepIndex, allocator: Allocator, budget: Budget,
                 env: Environment, rng: np.random.Generator, replicates: int = 200) -> StepReplay:
     """Expected contrastive groups, trees and leaves of ``allocator`` on one step's prompts."""
+    read = step if isinstance(step, StepIndex) else index_step(step)
+    trees = read.prompts
     if allocator.name == "dapo":
         raise ValueError("dapo cannot be replayed: its refill waves draw fresh prompts, which "
                          "stored trees do not have")
@@ -184,8 +219,8 @@ def replay_step(trees: Sequence[StoredTree], allocator: Allocator, budget: Budge
                              f"its filtered candidates as k = 0 allocation rows; "
                              f"older runs only the prompts they rolled out") from exc
         for j in np.flatnonzero(m):
-            mixed, spent = _replay_tree(trees[j], posteriors[j], int(m[j]), allocator, budget,
-                                        env, rng)
+            mixed, spent = _replay_tree(read, trees[j], posteriors[j], int(m[j]), allocator,
+                                        budget, env, rng)
             groups[rep] += mixed
             active[rep] += 1
             leaves[rep] += spent
@@ -194,32 +229,32 @@ def replay_step(trees: Sequence[StoredTree], allocator: Allocator, budget: Budge
                       active=float(active.mean()), leaves=float(leaves.mean()))
 
 
-def _replay_tree(tree: StoredTree, tree_posterior: tuple[float, float], m: int, allocator: Allocator,
-                 budget: Budget, env: Environment, rng: np.random.Generator) -> tuple[bool, int]:
+def _replay_tree(step: StepIndex, tree: PromptIndex, tree_posterior: tuple[float, float], m: int,
+                 allocator: Allocator, budget: Budget, env: Environment,
+                 rng: np.random.Generator) -> tuple[bool, int]:
     v = float(rng.beta(*tree_posterior))
     ys = (rng.random(m) < v).astype(np.float64)
     outcomes = list(ys)
     extra = allocator.tree_leaves(m, budget)
     if extra > 0:
-        by_outcome = {y: [r for r in tree.bare if (r.reward >= 0.5) == bool(y)] for y in (0, 1)}
-        keys: list[tuple[int, int]] = []  # (stored rollout, prefix) per candidate; (-1, -1) = root
+        by_outcome = {y: [r for r in tree.bare if (r[0] >= 0.5) == bool(y)] for y in (0, 1)}
+        keys: list[int] = []  # the stored prefix row per candidate; -1 = the root
         p, obs = [], []
         for y in ys:
             stored = by_outcome[int(y)]
             if not stored:
                 continue
             k = int(rng.integers(len(stored)))
-            r = stored[k]
-            for i, h in enumerate(r.prefixes):
-                keys.append((id(r), i))
-                p.append(h.predicted if np.isfinite(h.predicted) else tree.predicted)
+            for h in stored[k][1]:
+                keys.append(h)
+                p.append(step.predicted[h] if np.isfinite(step.predicted[h]) else tree.predicted)
                 obs.append(y)
         shared = root_prefix(ys)
         if not keys or (allocator.branches_from_root and shared is not None):
-            keys.append((-1, -1))
+            keys.append(-1)
             p.append(tree.predicted)
             obs.append(float("nan") if shared is None else shared)
-        if len(keys) == 1 and keys[0] == (-1, -1):
+        if len(keys) == 1 and keys[0] == -1:
             k_per = np.array([extra])
         else:
             ok = [i for i, o in enumerate(obs) if np.isfinite(o)]
@@ -227,21 +262,20 @@ def _replay_tree(tree: StoredTree, tree_posterior: tuple[float, float], m: int, 
             k_per[ok] = allocator.allocate_prefixes(
                 PrefixSet(predicted=np.clip(np.asarray(p, np.float64)[ok], 0, 1),
                           observed=np.asarray(obs, np.float64)[ok]), extra, rng)
-        rollouts = {id(r): r for r in tree.bare}
-        drawn: dict[tuple[int, int], float] = {}
+        drawn: dict[int, float] = {}
         for key, y, k in zip(keys, obs, k_per):
             if k <= 0:
                 continue
-            if key == (-1, -1):
+            if key == -1:
                 w = v
             else:
                 if key not in drawn:
-                    h = rollouts[key[0]].prefixes[key[1]]
-                    kap = env.kappa_at(h.depth)
-                    c = float(sum(h.continuations))
+                    kap = env.kappa_at(int(step.depth[key]))
+                    conts = step.continuations.get(key, ())
+                    c = float(sum(conts))
                     vv = min(max(v, 1e-3), 1 - 1e-3)
                     drawn[key] = rng.beta(kap * vv + y + c,
-                                          kap * (1 - vv) + (1 - y) + len(h.continuations) - c)
+                                          kap * (1 - vv) + (1 - y) + len(conts) - c)
                 w = drawn[key]
             outcomes += list((rng.random(int(k)) < w).astype(np.float64))
     return (0 < sum(outcomes) < len(outcomes)), len(outcomes)
@@ -267,13 +301,14 @@ class Replay:
                 "leaves": float(np.mean([s.leaves for s in self.steps])) if self.steps else 0.0}
 
 
-def replay_run(steps: Sequence[Sequence[StoredTree]], allocators: Sequence[Allocator],
+def replay_run(steps: Sequence[StepInput], allocators: Sequence[Allocator],
                budget: Budget, seed: int = 0, replicates: int = 200) -> tuple[Environment, list[Replay]]:
     """Every allocator on every step, at the same budget, with one fitted environment."""
-    env = fit_environment(steps)
+    read = [index_step(step) for step in steps]
+    env = _fit(read)
     out = []
     for a_i, allocator in enumerate(allocators):
         rng = np.random.default_rng([seed, a_i])
-        out.append(Replay(allocator.name, [replay_step(trees, allocator, budget, env, rng,
-                                                       replicates) for trees in steps]))
+        out.append(Replay(allocator.name, [replay_step(step, allocator, budget, env, rng,
+                                                       replicates) for step in read]))
     return env, out

@@ -4,12 +4,13 @@ over them (``trace replay``). Reads the published store on one read-only connect
 from __future__ import annotations
 
 import json
-import math
-from collections import defaultdict
 from typing import Any, Sequence
 
+import numpy as np
+
 from trace_core.allocators import Allocator, Budget
-from trace_core.replay import Environment, Replay, StoredPrefix, StoredRollout, StoredTree, replay_run
+from trace_core.replay import Environment, Replay, StepInput, replay_run
+from trace_core.tree import TreeBatch
 from trace_rl.storage.store import TreeStore
 
 
@@ -28,15 +29,18 @@ def stored_config(store: TreeStore, run_id: str) -> dict[str, Any]:
     return json.loads(row[0] or "{}")
 
 
-def stored_steps(store: TreeStore, run_id: str) -> tuple[list[int], list[list[StoredTree]]]:
-    """Per step with trees (in order): each tree's Stage 1 score, its bare rollouts (level 0)
-    with the prefixes on them, their Stage 2 scores and the outcomes of the continuations
-    started at each (level >= 1), and the continuations started at the root."""
+def stored_steps(store: TreeStore, run_id: str) -> tuple[list[int], list[StepInput]]:
+    """Per step with trees (in order): its trees as one ``TreeBatch`` and per row the score its
+    allocation had (``trace_core.replay.StepInput``): a root's Stage 1 score (its
+    ``predicted_v``, else its level-0 allocation row's), a prefix's Stage 2 score (its level >= 1
+    allocation row's). A tree without a bare rollout or a Stage 1 score is left out; the
+    step's filtered candidates (k = 0 allocation rows with a score and no tree) follow as trees
+    of their root alone."""
     with store.snapshot() as con:
-        nodes = con.execute(
-            "SELECT step, tree_id, local_index, parent_index, depth, level, is_leaf, reward, "
-            "predicted_v, node_id FROM nodes WHERE run_id = ? ORDER BY step, tree_id, "
-            "local_index", [run_id]).fetchall()
+        nodes = con.sql(
+            "SELECT step, tree_id, parent_index, depth, level, is_leaf, reward, predicted_v, "
+            "node_id FROM nodes WHERE run_id = $r ORDER BY step, tree_id, local_index",
+            params={"r": run_id}).to_arrow_table()
         scores = dict(con.execute("SELECT node_id, predicted_v FROM allocations WHERE run_id = ? "
                                   "AND level >= 1", [run_id]).fetchall())
         roots = dict(con.execute("SELECT node_id, predicted_v FROM allocations WHERE run_id = ? "
@@ -45,65 +49,33 @@ def stored_steps(store: TreeStore, run_id: str) -> tuple[list[int], list[list[St
             "SELECT step, predicted_v FROM allocations a WHERE run_id = ? AND level = 0 AND "
             "k = 0 AND predicted_v IS NOT NULL AND NOT EXISTS (SELECT 1 FROM nodes n WHERE "
             "n.node_id = a.node_id) ORDER BY step, node_id", [run_id]).fetchall()
-    by_tree: dict[tuple[int, int], list[tuple]] = defaultdict(list)
-    for row in nodes:
-        by_tree[row[0], row[1]].append(row)
-    steps: dict[int, list[StoredTree]] = defaultdict(list)
-    for (step, _), rows in sorted(by_tree.items()):
-        tree = _stored_tree(rows, scores, roots)
-        if tree is not None:
-            steps[step].append(tree)
-    for step, v in unsampled:
-        if step in steps:
-            steps[step].append(StoredTree(predicted=float(v), bare=()))
-    if not steps:
+    col = {name: nodes.column(name).to_numpy(zero_copy_only=False) for name in
+           ("step", "tree_id", "parent_index", "depth", "level")}
+    leaf = nodes.column("is_leaf").to_numpy(zero_copy_only=False).astype(bool)
+    reward = np.where(leaf, nodes.column("reward").cast("double").fill_null(np.nan).to_numpy(), np.nan)
+    own = nodes.column("predicted_v").to_pylist()
+    score = np.array([(v if v is not None else roots.get(n)) if d == 0 else scores.get(n)
+                      for v, n, d in zip(own, nodes.column("node_id").to_pylist(), col["depth"])],
+                     dtype=np.float64)  # None -> NaN
+    order, out = [], []
+    for step in np.unique(col["step"]):
+        at = np.flatnonzero(col["step"] == step)
+        first = np.flatnonzero(np.r_[True, np.diff(col["tree_id"][at]) != 0])
+        trees = TreeBatch(col["parent_index"][at], reward[at], np.r_[first, len(at)],
+                          col["depth"][at], col["level"][at])
+        bare = trees.is_leaf & (trees.level == 0) & (trees.depth > 0)
+        keep = np.flatnonzero((np.bincount(trees.tree_of_row[bare], minlength=len(trees)) > 0)
+                              & np.isfinite(score[at][trees.roots]))
+        if not len(keep):
+            continue
+        kept = trees.select(keep)
+        extra = [v for s, v in unsampled if s == step]
+        order.append(int(step))
+        out.append((kept.with_new_trees(len(extra)),
+                    np.r_[score[at][trees.rows_of(keep)], np.asarray(extra, np.float64)]))
+    if not out:
         raise ReplayError(f"run {run_id!r} has no stored trees in {store.path}")
-    order = sorted(steps)
-    return order, [steps[s] for s in order]
-
-
-def _stored_tree(rows: list[tuple], scores: dict, roots: dict) -> StoredTree | None:
-    slot = {r[2]: r for r in rows}
-    kids: dict[int, list[int]] = defaultdict(list)
-    for r in rows:
-        if r[3] >= 0:
-            kids[r[3]].append(r[2])
-    root = slot.get(0)
-    if root is None:
-        return None
-    v = root[8] if root[8] is not None else roots.get(root[9])
-
-    def outcome(i: int) -> float:  # follow one line of same-level children to its leaf
-        node = slot[i]
-        while not node[6]:
-            nxt = [c for c in kids[node[2]] if slot[c][5] == node[5]]
-            if not nxt:
-                return math.nan
-            node = slot[nxt[0]]
-        return float(node[7])
-
-    def continuations(i: int) -> tuple[float, ...]:
-        got = [outcome(c) for c in kids[i] if slot[c][5] > slot[i][5]]  # started at i
-        return tuple(x for x in got if not math.isnan(x))
-
-    bare = []
-    for leaf in (r for r in rows if r[6] and r[5] == 0):
-        path, i = [], leaf[3]
-        while i > 0:
-            path.append(slot[i])
-            i = slot[i][3]
-        prefixes = tuple(StoredPrefix(depth=n[4], predicted=_score(scores, n[9]),
-                                      continuations=continuations(n[2]))
-                         for n in reversed(path))
-        bare.append(StoredRollout(float(leaf[7]), prefixes))
-    if not bare or v is None:
-        return None
-    return StoredTree(predicted=float(v), bare=tuple(bare), root_continuations=continuations(0))
-
-
-def _score(scores: dict, node_id: str) -> float:
-    p = scores.get(node_id)
-    return math.nan if p is None else float(p)
+    return order, out
 
 
 def replay_stored(store: TreeStore, run_id: str, allocators: Sequence[Allocator], budget: Budget,
