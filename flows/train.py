@@ -110,8 +110,10 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
     # Level 0: bare rollouts, rewards, persisted (then DAPO's refill waves).
     counts, waves = _bare_rollouts(t, cfg, allocator, workdir, run_id, step, policy_dir, scored,
                                    pool, allocation)
-    # Stage 2: score the prefixes, allocate continuations (or, jointly, fresh prompts too).
-    scored_prefixes = t.score_prefixes(cfg, allocator, workdir, run_id, step)
+    # Stage 2: score the prefixes, allocate continuations (or, jointly, fresh prompts too). The
+    # level-0 trees are read once and handed on (a fresh wave adds trees, none of them chosen).
+    bare = runtime.step_trees(workdir, run_id, step)
+    scored_prefixes = t.score_prefixes(cfg, allocator, workdir, run_id, step, bare)
     fresh_leaves = 0
     if allocator.splits_jointly:
         chosen, fresh = t.allocate_joint(cfg, allocator, run_id, step, scored_prefixes, scored,
@@ -124,14 +126,16 @@ def run_step(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir:
         chosen = t.allocate_prefixes(cfg, allocator, run_id, step, scored_prefixes)
     # Level 1: continuations from the chosen prefixes, rewards, persisted.
     if int(pc.sum(chosen.column("k")).as_py() or 0) > 0:
-        level1 = t.expand_prefixes(cfg, workdir, run_id, step, 1, policy_dir, chosen)
+        level1 = t.expand_prefixes(cfg, workdir, run_id, step, 1, policy_dir, chosen, bare)
         t.persist_level(workdir, run_id, step, 1, level1)
     t_rollout = time.perf_counter() - t0
-    # Learning: backup targets, predictor, tree advantages, policy update, weight sync, log.
-    t.backup(workdir, run_id, step)
-    pred_stats = t.fit_predictor(cfg, workdir, run_id, step)
-    paths = t.tree_advantages(cfg, workdir, run_id, step)
-    update = t.policy_update(cfg, workdir, run_id, step, policy_dir, paths)
+    # Learning: backup targets, predictor, tree advantages, policy update, weight sync, log, on
+    # the step's finished trees, read once.
+    trees = runtime.step_trees(workdir, run_id, step)
+    t.backup(workdir, run_id, step, trees=trees)
+    pred_stats = t.fit_predictor(cfg, workdir, run_id, step, trees)
+    paths = t.tree_advantages(cfg, workdir, run_id, step, trees)
+    update = t.policy_update(cfg, workdir, run_id, step, policy_dir, paths, trees)
     # this work dir's checkpoint: a cached result names the work dir it was written in
     new_policy = str(runtime.Paths(Path(workdir)).policy_dir(run_id, step))
     sync_s = t.sync_weights(cfg, new_policy, step)

@@ -88,10 +88,12 @@ def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_di
 
 @task(name="expand-prefixes", cache_policy=runtime.PHASE_KEY, retries=1)
 def expand_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int, level: int,
-                    policy_dir: str, chosen: pa.Table) -> dict[str, Any]:
-    """Continuations: K_ijt episodes from each chosen stored prefix, appended to its tree."""
+                    policy_dir: str, chosen: pa.Table, trees: StepTrees | None = None
+                    ) -> dict[str, Any]:
+    """Continuations: K_ijt episodes from each chosen stored prefix, appended to its tree.
+    ``trees``: the step's stored trees as the flow read them (else read here)."""
     items = runtime.items_for(cfg, cfg.train_split)
-    trees = StepTrees(runtime.store(workdir).read_step(run_id, step))
+    trees = runtime.step_trees(workdir, run_id, step, trees)
     tree_id = chosen.column("tree_id").to_numpy()
     local = chosen.column("local_index").to_numpy()
     depth = chosen.column("depth").to_numpy()

@@ -19,15 +19,12 @@ from trace_rl.config import TrainConfig
 from trace_rl.policy.update import PathSample, PolicyTrainer, warmup_scale
 from trace_rl.rollout.treeio import StepTrees
 
-def _trees(workdir: str, run_id: str, step: int) -> StepTrees:
-    """The step's stored nodes as columns, one slice per tree (trace_core's arrays)."""
-    return StepTrees(runtime.store(workdir).read_step(run_id, step))
-
-
 @task(name="backup", cache_policy=runtime.PHASE_KEY)
-def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None) -> dict[str, float]:
-    """V^ and n for every node (success rate of the leaves below), stored on the nodes."""
-    trees = _trees(workdir, run_id, step)
+def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None,
+           trees: StepTrees | None = None) -> dict[str, float]:
+    """V^ and n for every node (success rate of the leaves below), stored on the nodes.
+    ``trees``: the step's trees as the flow read them (else read here)."""
+    trees = runtime.step_trees(workdir, run_id, step, trees)
     values, counts = trees.batch.backup()
     roots = values[trees.batch.roots]
     mixed = int(np.count_nonzero((roots > 0.0) & (roots < 1.0)))
@@ -39,10 +36,12 @@ def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None)
 
 
 @task(name="fit-predictor", cache_policy=runtime.PHASE_KEY)
-def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> dict[str, float]:
+def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int,
+                  trees: StepTrees | None = None) -> dict[str, float]:
     """Regress V~(H_y) onto V^(y) (weights n_y) on this step's roots and prefixes; the metrics
     are those of the predictions made BEFORE the fit (what allocation actually used)."""
-    histories, y, weights = _trees(workdir, run_id, step).predictor_examples()
+    trees = runtime.step_trees(workdir, run_id, step, trees)
+    histories, y, weights = trees.predictor_examples(*trees.batch.backup())
     predictor = runtime.load_predictor(cfg, workdir, run_id, step - 1)
     before = predictor.predict(histories)
     stats = {"predictor/brier": brier(before, y), "predictor/examples": float(len(y))}
@@ -56,10 +55,11 @@ def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> dic
 
 
 @task(name="tree-advantages", cache_policy=runtime.PHASE_KEY)
-def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> pa.Table:
+def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int,
+                    trees: StepTrees | None = None) -> pa.Table:
     """Per root-to-leaf path: its node ids and the advantage of each turn (estimator from the
     config). Each node also stores the mean advantage over the paths through it."""
-    trees = _trees(workdir, run_id, step)
+    trees = runtime.step_trees(workdir, run_id, step, trees)
     batch = trees.batch
     turned = np.flatnonzero(batch.sizes >= 2)  # a root alone has no turn to train
     mine = batch.select(turned)
@@ -94,14 +94,13 @@ def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> p
 _LIVE: dict[str, PolicyTrainer] = {}
 
 
-def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[PathSample]:
+def _samples(nodes: pa.Table, paths: pa.Table) -> list[PathSample]:
     """Each path's tokens, loss mask and per-token advantages, read from the step's columns."""
-    nodes = runtime.store(workdir).read_step(run_id, step)
     flat = pc.list_flatten(paths.column("path"))
     found = pc.index_in(flat, value_set=nodes.column("node_id"))
     if found.null_count:
-        raise ValueError(f"policy_update: {found.null_count} path node(s) are not stored for run "
-                         f"{run_id} step {step}")
+        raise ValueError(f"policy_update: {found.null_count} path node(s) are not among the "
+                         f"step's stored nodes")
     rows = found.to_numpy().astype(np.int64)
     ends = np.cumsum(pc.list_value_length(paths.column("path")).to_numpy())
     gen, obs = nodes.column("gen_token_ids").to_pylist(), nodes.column("obs_token_ids").to_pylist()
@@ -130,21 +129,23 @@ def _samples(workdir: str, run_id: str, step: int, paths: pa.Table) -> list[Path
 
 @task(name="policy-update", cache_policy=runtime.PHASE_KEY)
 def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
-                  paths: pa.Table) -> dict[str, Any]:
-    """Clipped tree-aware PG on every root-to-leaf path; saves the new policy checkpoint."""
+                  paths: pa.Table, trees: StepTrees | None = None) -> dict[str, Any]:
+    """Clipped tree-aware PG on every root-to-leaf path; saves the new policy checkpoint.
+    ``trees``: the step's trees as the flow read them (else read here)."""
+    nodes = runtime.step_trees(workdir, run_id, step, trees).table
     settings = cfg.update_settings
     out = runtime.Paths(Path(workdir)).policy_dir(run_id, step)
     lr_scale = warmup_scale(cfg.lr_warmup_steps, step)
     if cfg.cluster:  # the trainer ranks on Ray; rank 0 writes the checkpoint (docs/cluster.md)
         stats = runtime.cluster_for(cfg).update(settings, cfg.seed, policy_dir,
-                                                _samples(workdir, run_id, step, paths),
+                                                _samples(nodes, paths),
                                                 cfg.seed * 7919 + step, lr_scale, out)
         return {"policy_dir": str(out), "stats": {f"loss/{k}": v for k, v in stats.items()}}
     # The trainer stays in memory across steps of one process (keyed by the directory it last
     # saved), so the optimiser state is not reloaded each step; a resumed process reloads it.
     trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, settings, seed=cfg.seed)
     rng = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    stats = trainer.update(_samples(workdir, run_id, step, paths), rng, lr_scale=lr_scale)
+    stats = trainer.update(_samples(nodes, paths), rng, lr_scale=lr_scale)
     trainer.save(out)
     _LIVE[str(out)] = trainer
     return {"policy_dir": str(out), "stats": {f"loss/{k}": v for k, v in stats.items()}}

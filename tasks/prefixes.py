@@ -18,14 +18,15 @@ from trace_rl.rollout.treeio import StepTrees
 
 @task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)
 def score_prefixes(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str,
-                   step: int) -> pa.Table:
+                   step: int, trees: StepTrees | None = None) -> pa.Table:
     """p = V~(H_ijt) and the observed outcome r_ij for every non-leaf turn node (depth >= 1) of
     the step's bare rollouts; each such node lies on exactly one bare rollout. Each row also
     carries rho for its depth (``outcome_correlation``) and ``seen``, the rollouts below it that
     had the observed outcome (1, or the bare rollouts of a root). When the allocator
     branches from the root (TRACE), the root of a tree whose bare rollouts agree is a candidate
-    too (depth 0, observed = the shared outcome)."""
-    trees = StepTrees(runtime.store(workdir).read_step(run_id, step))
+    too (depth 0, observed = the shared outcome). ``trees``: the step's level-0 trees as the
+    flow read them (else read here)."""
+    trees = runtime.step_trees(workdir, run_id, step, trees)
     from_root = allocator.branches_from_root
     rho = outcome_correlation(cfg, allocator, workdir, run_id, step)
     # Every bare rollout ended on its first turn: nothing to branch from, so the tree's

@@ -28,6 +28,7 @@ from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.envs.registry import make_env
 from trace_rl.engines import default_engine_kind, get_engine
 from trace_rl.rollout.types import Engine
+from trace_rl.rollout.treeio import StepTrees
 from trace_rl.storage.store import TreeStore, make_node_id
 
 
@@ -112,6 +113,12 @@ PHASE_KEY = PhaseKey()
 @lru_cache(maxsize=8)
 def store(workdir: str) -> TreeStore:
     return TreeStore(Paths(Path(workdir)).db)
+
+
+def step_trees(workdir: str, run_id: str, step: int, trees: StepTrees | None = None) -> StepTrees:
+    """The step's stored trees: ``trees`` when the flow read them and handed them on, else one
+    read of the store (a task called on its own)."""
+    return trees if trees is not None else StepTrees(store(workdir).read_step(run_id, step))
 
 
 @lru_cache(maxsize=8)

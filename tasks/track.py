@@ -70,19 +70,12 @@ def prediction_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]
     store = runtime.store(workdir)
     scores = store.query("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND "
                          "step = $s AND level = 1", {"r": run_id, "s": step})
-    pairs: list[list[np.ndarray]] = [[], [], [], []]
-    flips: list[calibration.Term] = []
     trees = StepTrees(store.read_step(run_id, step))
     predicted = trees.allocation_scores(scores)
-    for k in range(len(trees)):
-        s = slice(trees.offsets[k], trees.offsets[k + 1])
-        args = (trees.parent[s], trees.reward[s], trees.level[s], predicted[s])
-        for acc, arr in zip(pairs, calibration.outcome_pairs(*args)):
-            acc.append(arr)
-        flips += [t for t in calibration.tree_terms(*args) if t.depth >= 1]
+    pairs = calibration.batch_pairs(trees.batch, predicted)
+    flips = [t for t in calibration.batch_terms(trees.batch, predicted) if t.depth >= 1]
     out: dict[str, float] = {}
     for name, p, y in (("root", pairs[0], pairs[1]), ("prefix", pairs[2], pairs[3])):
-        p, y = np.concatenate(p) if p else np.zeros(0), np.concatenate(y) if y else np.zeros(0)
         if len(p):
             out[f"predictor/{name}_brier"] = brier(p, y)
         if len(p) and 0 < y.mean() < 1:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trace_core.tree import TreeBatch, is_leaf, root_to_leaf_paths, validate
+from trace_core.tree import TreeBatch, validate
 
 MAX_CORRELATION = 0.95
 """Upper clip of an estimate: rho -> 1 would make the allocation treat every observed outcome as
@@ -76,7 +76,7 @@ def batch_terms(trees: TreeBatch, predicted: np.ndarray) -> list[Term]:
     bad = leaves[~np.isin(reward[leaves], (0.0, 1.0))]
     if len(bad):
         raise ValueError(f"tree_terms: leaf {bad[0]} has reward {reward[bad[0]]}, not 0 or 1")
-    size, rows = len(trees), trees.num_rows
+    size = len(trees)
     tree, y = trees.tree_of_row[leaves], reward[leaves]  # [L]
     bare = trees.level[leaves] == 0  # [L]
     m = np.bincount(tree[bare], minlength=size)
@@ -86,17 +86,8 @@ def batch_terms(trees: TreeBatch, predicted: np.ndarray) -> list[Term]:
         (int(trees.roots[k]), Term(0, s[k] * (m[k] - s[k]) / (m[k] * (m[k] - 1) / 2),
                                    2.0 * v[k] * (1.0 - v[k])))
         for k in np.flatnonzero(np.isfinite(v) & (m >= 2))]
-    paths = trees.paths()  # [L, D+1]; leaf l lies below node y iff y is on its path
-    on = paths >= 0
-    node = paths[on]  # every (leaf, node above it) pair
-    which = np.repeat(np.arange(len(leaves)), on.sum(axis=1))  # its leaf
-    cont = ~bare[which]
-    n_cont = np.bincount(node[cont], minlength=rows)
-    cont_wins = np.bincount(node[cont], weights=y[which][cont], minlength=rows)
-    n_own = np.bincount(node[~cont], minlength=rows)
-    own = np.bincount(node[~cont], weights=y[which][~cont], minlength=rows)  # its bare outcome
-    prefix = (~trees.is_leaf & (trees.level == 0) & np.isfinite(predicted) & (trees.depth > 0)
-              & (n_cont > 0) & (n_own == 1))
+    n_cont, cont_wins, n_own, own = _below(trees)
+    prefix = _scored(trees, predicted) & (n_cont > 0) & (n_own == 1)
     for r in np.flatnonzero(prefix):
         p, q_r = predicted[r], own[r]
         q = q_r * p + (1.0 - q_r) * (1.0 - p)
@@ -104,6 +95,27 @@ def batch_terms(trees: TreeBatch, predicted: np.ndarray) -> list[Term]:
         found.append((int(r), Term(int(trees.depth[r]), float(flips), int(n_cont[r]) * (1.0 - q),
                                    float(n_cont[r]))))
     return [t for _, t in sorted(found, key=lambda x: x[0])]
+
+
+def _below(trees: TreeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row [R]: the continuation leaves below it and their successes, the bare-rollout
+    leaves below it and their successes (a prefix on a bare rollout has one: its outcome)."""
+    leaves, rows = trees.leaves, trees.num_rows
+    y, bare = trees.reward[leaves], trees.level[leaves] == 0  # [L]
+    paths = trees.paths()  # [L, D+1]; leaf l lies below node y iff y is on its path
+    on = paths >= 0
+    node = paths[on]  # every (leaf, node above it) pair
+    which = np.repeat(np.arange(len(leaves)), on.sum(axis=1))  # its leaf
+    cont = ~bare[which]
+    return (np.bincount(node[cont], minlength=rows),
+            np.bincount(node[cont], weights=y[which][cont], minlength=rows),
+            np.bincount(node[~cont], minlength=rows),
+            np.bincount(node[~cont], weights=y[which][~cont], minlength=rows))
+
+
+def _scored(trees: TreeBatch, predicted: np.ndarray) -> np.ndarray:
+    """bool [R]: prefixes on bare rollouts (depth >= 1) that carry a prediction."""
+    return ~trees.is_leaf & (trees.level == 0) & np.isfinite(predicted) & (trees.depth > 0)
 
 
 @dataclass(frozen=True)
@@ -150,35 +162,31 @@ def estimate(terms: Iterable[Term], *, min_terms: int = 16) -> Correlation:
 
 def outcome_pairs(parent: np.ndarray, leaf_reward: np.ndarray, level: np.ndarray,
                   predicted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """What a stored tree says of the predictions its allocation used, as (prediction, outcome)
-    pairs (arrays as in ``tree_terms``):
+    """``batch_pairs`` of one stored tree given as arrays (as in ``tree_terms``)."""
+    if not (len(leaf_reward) == len(level) == len(predicted) == len(parent)):
+        raise ValueError("outcome_pairs: parent, leaf_reward, level and predicted must have one "
+                         "entry per node")
+    validate(parent, leaf_reward)
+    return batch_pairs(TreeBatch(parent, leaf_reward, level=level), predicted)
 
-    * roots: the root's Stage 1 prediction against each bare rollout's reward ([m] each);
+
+def batch_pairs(trees: TreeBatch, predicted: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What a batch of stored trees says of the predictions its allocation used, as (prediction,
+    outcome) pairs, tree by tree (``predicted`` as in ``batch_terms``):
+
+    * roots: each root's Stage 1 prediction against each of its bare rollouts' rewards;
     * prefixes: each scored bare-rollout prefix at depth >= 1 (Stage 2's prediction) against the
-      reward of the bare rollout it lies on ([k] each).
+      reward of the bare rollout it lies on.
 
     Both are the pairs a ranking metric (AUC) or Brier score of the allocation's inputs reads;
     the continuations are left out (they are what the predictions chose)."""
-    parent = np.asarray(parent, dtype=np.int64)
-    reward = np.asarray(leaf_reward, dtype=np.float64)
-    level = np.asarray(level, dtype=np.int64)
     predicted = np.asarray(predicted, dtype=np.float64)
-    if not (len(reward) == len(level) == len(predicted) == len(parent)):
-        raise ValueError("outcome_pairs: parent, leaf_reward, level and predicted must have one "
-                         "entry per node")
-    validate(parent, reward)
-    leaf = is_leaf(parent)
-    paths = root_to_leaf_paths(parent)  # [L, D+1]
-    leaf_ids = np.flatnonzero(leaf)  # [L]
-    bare = level[leaf_ids] == 0  # [L]
-    root_y = reward[leaf_ids[bare]] if np.isfinite(predicted[0]) else np.zeros(0)
-    root_p = np.full(len(root_y), predicted[0])
-    scored = ~leaf & (level == 0) & np.isfinite(predicted)
-    scored[0] = False
-    pre_p, pre_y = [], []
-    for y in np.flatnonzero(scored):
-        own = leaf_ids[(paths == y).any(axis=1) & bare]
-        if len(own) == 1:
-            pre_p.append(predicted[y])
-            pre_y.append(reward[own[0]])
-    return root_p, root_y, np.asarray(pre_p, np.float64), np.asarray(pre_y, np.float64)
+    trees.check_rewards()
+    leaves = trees.leaves
+    root = trees.roots[trees.tree_of_row[leaves]]  # [L] each leaf's root row
+    pick = leaves[(trees.level[leaves] == 0) & np.isfinite(predicted[root])]
+    _, _, n_own, own = _below(trees)
+    scored = np.flatnonzero(_scored(trees, predicted) & (n_own == 1))
+    return (predicted[trees.roots[trees.tree_of_row[pick]]], trees.reward[pick],
+            predicted[scored], own[scored])

@@ -209,13 +209,15 @@ class StepTrees:
         out[self.depth == 0] = self.floats("predicted_v")[roots][self.tree_of_row[self.depth == 0]]
         return out
 
-    def predictor_examples(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def predictor_examples(self, value: np.ndarray | None = None, n_leaves: np.ndarray | None = None
+                           ) -> tuple[list[str], np.ndarray, np.ndarray]:
         """(histories, targets V^, weights n) of every backed-up internal node (roots and
-        prefixes): what the predictor is fit on."""
-        value = self.floats("value")
+        prefixes): what the predictor is fit on. ``value``, ``n_leaves``: the backup's
+        (``TreeBatch.backup``), else the stored columns."""
+        value = self.floats("value") if value is None else value
+        n_leaves = self.floats("n_leaves") if n_leaves is None else n_leaves.astype(np.float64)
         rows = np.flatnonzero(~self.is_leaf & ~np.isnan(value))
-        return ([self.history(int(r)) for r in rows], value[rows],
-                self.floats("n_leaves")[rows])
+        return [self.history(int(r)) for r in rows], value[rows], n_leaves[rows]
 
 
 def _ints(table: pa.Table, name: str) -> np.ndarray:
