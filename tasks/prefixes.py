@@ -10,7 +10,7 @@ from prefect import task
 from tasks import runtime
 from tasks.correlation import outcome_correlation
 from tasks.roots import with_counts
-from trace_core.allocators import Allocator, PrefixSet, RootPool
+from trace_core.allocators import Allocator, PrefixSet, RootPool, allocate_per_tree
 from trace_core.waves import split_jointly
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import StepTrees
@@ -54,24 +54,13 @@ def score_prefixes(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id:
 def allocate_prefixes(cfg: TrainConfig, allocator: Allocator, run_id: str, step: int,
                       scored: pa.Table) -> pa.Table:
     """K per prefix, tree by tree (no cross-prompt waiting): budget m_i * N for tree i."""
-    budget = cfg.budget
     rng = np.random.default_rng([cfg.seed, step, 3])
     col = {name: scored.column(name).to_numpy() for name in
            ("tree_id", "depth", "bare", "predicted_v", "observed", "correlation", "seen")}
-    k = np.zeros(scored.num_rows, dtype=np.int64)
-    trees, first = np.unique(col["tree_id"], return_index=True)
-    for t, i in zip(trees, first):
-        idx = np.flatnonzero(col["tree_id"] == t)
-        leaves = allocator.tree_leaves(int(col["bare"][i]), budget)
-        if leaves <= 0:
-            continue
-        if len(idx) == 1 and col["depth"][i] == 0:  # root fallback of score_prefixes
-            k[idx] = leaves
-            continue
-        prefixes = PrefixSet(predicted=col["predicted_v"][idx], observed=col["observed"][idx],
-                             correlation=col["correlation"][idx],
-                             seen=col["seen"][idx].astype(np.int64))
-        k[idx] = allocator.allocate_prefixes(prefixes, leaves, rng)
+    prefixes = PrefixSet(predicted=col["predicted_v"], observed=col["observed"],
+                         correlation=col["correlation"], seen=col["seen"].astype(np.int64))
+    k = allocate_per_tree(allocator, col["tree_id"], prefixes, col["depth"], col["bare"],
+                          cfg.budget, rng)
     return scored.append_column("k", pa.array(k))
 
 

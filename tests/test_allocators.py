@@ -195,3 +195,18 @@ def test_candidates_list_the_bare_rollouts_prefixes_and_the_agreeing_root():
     assert nodes.tolist() == [0] and observed.tolist() == [0.0]
     _, observed = TreeBatch([-1, 0, 0], [np.nan, 0.0, 1.0]).candidates(from_root=True)
     assert np.isnan(observed).all()
+
+
+def test_allocate_per_tree_spends_each_trees_own_budget():
+    from trace_core.allocators import Trace, allocate_per_tree
+
+    # tree 7: its root alone (no prefix); tree 3: two prefixes; tree 5: bare 0, nothing to spend
+    tree = np.array([7, 3, 3, 5])
+    depth = np.array([0, 1, 2, 1])
+    bare = np.array([2, 3, 3, 0])
+    prefixes = PrefixSet(predicted=np.array([0.5, 0.9, 0.2, 0.5]),
+                         observed=np.array([np.nan, 1.0, 0.0, 1.0]))
+    budget = Budget(roots=4, multiplier=2)
+    k = allocate_per_tree(Trace(knobs()), tree, prefixes, depth, bare, budget,
+                          np.random.default_rng(0))
+    assert k[0] == 4 and k[1:3].sum() == 6 and k[3] == 0

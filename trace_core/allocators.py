@@ -311,6 +311,31 @@ def root_prefix(bare_outcomes: Sequence[float]) -> float | None:
     return outcomes.pop() if len(outcomes) == 1 else None
 
 
+def allocate_per_tree(allocator: Allocator, tree: np.ndarray, prefixes: PrefixSet,
+                      depth: np.ndarray, bare: np.ndarray, budget: Budget,
+                      rng: np.random.Generator) -> np.ndarray:
+    """[K] continuations per Stage 2 candidate of a step (``TreeBatch.candidates``: ``tree`` [K]
+    each one's tree, ``depth`` [K] its depth, ``bare`` [K] its tree's bare rollouts m_i), tree by
+    tree in the order the trees first appear (no cross-prompt waiting): tree i spends
+    ``allocator.tree_leaves(m_i, budget)``, all on its root when the root is its only candidate
+    (no prefix to branch from)."""
+    k = np.zeros(len(tree), dtype=np.int64)
+    trees, first = np.unique(tree, return_index=True)
+    for t, i in zip(trees, first):
+        idx = np.flatnonzero(tree == t)
+        leaves = allocator.tree_leaves(int(bare[i]), budget)
+        if leaves <= 0:
+            continue
+        if len(idx) == 1 and depth[i] == 0:  # the root alone
+            k[idx] = leaves
+            continue
+        k[idx] = allocator.allocate_prefixes(PrefixSet(
+            predicted=prefixes.predicted[idx], observed=prefixes.observed[idx],
+            correlation=None if prefixes.correlation is None else prefixes.correlation[idx],
+            seen=None if prefixes.seen is None else prefixes.seen[idx]), leaves, rng)
+    return k
+
+
 ALLOCATORS: dict[str, Callable[[AllocatorConfig], Allocator]] = {
     cls.name: cls for cls in (Grpo, Dapo, PromptOnly, RandomPrefix, Trace, TraceCover, Oracle)
 }
