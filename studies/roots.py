@@ -2,7 +2,7 @@
 
 For every step of a ``train`` run (its DuckDB store and predictor checkpoints), each bare rollout
 is one (score, reward) pair, scored by its prompt's prediction (``trace_core.calibration.
-outcome_pairs``), and the AUC is taken within the step. Rankers, all of the same roots:
+batch_pairs``), and the AUC is taken within the step. Rankers, all of the same roots:
 
 * ``stored``: what Stage 1 used (the ``predicted_v`` of the root: the text predictor's, or with
   ``root_posterior`` / ``root_oracle`` theirs);

@@ -44,7 +44,7 @@ def _estimate(workdir: str, run_id: str, first: int, stop: int, min_terms: int) 
 
 
 def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calibration.Term]:
-    """``calibration.tree_terms`` of every stored tree of steps first .. stop - 1, with the
+    """``calibration.batch_terms`` of every stored tree of steps first .. stop - 1, with the
     predictions the allocation used (roots: the node's Stage 1 score; prefixes: the Stage 2
     score in the allocations table)."""
     store = runtime.store(workdir)

@@ -62,7 +62,7 @@ def _tree_metrics(one: Any) -> dict[str, float]:
 @task(name="prediction-metrics", cache_policy=runtime.PHASE_KEY)
 def prediction_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
     """How well the step's allocation inputs predicted its outcomes (``trace_core.calibration.
-    outcome_pairs``, ``tree_terms``): Stage 1's root predictions against the bare rollouts'
+    batch_pairs``, ``batch_terms``): Stage 1's root predictions against the bare rollouts'
     rewards, Stage 2's prefix predictions against the reward of the bare rollout each prefix lies
     on (AUC where both outcomes occur, Brier), and the continuations' flip rate: predicted (a
     continuation of a prefix whose bare rollout ended in r flips with probability 1 - q, q the
