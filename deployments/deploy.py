@@ -12,8 +12,9 @@ code as it is on disk when the run starts. No docker, no remote storage.
 Deployments (``<flow>/<pool without the trace- prefix>``):
 
 * ``train/cpu``, ``train/gpu``: the train flow; parameters ``config`` (a ``TrainConfig``: the UI
-  form is typed, with a description per field, and the server refuses a bad value before a run
-  is created) and ``workdir``; defaults are the embedded default config.
+  form is typed, with a description per field; on Submit it shows a bad value's refusal under its
+  field, and the server refuses a bad value before a run is created) and ``workdir``; defaults are
+  the embedded default config.
 * ``train/cluster``: the train flow on a Ray cluster (pool ``trace-cluster``; docs/cluster.md):
   the flow run stays in the worker's process (the only writer of DuckDB and MLflow) and its
   engines and trainer ranks are Ray actors. Default config: ``cluster=auto`` (the cluster this
