@@ -122,10 +122,10 @@ def warmstart(
     """Warm-start a real model (default smollm2) for a real family by SFT on ReAct traces of its
     training data, measured on its held-out split; cached. Settings as key=value
     (trace_rl.policy.warmstart.WarmstartConfig), e.g. trace warmstart family=hotpotqa epochs=1."""
-    from trace_rl.policy.warmstart import config_from_args
+    from trace_rl.config import warmstart_config
 
     try:
-        cfg = config_from_args(list(ctx.args))
+        cfg = warmstart_config(list(ctx.args))
     except (ValueError, TypeError) as exc:
         console.print(f"trace: {exc}", style="red", markup=False)
         raise typer.Exit(2)

@@ -21,7 +21,7 @@ def warmstart_run_name() -> str:
     from prefect.runtime import flow_run
 
     given = flow_run.parameters.get("config") or {}
-    value = lambda k: given.get(k, getattr(WarmstartConfig, k))  # noqa: E731
+    value = lambda k: given.get(k, WarmstartConfig.model_fields[k].default)  # noqa: E731
     return f"warmstart {value('family')} {Path(str(value('base'))).name} seed {value('seed')}"
 
 
@@ -38,10 +38,7 @@ def warmstart(config: dict[str, Any] | None = None, workdir: str | None = None,
             (default trace_runs).
         engine: The engine that measures the policy: hf, vllm or auto.
     """
-    values = dict(config or {})
-    if "env_args" in values and isinstance(values["env_args"], dict):
-        values["env_args"] = tuple(sorted(values["env_args"].items()))
-    cfg = WarmstartConfig(**values)
+    cfg = WarmstartConfig.model_validate(config or {})
     wd = resolve_workdir(workdir)
     out = Path(wd) / "policies" / f"warmstart-{cfg.family}-{Path(cfg.base).name}-s{cfg.seed}"
     policy = warmstart_policy(cfg, out, cache_dir=cache_dir(), workdir=wd, engine=engine,

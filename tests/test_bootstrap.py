@@ -136,17 +136,18 @@ def test_arith_thoughts_restate_each_step(arith):
 
 def test_bad_settings_are_named():
     with pytest.raises(TypeError, match="known settings"):
-        bootstrap_policy("synth_arith", "/nonexistent/x", learning_rat=1e-3)
+        bootstrap_policy("synth_arith", "/nonexistent/x", difficulty=1, learning_rat=1e-3)
     with pytest.raises(ValueError, match="target_success"):
-        bootstrap_policy("synth_arith", "/nonexistent/x", target_success=(0.8, 0.2))
+        bootstrap_policy("synth_arith", "/nonexistent/x", difficulty=1, target_success=(0.8, 0.2))
     with pytest.raises(KeyError, match="unknown task family"):
-        bootstrap_policy("no_such_family", "/nonexistent/x")
+        bootstrap_policy("no_such_family", "/nonexistent/x", difficulty=1)
 
 
 def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="refusing to overwrite"):
-        bootstrap_policy("synth_arith", tmp_path, preset="test", sft_examples=8, sft_epochs=1,
+        bootstrap_policy("synth_arith", tmp_path, difficulty=1, preset="test", sft_examples=8,
+                         sft_epochs=1,
                          eval_items=2, report_items=2)
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
@@ -274,7 +275,7 @@ def test_input_hash_follows_the_chain_recipe(monkeypatch):
     monkeypatch.setattr(chain.expert_thoughts, "version", chain.expert_thoughts.version + 1)
     assert input_hash(config, env, items) != key
     # Options left at their defaults stay out of the record (older policies keep their key).
-    assert "split_names" not in BootstrapConfig(family="synth_arith").to_json()
+    assert "split_names" not in BootstrapConfig(family="synth_arith", difficulty=1).to_json()
 
 
 def test_a_family_variant_gets_its_own_recipe():
@@ -292,7 +293,7 @@ def test_a_family_variant_gets_its_own_recipe():
     assert (half.sft_examples, half.sft_epochs) == (800, 12)
     assert family_config("synth_chain", options=one, **{**common, "sft_epochs": 3}).sft_epochs == 3
     assert family_config("synth_arith", options=one, **common).sft_examples == \
-        BootstrapConfig.sft_examples
+        BootstrapConfig.model_fields["sft_examples"].default
 
 
 def test_options_at_their_defaults_do_not_name_the_policy(monkeypatch, tmp_path):

@@ -101,9 +101,9 @@ def check_contract(name: str, n_items: int = 3) -> None:
         family_config(name, difficulty=1, preset="tiny", seed=0, sft_examples=None,
                       sft_epochs=None, target_success=(0.3, 0.7))
     if family.warmstart is not None:
-        from trace_rl.policy.warmstart import config_from_args
+        from trace_rl.config import warmstart_config
 
-        recipe = config_from_args([f"family={name}"])
+        recipe = warmstart_config([f"family={name}"])
         built = 0
         for item in env.load(recipe.train_splits[0])[:n_items]:
             made = family.warmstart.trace(env, item, random.Random(0), False, recipe)

@@ -14,8 +14,9 @@ import pytest
 from data_dirs import FULL_DATA
 from trace_rl.envs.hotpotqa.warmstart import quote
 from trace_rl.envs.registry import make_env
-from trace_rl.policy.warmstart import (WarmstartConfig, build_traces, config_from_args,
-                                       load_split_items, read_record, warmstart_policy)
+from trace_rl.config import warmstart_config
+from trace_rl.policy.warmstart import (WarmstartConfig, build_traces, load_split_items,
+                                       read_record, warmstart_policy)
 
 
 @pytest.mark.parametrize("thoughts", [False, True])
@@ -73,7 +74,7 @@ def test_traces_come_from_training_items_and_succeed(tiny_model_dir, thoughts):
 def one_search_traces(env, items) -> tuple[list, int]:
     """Recipe 4's traces of ``items`` (checked as they are built) and how many answer after
     the question's own search."""
-    cfg = config_from_args(["recovery=0.0"])  # recipe 4 is the default
+    cfg = warmstart_config(["recovery=0.0"])  # recipe 4 is the default
     traces = list(build_traces(cfg, env, items, random.Random(0)))
     assert len(traces) == len(items)
     one_search = 0
@@ -100,7 +101,7 @@ def test_question_first_traces_search_the_question_then_quote_the_answer(tiny_mo
     from trace_rl.policy.bootstrap import _Scripted
     from trace_rl.rollout.react import expert_episode
 
-    cfg = config_from_args(["recovery=0.0"])
+    cfg = warmstart_config(["recovery=0.0"])
     env = make_env("hotpotqa", **dict(cfg.env_args))
     train, _ = load_split_items(cfg, env)
     traces, one_search = one_search_traces(env, train[:120])
@@ -125,7 +126,7 @@ def test_quote_takes_a_whole_word_span():
 def test_full_splits_and_the_share_answered_after_one_search():
     """The recipe's split sizes on the full data (train 100 + dev_rest 400; 100 measured), and
     the first 120 training items' traces: 64% answer after the question's own search."""
-    cfg = config_from_args(["recovery=0.0"])
+    cfg = warmstart_config(["recovery=0.0"])
     env = make_env("hotpotqa", data_dir=FULL_DATA, **dict(cfg.env_args))
     train, held = load_split_items(cfg, env)
     assert len(train) == 500 and len(held) == cfg.eval_items == 100
@@ -145,24 +146,24 @@ def test_training_splits_holding_an_eval_item_are_refused():
 
 
 def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="give key=value with a key among family"):
-        config_from_args(["famliy=hotpotqa"])
-    with pytest.raises(ValueError, match="epochs='two' must be a int"):
-        config_from_args(["epochs=two"])
+    with pytest.raises(ValueError, match="unknown field 'famliy' in trace warmstart; known: family"):
+        warmstart_config(["famliy=hotpotqa"])
+    with pytest.raises(ValueError, match="epochs='two' .* valid integer"):
+        warmstart_config(["epochs=two"])
     with pytest.raises(ValueError, match="no trace builder for family 'math'"):
-        config_from_args(["family=math"])
+        warmstart_config(["family=math"])
     with pytest.raises(ValueError, match="must differ"):
-        config_from_args(["eval_split=train"])
-    with pytest.raises(ValueError, match=r"eval_temperature=0.0 must be in \(0, 2\]"):
-        config_from_args(["eval_temperature=0"])
-    assert config_from_args(['env_args={"top_k": 3}', "recovery=0.5"]).env_args == (("top_k", 3),)
-    with pytest.raises(ValueError, match="threads=-1 must be >= 0"):
-        config_from_args(["threads=-1"])
+        warmstart_config(["eval_split=train"])
+    with pytest.raises(ValueError, match=r"eval_temperature=0.0 .* greater than 0"):
+        warmstart_config(["eval_temperature=0"])
+    assert warmstart_config(['env_args={"top_k": 3}', "recovery=0.5"]).env_args == (("top_k", 3),)
+    with pytest.raises(ValueError, match="threads=-1 .* greater than or equal to 0"):
+        warmstart_config(["threads=-1"])
 
 
 def test_pinned_threads_enter_the_hash_and_auto_leaves_it_as_it_was():
     assert "threads" not in WarmstartConfig().to_json()  # default builds keep their cache key
-    assert config_from_args(["threads=1"]).to_json()["threads"] == 1
+    assert warmstart_config(["threads=1"]).to_json()["threads"] == 1
 
 
 @pytest.mark.slow  # SFT, rollouts and MLflow
@@ -212,19 +213,19 @@ def test_bfcl_warm_start_has_its_own_defaults_and_gold_traces(tmp_path, tiny_mod
     from trace_rl.envs.bfcl.warmstart import bfcl_trace
     from trace_rl.rollout.react import expert_episode
 
-    assert config_from_args([]) == WarmstartConfig()  # HotpotQA's recipe (and its hash)
-    cfg = config_from_args(["family=bfcl"])
+    assert warmstart_config([]) == WarmstartConfig()  # HotpotQA's recipe (and its hash)
+    cfg = warmstart_config(["family=bfcl"])
     assert (cfg.train_split, cfg.eval_split, cfg.env_args, cfg.recovery) == \
         ("live_simple", "simple_python", (), 0.0)
-    assert config_from_args(["family=bfcl", "max_new_tokens=64"]).max_new_tokens == 64
+    assert warmstart_config(["family=bfcl", "max_new_tokens=64"]).max_new_tokens == 64
     env = make_env("bfcl")
     train, held = load_split_items(cfg, env)
     assert len(train) == len(env.load("live_simple"))
     assert len(held) == min(cfg.eval_items, len(env.load("simple_python")))
     # BFCL's `multiple` reuses simple_python's questions: refused as a training split
     with pytest.raises(ValueError, match="of eval_split='simple_python' are in train_split='multiple'"):
-        load_split_items(config_from_args(["family=bfcl", "train_split=multiple"]), env)
-    traces = list(build_traces(config_from_args(["family=bfcl", "recovery=1.0"]), env, train[:20],
+        load_split_items(warmstart_config(["family=bfcl", "train_split=multiple"]), env)
+    traces = list(build_traces(warmstart_config(["family=bfcl", "recovery=1.0"]), env, train[:20],
                                random.Random(0)))
     # one turn: no recovery traces
     assert len(traces) == len(train[:20]) and {k for *_, k in traces} == {"gold"}

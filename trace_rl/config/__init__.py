@@ -7,17 +7,20 @@
   by its flat name, the cross-field rules and the settings derived for the layers below.
 * ``hashing``: which fields enter the config hash in a run id, and why the others do not.
 * ``load``: ``load_config`` and ``config_from_mapping`` (defaults, then a YAML file, then
-  ``key=value`` overrides, flat or dotted, validated once).
+  ``key=value`` overrides, flat or dotted, validated once), and ``load_settings``, the same
+  reading of ``key=value`` arguments for the other configs (``warmstart_config``: the warm
+  start's ``WarmstartConfig``; ``BootstrapConfig`` comes from a ``TrainConfig``).
 * ``checks``: ``check_inputs``, which opens the files a config names before any work starts.
 """
 
 from trace_rl.config.checks import check_inputs, check_policy, check_split
 from trace_rl.config.hashing import HASHED_UNLESS_DEFAULT, NEVER_HASHED, config_hash
-from trace_rl.config.load import config_from_mapping, load_config, warmstart_defaults
+from trace_rl.config.load import (config_from_mapping, load_config, load_settings,
+                                  warmstart_config, warmstart_defaults)
 from trace_rl.config.model import ConfigError, TrainConfig, flat_name, flatten
 from trace_rl.config.sections import (CONCERNS, FIELDS, LOSS_AGGREGATIONS, SECTIONS, Section)
 
 __all__ = ["CONCERNS", "FIELDS", "HASHED_UNLESS_DEFAULT", "LOSS_AGGREGATIONS", "NEVER_HASHED",
            "SECTIONS", "ConfigError", "Section", "TrainConfig", "check_inputs", "check_policy",
            "check_split", "config_from_mapping", "config_hash", "flat_name", "flatten",
-           "load_config", "warmstart_defaults"]
+           "load_config", "load_settings", "warmstart_config", "warmstart_defaults"]

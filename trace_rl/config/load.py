@@ -1,26 +1,33 @@
-"""Building a ``TrainConfig`` from a mapping, a YAML file and ``key=value`` overrides.
+"""Building a config from a mapping, a YAML file and ``key=value`` overrides.
 
 Defaults, then the file, then the overrides, validated once; every problem is reported at once,
 one line each naming the field, the value given, where it came from and what it may be
 (``ConfigError``). The command line's override strings are read as their field's type here, so
-that a value that does not parse is reported with the others rather than on its own.
+that a value that does not parse is reported with the others rather than on its own. A
+``TrainConfig`` is read by ``load_config``; any other config model (the warm start's) by
+``load_settings``, the same way.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence, get_origin
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from trace_rl.config.checks import check_inputs
 from trace_rl.config.model import ConfigError, TrainConfig, flat_name, flatten
 from trace_rl.config.sections import FIELDS, SECTIONS
 
+if TYPE_CHECKING:
+    from trace_rl.policy.warmstart.config import WarmstartConfig
 
-def _explain(exc: ValidationError, where: str) -> ConfigError:
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def _explain(exc: ValidationError, where: str, known: Iterable[str] = FIELDS) -> ConfigError:
     """One line per error of ``exc``: the field, the value and type given, what it may be."""
     lines = []
     for e in exc.errors():
@@ -28,7 +35,7 @@ def _explain(exc: ValidationError, where: str) -> ConfigError:
         field = ".".join(loc[1:] if loc and loc[0] in SECTIONS and len(loc) > 1 else loc)
         if e["type"] == "extra_forbidden":
             lines.append(f"config: unknown field {field!r} in {where}; known: "
-                         f"{', '.join(FIELDS)}")
+                         f"{', '.join(known)}")
         elif not field:  # the model validator: already names its fields
             msg = e["msg"].removeprefix("Value error, ")
             lines += [f"config: {m} (in {where})" for m in msg.splitlines()]
@@ -49,10 +56,14 @@ def config_from_mapping(data: Mapping[str, Any] | TrainConfig, where: str = "con
     family = values.get("family", FIELDS["family"].default)
     for k, v in _family_defaults(family).items():
         values.setdefault(k, v)  # splits and token caps that suit the family, unless given
+    return _validated(TrainConfig, values, where)
+
+
+def _validated(model: type[Model], values: Mapping[str, Any], where: str) -> Model:
     try:
-        return TrainConfig.model_validate(values)
+        return model.model_validate(values)
     except ValidationError as exc:
-        raise _explain(exc, where) from None
+        raise _explain(exc, where, FIELDS if model is TrainConfig else model.model_fields) from None
 
 
 WARMSTART_RECORD = "warmstart.json"
@@ -99,10 +110,9 @@ def _family_defaults(family: Any) -> dict[str, Any]:
     return family_defaults(family) if isinstance(family, str) else {}
 
 
-def _coerce(name: str, raw: str) -> Any:
-    """A command-line override string as the field's type; left as it is when it does not
-    parse, so that validation reports it with the other problems."""
-    kind = FIELDS[name].annotation if name in FIELDS else str
+def _coerce(kind: Any, raw: str) -> Any:
+    """A command-line override string as the field's type ``kind``; left as it is when it does
+    not parse, so that validation reports it with the other problems."""
     try:
         if kind is bool:
             return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False,
@@ -111,7 +121,7 @@ def _coerce(name: str, raw: str) -> Any:
             return int(raw)
         if kind is float:
             return float(raw)
-        if get_origin(kind) is dict:
+        if get_origin(kind) in (dict, tuple, list):
             return json.loads(raw)
     except ValueError:
         return raw
@@ -132,11 +142,39 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         if not isinstance(data, dict):
             raise ConfigError(f"config: {path} must hold a mapping of field: value")
         values.update(flatten(data, str(path)))
-    for item in overrides:
+    values.update(read_overrides(overrides, FIELDS, "overrides", flat_name))
+    where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
+    return check_inputs(config_from_mapping(values, where), train_split=train_split)
+
+
+def read_overrides(items: Sequence[str], fields: Mapping[str, Any], where: str,
+                   name_of: Callable[[str, str], str] | None = None) -> dict[str, Any]:
+    """``key=value`` strings as values of ``fields`` (their ``FieldInfo`` by name), each read as
+    its field's type; ``name_of`` maps a key to its field (``flat_name``: dotted keys)."""
+    values: dict[str, Any] = {}
+    for item in items:
         if "=" not in item:
             raise ConfigError(f"config: override {item!r} must look like key=value")
         k, raw = item.split("=", 1)
-        name = flat_name(k.strip(), "overrides")
-        values[name] = _coerce(name, raw)
-    where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
-    return check_inputs(config_from_mapping(values, where), train_split=train_split)
+        name = name_of(k.strip(), where) if name_of else k.strip()
+        values[name] = _coerce(fields[name].annotation if name in fields else str, raw)
+    return values
+
+
+def load_settings(model: type[Model], args: Sequence[str], where: str,
+                  defaults: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None) -> Model:
+    """``key=value`` arguments as a config ``model`` other than ``TrainConfig`` (the warm
+    start's), read and reported as ``load_config`` reads overrides; ``defaults(values)`` gives
+    values for the fields the arguments leave out."""
+    values = read_overrides(args, model.model_fields, where)
+    return _validated(model, {**(defaults(values) if defaults else {}), **values}, where)
+
+
+def warmstart_config(args: Sequence[str]) -> "WarmstartConfig":
+    """``trace warmstart``'s ``key=value`` arguments (``family=hotpotqa epochs=1``) as a
+    ``WarmstartConfig``, the family's own settings (``family_settings``) filling the fields not given."""
+    from trace_rl.policy.warmstart.config import WarmstartConfig, family_settings
+
+    family = WarmstartConfig.model_fields["family"].default
+    return load_settings(WarmstartConfig, args, "trace warmstart",
+                         lambda values: family_settings(values.get("family", family)))

@@ -42,7 +42,8 @@ class Section(BaseModel):
     """A frozen, strictly typed group of config fields, each with a range and a docstring. A
     float field given as an int (``lr: 1``) or as YAML 1.1 reads ``1e-4`` (a string: PyYAML
     wants a dot in a float's mantissa) becomes a float, so a hash of the config does not depend
-    on how a number was written."""
+    on how a number was written. The bootstrap's and the warm start's configs
+    (``trace_rl.policy``) are models of the same kind."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
                               use_attribute_docstrings=True)

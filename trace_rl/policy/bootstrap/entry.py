@@ -22,21 +22,22 @@ from trace_rl.policy.sft import auto_threads
 from trace_rl.policy.tiny import PRESETS
 
 
-def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int = 2, preset: str = "tiny",
-                     seed: int = 0, sft_examples: int | None = None, sft_epochs: int | None = None,
-                     target_success: tuple[float, float] = (0.3, 0.7), threads: int | None = None,
-                     cache_dir: str | Path | None = None, show_progress: bool = False,
-                     **settings: Any) -> Path:
+DEFAULT = {k: f.default for k, f in BootstrapConfig.model_fields.items()}
+"""``BootstrapConfig``'s defaults by field (the command line's)."""
+
+
+def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int,
+                     threads: int | None = None, cache_dir: str | Path | None = None,
+                     show_progress: bool = False, **settings: Any) -> Path:
     """Build (or reuse) the SFT-warm-started tiny policy of ``family`` in ``out_dir``; return it.
 
-    ``settings`` are further ``BootstrapConfig`` fields (noise, vocab_size, batch_size, ...).
+    ``settings`` are further ``BootstrapConfig`` fields (preset, seed, sft_examples, noise, ...;
+    left out or None: the family's setting or the default; ``family_config``).
     Cached: when ``out_dir/bootstrap.json`` holds the same input hash, nothing is recomputed; with
     ``cache_dir``, a policy built once for the same inputs is copied from there (``run_bootstrap``).
     ``show_progress``: report each phase and SFT step (``trace_rl.progress``).
     """
-    config = family_config(family, difficulty=difficulty, preset=preset, seed=seed,
-                           sft_examples=sft_examples, sft_epochs=sft_epochs,
-                           target_success=target_success, **settings)
+    config = family_config(family, difficulty=difficulty, **settings)
     return run_bootstrap(config, out_dir, threads=threads, cache_dir=cache_dir,
                          show_progress=show_progress)
 
@@ -101,18 +102,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cache."))
     p.add_argument("--family", required=True, help="task family, e.g. synth_arith")
     p.add_argument("--out", required=True, help="output policy directory")
-    p.add_argument("--difficulty", type=int, default=2)
+    p.add_argument("--difficulty", type=int, required=True)
     p.add_argument("--mix", type=lambda t: tuple(int(x) for x in t.split(",")), default=(),
                    help="item difficulties taken in turn, e.g. 1,2,3 (with --difficulty 3)")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", default=DEFAULT["preset"], choices=sorted(PRESETS))
+    p.add_argument("--seed", type=int, default=DEFAULT["seed"])
     p.add_argument("--sft-examples", type=int, default=None,
-                   help=f"default {BootstrapConfig.sft_examples}, or the family's own")
+                   help=f"default {DEFAULT['sft_examples']}, or the family's own")
     p.add_argument("--sft-epochs", type=int, default=None,
-                   help=f"default {BootstrapConfig.sft_epochs}, or the family's own")
-    p.add_argument("--target", type=float, nargs=2, default=(0.3, 0.7), metavar=("LOW", "HIGH"))
-    p.add_argument("--noise", type=float, default=BootstrapConfig.noise)
-    p.add_argument("--lr", type=float, default=BootstrapConfig.learning_rate)
+                   help=f"default {DEFAULT['sft_epochs']}, or the family's own")
+    p.add_argument("--target", type=float, nargs=2, default=DEFAULT["target_success"],
+                   metavar=("LOW", "HIGH"))
+    p.add_argument("--noise", type=float, default=DEFAULT["noise"])
+    p.add_argument("--lr", type=float, default=DEFAULT["learning_rate"])
     p.add_argument("--merged-digits", action="store_true",
                    help="BPE may merge digits (the recipe before version 4)")
     args = p.parse_args(argv)

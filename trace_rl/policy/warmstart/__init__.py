@@ -46,7 +46,8 @@ the command).
 The traces of a family are written by the builder it registered (``trace_rl.envs.registry.
 Warmstart``: ``trace_rl.envs.hotpotqa.warmstart``, ``trace_rl.envs.bfcl.warmstart``), with the
 settings it registered over ``WarmstartConfig``'s defaults (HotpotQA's recipe). The package, by
-concern: ``config`` (``WarmstartConfig``, ``config_from_args``), ``traces`` (the traces of a
+concern: ``config`` (``WarmstartConfig``, which ``trace_rl.config.warmstart_config`` reads from
+``key=value`` arguments), ``traces`` (the traces of a
 config's items and the train/measured split), ``training`` (SFT and the record), ``measure``
 (success on held-out items), ``cache`` (input hash and record; the shared machinery is
 ``trace_rl.policy.cache``), ``entry`` (``warmstart_policy``). Importing it loads neither torch nor
@@ -57,12 +58,11 @@ from __future__ import annotations
 
 from trace_rl.policy.warmstart.cache import input_hash, read_record
 from trace_rl.policy.warmstart.config import (RECIPE_VERSION, RECORD, WarmstartConfig,
-                                              config_from_args, family_settings,
-                                              warmstart_families)
+                                              family_settings, warmstart_families)
 from trace_rl.policy.warmstart.entry import warmstart_policy
 from trace_rl.policy.warmstart.measure import measure
 from trace_rl.policy.warmstart.traces import build_traces, load_split_items
 
-__all__ = ["RECIPE_VERSION", "RECORD", "WarmstartConfig", "build_traces", "config_from_args",
+__all__ = ["RECIPE_VERSION", "RECORD", "WarmstartConfig", "build_traces",
            "family_settings", "input_hash", "load_split_items", "measure", "read_record",
            "warmstart_families", "warmstart_policy"]
