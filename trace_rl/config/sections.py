@@ -178,7 +178,8 @@ class Allocation(Section):
     prefixes and fresh prompts (``AllocatorConfig.joint_split``); off, the paper's split: m_i N
     continuations inside tree i."""
     exploration: float = Field(0.1, ge=0, le=1)
-    """Strength of the exploration rule that pulls long-unsampled prompts' predictions toward 0.5."""
+    """Stage 1's pull of long-unsampled prompts' predictions toward 0.5, 0 = off
+    (``AllocatorConfig.exploration``)."""
     correlation_window: int = Field(4, ge=0)
     """Previous steps whose stored trees Stage 1 and 2 (trace, prompt_only) estimate rho from,
     the correlation of a node's rollout outcomes given its prediction, to allocate on
@@ -220,7 +221,7 @@ class Update(Section):
     clip_high: float = Field(0.28, ge=0)
     """PPO ratio clip above 1 (DAPO clip-higher)."""
     clip_ratio_c: float = Field(0.0, ge=0)
-    """Dual clip of the policy loss, 0 = off (``UpdateSettings.clip_ratio_c``)."""
+    """The policy loss's dual clip, 0 = off (``UpdateSettings.clip_ratio_c``)."""
     tis_cap: float = Field(0.0, ge=0)
     """Truncated importance sampling's cap on pi_train / pi_engine, 0 = off
     (``UpdateSettings.tis_cap``)."""
