@@ -121,8 +121,8 @@ def _with_engine_logprobs(trainer, samples, shift):
     """``samples`` carrying engine log-probs: the trainer's own for each sampled token, plus
     ``shift(b, t)`` (the engine's disagreement) at policy token t of path b."""
     b = _pad(samples, trainer.pad_id)
-    with torch.no_grad():
-        lp = token_logprobs(trainer.model, b["ids"], b["attn"])
+    with torch.no_grad():  # computed as the trainer computes it: packed where it packs
+        lp = token_logprobs(trainer.model, b["ids"], b["attn"], packed=trainer._packing(samples, b))
     out = []
     for i, x in enumerate(samples):
         pol = [t for t, m in enumerate(x.loss_mask) if m]
@@ -292,8 +292,10 @@ def test_reusing_the_frozen_trunk_gives_the_whole_models_update_with_fewer_layer
     whole, ws, whole_calls = _trunk_runs(False, tiny_model_dir)
     assert reuse.trunk is not None and whole.trunk is None
     assert rs["updates"] == ws["updates"] == 4.0  # 2 epochs x 2 mini-batches
-    assert reuse_calls == 2  # the two micro-batches' old log-probs
-    assert whole_calls == 2 + 2 * 2 + 2 * 2  # ... and each epoch's forward and guard pass
+    # the trainer's one check of packing (a padded and a packed forward of its first
+    # micro-batch), then the two micro-batches' old log-probs
+    assert reuse_calls == 2 + 2
+    assert whole_calls == 2 + 2 + 2 * 2 + 2 * 2  # ... and each epoch's forward and guard pass
     assert torch.allclose(_flat(reuse.model), _flat(whole.model), atol=1e-6)
     assert not torch.equal(_flat(whole.model), _flat(PolicyTrainer(tiny_model_dir, _settings()).model))
     for k in ("loss", "approx_kl", "kl_after_step_max", "grad_norm"):

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import torch
 
+from trace_rl.policy.packing import Packed, model_mask
+
+
 def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-                   hidden: torch.Tensor | None = None) -> torch.Tensor:
+                   hidden: torch.Tensor | None = None, packed: Packed | None = None
+                   ) -> torch.Tensor:
     """[B, T] log-prob of each token given its prefix (position 0 gets 0: it has no prefix).
     ``hidden``: the model's layers start from it instead of ``ids``' embeddings (a frozen trunk's
-    output, with the model cut to the layers above it: ``trace_rl.policy.trunk``)."""
-    return _token_logprobs(_next_token_logprobs(model, ids, attn, hidden), ids)
+    output, with the model cut to the layers above it: ``trace_rl.policy.trunk``). ``packed``:
+    the model runs on the batch's packed row (``trace_rl.policy.packing``) instead of the padded
+    ``ids``, and ``hidden`` is the packed row's."""
+    if packed is None:
+        return _token_logprobs(_next_token_logprobs(model, ids, attn, hidden), ids)
+    rows = _packed_logprobs(model, packed, hidden)  # [U, V]
+    return torch.nn.functional.pad(rows[packed.index[:, :-1], ids[:, 1:]], (1, 0))
 
 
 TOP_K = 16
@@ -19,9 +28,24 @@ TOP_K = 16
 position-wise KL (``position_kl``): its top-k, the rest pooled into one outcome."""
 
 
+def _packed_logprobs(model: torch.nn.Module, packed: Packed,
+                     hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """[U, V] log-softmax of the logits at each position of the packed row (row u predicts the
+    token after u in every path through u)."""
+    kw = {"attention_mask": model_mask(model, packed), "position_ids": packed.positions}
+    if hidden is None:
+        logits = model(input_ids=packed.ids, **kw).logits
+    else:
+        logits = model(inputs_embeds=hidden, use_cache=False, **kw).logits
+    return torch.log_softmax(logits[0].float(), dim=-1)
+
+
 def _next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-                         hidden: torch.Tensor | None = None) -> torch.Tensor:
+                         hidden: torch.Tensor | None = None, packed: Packed | None = None
+                         ) -> torch.Tensor:
     """[B, T-1, V] log-softmax of the logits at positions 0 .. T-2 (each predicts the next token)."""
+    if packed is not None:
+        return _packed_logprobs(model, packed, hidden)[packed.index[:, :-1]]
     if hidden is None:
         logits = model(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
     else:
@@ -34,13 +58,13 @@ def _token_logprobs(dist: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def with_top(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-             keep: torch.Tensor | None = None, hidden: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             keep: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+             packed: Packed | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(``token_logprobs``; ids [B, T, k] and their next-token log-probs [B, T, k] per token
     position: the ids of ``keep``, or (None) the top ``TOP_K`` of the distribution). Used only
     without gradient (the guard), so the training forward pays nothing for it. ``hidden``: as
-    ``token_logprobs``'."""
-    dist = _next_token_logprobs(model, ids, attn, hidden)  # [B, T-1, V]
+    ``token_logprobs``', and so is ``packed``."""
+    dist = _next_token_logprobs(model, ids, attn, hidden, packed)  # [B, T-1, V]
     if keep is None:
         top = dist.topk(min(TOP_K, dist.shape[-1]), dim=-1).indices  # [B, T-1, k]
     else:

@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trace_core.loss import engine_mismatch, policy_loss, tis_weights
 from trace_rl.policy.freeze import freeze_lower_layers
 from trace_rl.policy.logprobs import TOP_K, position_kl, token_logprobs, with_top  # noqa: F401 (re-exported)
+from trace_rl.policy.packing import Packed, pack, worth_packing
 from trace_rl.policy.trunk import FrozenTrunk
 
 OPTIMIZER_STATE = "optimizer.pt"
@@ -103,6 +104,12 @@ class UpdateSettings:
     rank's micro-batches from the old log-probs' forward and run only the trainable layers in the
     update's later passes (``trace_rl.policy.trunk``): the same logits, fewer layers computed,
     one hidden-state tensor per micro-batch held for the update (not a run parameter)."""
+    pack: bool = True
+    """Run each micro-batch as one packed row of its distinct prefixes instead of a padded batch
+    (``trace_rl.policy.packing``), where that computes less (``worth_packing``): the same
+    log-probs, loss and gradients to float rounding, each prefix that paths share computed once
+    and no padding (not a run parameter). The trainer compares the two on its first micro-batch
+    and packs no more, with a warning, where they differ."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,7 @@ class _Micro:
 
     index: int
     """Its number over the update (micro-batch j belongs to rank j mod R)."""
-    batch: dict[str, torch.Tensor]
+    batch: dict[str, Any]
     old: torch.Tensor | None
     ref: torch.Tensor | None
     units: float
@@ -236,6 +243,8 @@ class PolicyTrainer:
         if settings.reuse_trunk and 0 < settings.trainable_layers < len(self.model.model.layers):
             self.trunk = FrozenTrunk(self.model, settings.trainable_layers)
         self._trunk_checked = False
+        self.pack = settings.pack
+        self._pack_checked = False
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.learning_rate,
                                            weight_decay=0.0)
         opt_path = Path(model_dir) / OPTIMIZER_STATE
@@ -313,13 +322,17 @@ class PolicyTrainer:
             for paths in _whole_group_bins(trainable, n_mini, rng):
                 minis.append([])
                 for i in range(0, len(paths), s.micro_batch):
-                    b = _pad([trainable[j] for j in paths[i:i + s.micro_batch]], self.pad_id)
+                    part = [trainable[j] for j in paths[i:i + s.micro_batch]]
+                    b = _pad(part, self.pad_id)
                     old = ref = hidden = None
                     if self._owns(len(micros)):  # another rank's micro-batch: its units only
+                        packed = b["packed"] = self._packing(part, b)
                         with self.trunk.capture() if self.trunk else contextlib.nullcontext([]) as kept:
-                            old, b["top_ids"], b["top_logp"] = with_top(self.model, b["ids"], b["attn"])
+                            old, b["top_ids"], b["top_logp"] = with_top(self.model, b["ids"], b["attn"],
+                                                                        packed=packed)
                         hidden = kept[0] if kept and self._trunk_agrees(b, kept[0], old) else None
-                        ref = token_logprobs(self.reference, b["ids"], b["attn"]) if self.reference else None
+                        ref = token_logprobs(self.reference, b["ids"], b["attn"], packed=packed) \
+                            if self.reference else None
                     weights = None
                     if old is not None and "engine" in b:
                         _add_mismatch(tally.mismatch, engine_mismatch(old, b["engine"], b["mask"]))
@@ -332,6 +345,29 @@ class PolicyTrainer:
                     micros.append(_Micro(len(micros), b, old, ref, units, hidden, weights))
         return minis, micros
 
+    def _packing(self, part: Sequence[PathSample], b: dict[str, Any]) -> Packed | None:
+        """The micro-batch ``part`` (padded as ``b``) packed, or None: packing off, or the
+        padded batch computes less. On the first micro-batch it packs, the packed log-probs are
+        compared with the padded batch's; where they differ, packing is turned off."""
+        if not self.pack:
+            return None
+        packed = pack([x.token_ids for x in part])
+        B, T = b["ids"].shape
+        if not worth_packing(packed, B, T, self.model.config):
+            return None
+        if not self._pack_checked:
+            self._pack_checked = True
+            padded = token_logprobs(self.model, b["ids"], b["attn"])
+            gap = float(((token_logprobs(self.model, b["ids"], b["attn"], packed=packed) - padded)
+                         .abs() * b["attn"]).max())
+            if gap > 1e-4:
+                warnings.warn(f"pack: {type(self.model).__name__} on the packed micro-batch gives "
+                              f"log-probs {gap:.2g} away from the padded batch's; running padded "
+                              "micro-batches instead", stacklevel=3)
+                self.pack = False
+                return None
+        return packed
+
     def _trunk_agrees(self, b: dict[str, torch.Tensor], hidden: torch.Tensor,
                       old: torch.Tensor) -> bool:
         """Whether the trainable layers on the kept trunk output give the whole model's log-probs
@@ -340,7 +376,7 @@ class PolicyTrainer:
             return self.trunk is not None
         self._trunk_checked = True
         with self.trunk.top_only():
-            cut = token_logprobs(self.model, b["ids"], b["attn"], hidden)
+            cut = token_logprobs(self.model, b["ids"], b["attn"], hidden, packed=b.get("packed"))
         gap = float(((cut - old).abs() * b["attn"]).max())
         if gap > 1e-4:
             warnings.warn(f"reuse_trunk: {type(self.model).__name__}'s trainable layers on the "
@@ -388,7 +424,8 @@ class PolicyTrainer:
         s = self.settings
         b = mb.batch
         with self._sync(last=last), self._cut(mb):
-            logp = token_logprobs(self.train_model, b["ids"], b["attn"], mb.hidden)
+            logp = token_logprobs(self.train_model, b["ids"], b["attn"], mb.hidden,
+                                  packed=b.get("packed"))
             loss, st = policy_loss(logp, mb.old, b["adv"], b["mask"], clip_low=s.clip_low,
                                    clip_high=s.clip_high, ref_logp=mb.ref,
                                    kl_coef=s.kl_coef, agg=s.agg, clip_ratio_c=s.clip_ratio_c,
@@ -464,7 +501,7 @@ class PolicyTrainer:
             b = mb.batch
             with self._cut(mb):
                 logp, _, new_top = with_top(self.model, b["ids"], b["attn"], keep=b["top_ids"],
-                                            hidden=mb.hidden)
+                                            hidden=mb.hidden, packed=b.get("packed"))
             _, st = policy_loss(logp, mb.old, b["adv"], b["mask"])
             total += st["approx_kl"] * st["n_tokens"]
             count += st["n_tokens"]
