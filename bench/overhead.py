@@ -20,6 +20,9 @@ not counted in step 0's overhead. Two cases:
 * ``default``: ``trace train``'s defaults (48 leaves per step), held-out evaluation off (it is
   not part of a step), ``--steps`` steps; step 0 also starts the engine and warms caches, so the
   figure is the share over the later steps (all steps are listed);
+* the default case's last step's policy update is then replayed on padded and on packed
+  micro-batches, timed against a matmul roofline (``bench.optimiser``): the optimiser's
+  trained tokens per second before and after packing, in the same run;
 * ``4096``: one step of 4,096 leaves (1,024 bare rollouts from a pool of 512, multiplier 3), the
   other fields at their defaults.
 
@@ -150,8 +153,10 @@ def inspect(workdir: Path) -> dict[str, Any]:
                                   "FROM ledger ORDER BY step, level, method").to_pylist()}
 
 
-def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
-    """One real train run of the case in ``root``; its per-step figures."""
+def run_case(name: str, steps: int, root: Path, optimiser_repeats: int = 0) -> dict[str, Any]:
+    """One real train run of the case in ``root``; its per-step figures; for the default case
+    with ``optimiser_repeats``, also its last step's policy update replayed padded and packed
+    that many times each (``bench.optimiser``)."""
     from flows.train import train
     from trace_rl.config import TrainConfig
 
@@ -170,8 +175,14 @@ def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
     rows[0]["overhead_share"] = rows[0]["overhead_s"] / rows[0]["wall_s"]
     later = rows[1:] or rows  # step 0 also starts the engine (not counted) and warms caches
     share = sum(r["overhead_s"] for r in later) / sum(r["wall_s"] for r in later)
-    return {"case": name, "overrides": overrides, "run_s": total, "steps": rows,
-            "overhead_share": share, "share_over": [r["step"] for r in later]}
+    out = {"case": name, "overrides": overrides, "run_s": total, "steps": rows,
+           "overhead_share": share, "share_over": [r["step"] for r in later]}
+    if optimiser_repeats and name == "default":  # the last step's update, padded and packed
+        from bench import optimiser
+
+        out["optimiser"] = optimiser.measure(str(workdir), summary["run_id"], rows[-1]["step"],
+                                             optimiser_repeats)
+    return out
 
 
 def report(result: dict[str, Any]) -> str:
@@ -193,6 +204,10 @@ def report(result: dict[str, Any]) -> str:
     for phase, s in sorted(last["phases_s"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {phase:20s} {s:7.2f}")
     lines.append(f"    {'(outside tasks)':20s} {last['wall_s'] - last['tasks_s']:7.2f}")
+    if "optimiser" in result:
+        from bench import optimiser
+
+        lines.append(optimiser.report(result["optimiser"]))
     return "\n".join(lines)
 
 
@@ -201,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--case", choices=sorted(CASES), action="append",
                    help="case to run (repeatable; default: all)")
     p.add_argument("--steps", type=int, default=3, help="steps of the default case")
+    p.add_argument("--optimiser-repeats", type=int, default=2,
+                   help="the default case's last policy update replayed padded and packed this "
+                        "many times each, with a matmul roofline (0: not)")
     p.add_argument("--out", type=Path, help="also write the figures here as JSON")
     p.add_argument("--keep", type=Path, help="keep the work dirs under this folder (default: a "
                                              "temporary one, removed at the end)")
@@ -213,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         for name in args.case or ["default", "4096"]:
-            results.append(run_case(name, args.steps, args.keep or Path(tmp)))
+            results.append(run_case(name, args.steps, args.keep or Path(tmp),
+                                    args.optimiser_repeats))
             print(report(results[-1]), flush=True)
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)

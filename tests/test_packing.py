@@ -141,3 +141,18 @@ def test_pack_is_an_update_setting_not_a_run_parameter():
     assert TrainConfig().update_settings.pack is True
     assert "pack" not in TrainConfig.model_fields
     assert dataclasses.replace(_settings(), pack=False).pack is False
+
+
+def test_optimiser_bench_counts_positions_and_measures_a_roofline(tiny_model_dir):
+    """``bench.optimiser``'s pieces on the hand-built step: a pass computes fewer positions
+    packed than padded, the paths' tokens are counted once, and the roofline is a rate."""
+    from bench import optimiser
+
+    trainer = PolicyTrainer(tiny_model_dir, _settings(micro_batch=3))
+    samples = _tree(trainer.tokenizer)
+    padded, packed, tokens = optimiser._positions(trainer, samples, 0)
+    assert tokens == sum(len(x.token_ids) for x in samples)
+    assert packed < tokens < padded
+    shapes = optimiser._linear_shapes(trainer.model)
+    assert len(shapes) == 7 * trainer.model.config.num_hidden_layers + 1  # + the LM head
+    assert 1e6 < optimiser.roofline(trainer.model, 64, repeats=1) < 1e14
