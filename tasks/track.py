@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,7 +19,7 @@ from trace_core import calibration
 from trace_core.predictor import auc, brier
 from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import StepTrees
-from trace_rl.storage import plots
+from trace_rl.storage import background, plots
 from trace_rl.storage.tracking import Tracker
 from trace_rl.view.page import step_page
 
@@ -129,13 +130,67 @@ def log_datasets(cfg: Any, workdir: str, mlflow_run_id: str, run_id: str) -> dic
     return out
 
 
+PENDING = ".pending-logs"
+"""Folder of the work dir holding each step's logging job until it has run (``log_step``)."""
+_QUEUED: set[Path] = set()
+"""Journal files whose job this process has submitted and not yet finished."""
+
+
 @task(name="log-step")
 def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
              metrics: Mapping[str, float], policy_dir: str, predictor_file: str,
              plot: bool, register_policy: bool = True) -> None:
+    """Hand one step's MLflow logging (``log_step_now``) to the work dir's logging thread
+    (``trace_rl.storage.background``) and return, so the next step does not wait for it. Never
+    lost: the job is first written to the work dir's journal (``PENDING``) and removed from it
+    once it has run; a journal entry a killed or failed process left is run before the next
+    step's logging and before the run's summary (``replay_pending``). The run's ``Tracker.end``
+    (finished or failed) waits for the thread, and a job's error fails the run."""
+    job = {"workdir": workdir, "mlflow_run_id": mlflow_run_id, "run_id": run_id, "step": step,
+           "metrics": {k: float(v) for k, v in metrics.items()}, "policy_dir": policy_dir,
+           "predictor_file": predictor_file, "plot": bool(plot),
+           "register_policy": bool(register_policy)}
+    replay_pending(workdir, run_id)
+    entry = Path(workdir) / PENDING / f"{_slug(run_id)}-step-{step:06d}.json"
+    entry.parent.mkdir(exist_ok=True)
+    tmp = entry.with_suffix(".tmp")
+    tmp.write_text(json.dumps(job))
+    os.replace(tmp, entry)
+    _QUEUED.add(entry)
+
+    def run() -> None:
+        try:
+            log_step_now(**job)
+            entry.unlink(missing_ok=True)
+        finally:
+            _QUEUED.discard(entry)
+
+    background.submit(workdir, run)
+
+
+def replay_pending(workdir: str, run_id: str) -> list[int]:
+    """Run the journal's logging jobs of ``run_id`` that no thread of this process holds (those
+    a killed or failed process left), in step order; returns their steps. Logging a step again
+    is harmless: metrics already logged for a step are skipped and a registered checkpoint is
+    found again (``Tracker.log_metrics``, ``log_checkpoint``)."""
+    done = []
+    for entry in sorted((Path(workdir) / PENDING).glob(f"{_slug(run_id)}-step-*.json")):
+        if entry in _QUEUED:
+            continue
+        job = json.loads(entry.read_text())
+        log_step_now(**job)
+        entry.unlink(missing_ok=True)
+        done.append(job["step"])
+    return done
+
+
+def log_step_now(workdir: str, mlflow_run_id: str, run_id: str, step: int,
+                 metrics: Mapping[str, float], policy_dir: str, predictor_file: str,
+                 plot: bool, register_policy: bool = True) -> None:
     """Metrics, checkpoints (artifacts + registered versions) and pictures of one step. The
-    policy is registered without its optimiser state (that stays in the local checkpoint, for
-    resuming) and only where ``register_policy`` (``TrainConfig.checkpoint_every``)."""
+    policy and the predictor are registered only where ``register_policy``
+    (``TrainConfig.checkpoint_every``), the policy without its optimiser state (that stays in
+    the local checkpoint, for resuming)."""
     tracker = Tracker(workdir)
     tracker.start_or_resume(run_id, mlflow_run_id=mlflow_run_id)
     tracker.log_metrics(step, metrics)
@@ -145,7 +200,8 @@ def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
         tracker.log_checkpoint("policy", policy_dir, step, exclude=(OPTIMIZER_STATE,),
                                description=f"Policy {about}; reward "
                                            f"{metrics.get('rollout/reward_mean', 0.0):.3f}.")
-    tracker.log_checkpoint("predictor", predictor_file, step, description=f"Predictor {about}.")
+        tracker.log_checkpoint("predictor", predictor_file, step,
+                               description=f"Predictor {about}.")
     log_step_page(tracker, workdir, run_id, step, metrics)
     if not plot:
         return
@@ -235,6 +291,8 @@ def log_summary(workdir: str, mlflow_run_id: str, run_id: str, where: Mapping[st
     Markdown artifact of the Prefect flow run; returns the summary."""
     from prefect.artifacts import create_markdown_artifact
 
+    background.drain(workdir)  # every step's logging, before the summary reads the registry
+    replay_pending(workdir, run_id)
     summary = run_summary(workdir, run_id)
     tracker = Tracker(workdir)
     tracker.start_or_resume(run_id, mlflow_run_id=mlflow_run_id)

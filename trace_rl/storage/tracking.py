@@ -27,6 +27,7 @@ from mlflow import MlflowClient  # noqa: E402  (telemetry must be off before mlf
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
+from trace_rl.storage import background  # noqa: E402
 from trace_rl.storage.locks import file_lock  # noqa: E402
 from trace_rl.storage.model_registry import (CANDIDATE, CHAMPION,  # noqa: E402,F401 (re-exported)
                                              CHECKPOINT_KINDS, MODEL_DESCRIPTIONS, RUN_TAG,
@@ -220,9 +221,12 @@ class Tracker(ModelRegistry):
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
-        """Close the run as FINISHED, FAILED or KILLED."""
+        """Close the run as FINISHED, FAILED or KILLED, once the work dir's background logging
+        (``trace_rl.storage.background``) has run; an error it raised is raised here (before
+        the run is closed: a run whose logging failed does not end FINISHED)."""
         if status not in END_STATUSES:
             raise TrackingError(f"end status {status!r} is not one of {END_STATUSES}")
+        background.drain(self.workdir)
         # a finished run resumed with nothing to do keeps its end time (a no-op resume
         # once stretched an 8-minute run to 172 minutes)
         keep = status == "FINISHED" and self.finished_at is not None and not self.logged_new

@@ -1,0 +1,106 @@
+"""A step's MLflow logging off its critical path: the background thread and the journal that
+keeps a job until it has run (``trace_rl.storage.background``, ``tasks.track.log_step``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tasks import track
+from trace_rl.storage import background
+
+
+def test_jobs_run_in_order_off_the_callers_thread_and_drain_waits(tmp_path):
+    release = threading.Event()
+    seen = []
+
+    def job(i):
+        def run():
+            if i == 0:
+                release.wait(10)
+            seen.append((i, threading.current_thread() is not threading.main_thread()))
+        return run
+
+    for i in range(3):
+        background.submit(tmp_path, job(i))
+    assert seen == [] and background.pending(tmp_path) == 3  # the caller did not wait
+    release.set()
+    background.drain(tmp_path)
+    assert seen == [(0, True), (1, True), (2, True)] and background.pending(tmp_path) == 0
+    background.drain(tmp_path / "never-used")  # nothing submitted: returns
+
+
+def test_a_failed_job_fails_the_next_drain_or_submit_once(tmp_path):
+    ran = []
+
+    def boom():
+        raise RuntimeError("disk full")
+
+    background.submit(tmp_path, boom)
+    background.submit(tmp_path, lambda: ran.append(1))  # waits for the caller to see the error
+    with pytest.raises(RuntimeError, match="disk full"):
+        background.drain(tmp_path)
+    assert ran == []
+    background.drain(tmp_path)  # seen once
+    background.submit(tmp_path, boom)
+    while background.pending(tmp_path):  # it has failed, and nobody has drained
+        threading.Event().wait(0.01)
+    with pytest.raises(RuntimeError, match="disk full"):
+        background.submit(tmp_path, lambda: ran.append(2))
+    background.submit(tmp_path, lambda: ran.append(3))
+    background.drain(tmp_path)
+    assert ran == [3]
+
+
+ARGS = dict(mlflow_run_id="m1", run_id="run-a", metrics={"rollout/reward_mean": 0.5},
+            policy_dir="p", predictor_file="q", plot=False, register_policy=True)
+
+
+def test_log_step_journals_each_job_until_it_has_run(tmp_path, monkeypatch):
+    """The task returns before the job runs; the job's journal file goes once it has run; a
+    job that failed stays in the journal and runs again before the next step's (a resumed run
+    after a crash does the same with what the killed process left)."""
+    gate = threading.Event()
+    calls = []
+
+    def fake(**job):
+        gate.wait(10)
+        if job["step"] == 1 and not any(c["step"] == 1 for c in calls):
+            calls.append({"step": 1, "failed": True})
+            raise OSError("MLflow store unreachable")
+        calls.append(job)
+
+    monkeypatch.setattr(track, "log_step_now", fake)
+    workdir = str(tmp_path)
+    track.log_step.fn(workdir, step=0, **ARGS)
+    journal = tmp_path / track.PENDING
+    assert [p.name for p in journal.iterdir()] == ["run-a-step-000000.json"]
+    assert calls == []  # handed over, not run
+    gate.set()
+    background.drain(workdir)
+    assert [c["step"] for c in calls] == [0] and not list(journal.iterdir())
+    assert calls[0]["metrics"] == {"rollout/reward_mean": 0.5} and calls[0]["workdir"] == workdir
+
+    track.log_step.fn(workdir, step=1, **ARGS)
+    with pytest.raises(OSError, match="unreachable"):
+        background.drain(workdir)
+    assert [p.name for p in journal.iterdir()] == ["run-a-step-000001.json"]
+    track.log_step.fn(workdir, step=2, **ARGS)  # step 1's job is replayed first, in this thread
+    background.drain(workdir)
+    assert [c["step"] for c in calls] == [0, 1, 1, 2] and not list(journal.iterdir())
+
+
+def test_a_journal_entry_a_killed_process_left_is_run_once(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(track, "log_step_now", lambda **job: calls.append(job["step"]))
+    journal = tmp_path / track.PENDING
+    journal.mkdir()
+    for step in (4, 3):
+        (journal / f"run-a-step-{step:06d}.json").write_text(
+            json.dumps({"workdir": str(tmp_path), "step": step, **ARGS}))
+    (journal / "run-b-step-000001.json").write_text("{}")  # another run's: not this one's
+    assert track.replay_pending(str(tmp_path), "run-a") == [3, 4]
+    assert calls == [3, 4] and [p.name for p in journal.iterdir()] == ["run-b-step-000001.json"]
+    assert track.replay_pending(str(tmp_path), "run-a") == []
