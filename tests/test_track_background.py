@@ -104,3 +104,24 @@ def test_a_journal_entry_a_killed_process_left_is_run_once(tmp_path, monkeypatch
     assert track.replay_pending(str(tmp_path), "run-a") == [3, 4]
     assert calls == [3, 4] and [p.name for p in journal.iterdir()] == ["run-b-step-000001.json"]
     assert track.replay_pending(str(tmp_path), "run-a") == []
+
+
+def test_a_failing_run_is_closed_even_when_its_logging_failed(tmp_path):
+    """``Tracker.end``: FINISHED raises the logging's error (the run is not closed), FAILED
+    closes the run with a warning."""
+    from trace_rl.storage.tracking import Tracker
+
+    tracker = Tracker(tmp_path)
+    run = tracker.start_or_resume("run-x")
+
+    def boom():
+        raise OSError("No space left on device")
+
+    background.submit(tmp_path, boom)
+    with pytest.raises(OSError, match="No space"):
+        tracker.end("FINISHED")
+    assert tracker.client.get_run(run).info.status == "RUNNING"
+    background.submit(tmp_path, boom)
+    with pytest.warns(UserWarning, match="logging of the failed run also failed"):
+        tracker.end("FAILED")
+    assert tracker.client.get_run(run).info.status == "FAILED"

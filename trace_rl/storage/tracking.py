@@ -18,6 +18,7 @@ import math
 import os
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
@@ -222,11 +223,18 @@ class Tracker(ModelRegistry):
 
     def end(self, status: str = "FINISHED") -> None:
         """Close the run as FINISHED, FAILED or KILLED, once the work dir's background logging
-        (``trace_rl.storage.background``) has run; an error it raised is raised here (before
-        the run is closed: a run whose logging failed does not end FINISHED)."""
+        (``trace_rl.storage.background``) has run. An error it raised is raised here before a
+        FINISHED run is closed (a run whose logging failed does not end FINISHED); a run that
+        ends FAILED or KILLED is closed anyway (its failure is the error to report; the failed
+        logging stays in the journal of whoever submitted it)."""
         if status not in END_STATUSES:
             raise TrackingError(f"end status {status!r} is not one of {END_STATUSES}")
-        background.drain(self.workdir)
+        try:
+            background.drain(self.workdir)
+        except Exception as exc:  # noqa: BLE001 -- a failing run is closed all the same
+            if status == "FINISHED":
+                raise
+            warnings.warn(f"MLflow logging of the failed run also failed: {exc!r}", stacklevel=2)
         # a finished run resumed with nothing to do keeps its end time (a no-op resume
         # once stretched an 8-minute run to 172 minutes)
         keep = status == "FINISHED" and self.finished_at is not None and not self.logged_new
