@@ -64,7 +64,9 @@ def _check_trees(store: TreeStore, run_id: str, steps: int, leaves_per_step: int
 def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_dir, tmp_path):
     from mlflow import MlflowClient
 
+    from flows.run_lifecycle import registered
     from flows.train import train
+    from trace_rl.config import config_from_mapping
 
     cfg = {**TINY, "policy": str(tiny_model_dir)}
     state = train(config=cfg, workdir=str(tmp_path), return_state=True)
@@ -87,7 +89,8 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
         assert key in run.data.metrics
     assert "loss/tis_weight_mean" not in run.data.metrics  # TIS is off by default
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/policy")]
-    assert len(arts) == TINY["steps"]
+    assert arts and len(arts) == sum(registered(config_from_mapping(cfg), s)
+                                     for s in range(TINY["steps"]))  # every checkpoint_every, the last
     assert "MLmodel" in [Path(a.path).name for a in client.list_artifacts(run.info.run_id, arts[-1])]
     last = [a.path for a in client.list_artifacts(run.info.run_id, arts[-1] + "/model")]
     assert any(p.endswith("model.safetensors") for p in last)  # an MLflow transformers model

@@ -21,6 +21,10 @@ HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_h
                          "chain_syllables", "trainable_layers", "clip_ratio_c",
                          "tis_cap")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
+HASHED_AS_OLD_DEFAULT = {"checkpoint_every": (5, 1)}
+"""Fields whose default changed without changing what a run computes: (new default, old
+default); at the new default they enter ``config_hash`` as the old one, so the default config
+keeps the run id it had (any other value is hashed as itself, as before)."""
 NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy", "weight_sync",
                 "keep_checkpoints")
 """Where a run executes and what it keeps on disk, not what it computes: never in
@@ -37,6 +41,9 @@ def config_hash(cfg: BaseModel) -> str:
     d.pop("run_id")
     for name in NEVER_HASHED:
         del d[name]
+    for name, (new, old) in HASHED_AS_OLD_DEFAULT.items():
+        if d[name] == new:
+            d[name] = old
     for name in HASHED_UNLESS_DEFAULT:
         if d[name] == FIELDS[name].default:
             del d[name]

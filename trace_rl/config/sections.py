@@ -73,7 +73,7 @@ class Run(Section):
     policy: str = Field("tiny", min_length=1)
     """A Hugging Face causal LM directory, a named policy (``smollm2``), or ``tiny`` for the
     project's bootstrapped CPU model."""
-    checkpoint_every: int = Field(1, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
     """Register the policy checkpoint in MLflow (weights and tokenizer, without the optimiser
     state that only the newest local checkpoint keeps) every this many steps and at the last."""
     keep_checkpoints: int = Field(0, ge=0)
