@@ -35,14 +35,15 @@ import torch
 
 def step_samples(workdir: str, run_id: str, step: int) -> tuple[Any, list[Any]]:
     """(the run's config, the step's paths as the policy update saw them)."""
-    from tasks import learn
+    from tasks import learn, runtime
     from trace_rl.config import config_from_mapping
     from trace_rl.storage.store import TreeStore
 
     store = TreeStore(Path(workdir) / "trace.duckdb", create=False)
     cfg = config_from_mapping(store.get_run(run_id)["config"])
-    paths = learn.tree_advantages.fn(cfg, workdir, run_id, step)  # the stored values again
-    return cfg, learn._samples(workdir, run_id, step, paths)
+    trees = runtime.step_trees(workdir, run_id, step, None)
+    paths = learn.tree_advantages.fn(cfg, workdir, run_id, step, trees)  # the stored values again
+    return cfg, learn._samples(trees.table, paths)
 
 
 def _linear_shapes(model: Any) -> list[tuple[int, int]]:
