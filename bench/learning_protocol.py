@@ -283,6 +283,9 @@ def report(records: Path, final_of: int, args: dict[str, Any] | None = None) -> 
             continue
         methods = [m for m in (*METHODS, *sorted({m for rs in runs.values() for m in rs}))
                    if any(m in rs for rs in runs.values())]
+        if args and args.get("methods"):  # a seed is complete with every method it should have
+            wanted = [m.strip() for m in args["methods"].split(",") if m.strip()]
+            methods = wanted if name == "main" else [m for m in CONTROL_METHODS if m in wanted]
         methods = list(dict.fromkeys(methods))
         complete = {s: rs for s, rs in runs.items() if set(methods) <= set(rs)}
         counts = ", ".join(f"{m} {sum(m in rs for rs in runs.values())}" for m in methods)

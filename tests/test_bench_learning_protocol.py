@@ -142,3 +142,18 @@ def test_a_folder_of_two_settings_is_refused(tmp_path):
     st = protocol.Structure("main", {}, "a", 0.5, tmp_path, tmp_path / "main", ("grpo",))
     with pytest.raises(SystemExit, match="other settings"):
         protocol._check_signatures(st)
+
+
+def test_a_seed_is_complete_only_with_every_method_the_invocation_runs(tmp_path, capsys):
+    rec = tmp_path / "rec"
+    for name in ("main", "control"):
+        for m in ("trace_cover", "grpo", "dapo", "prompt_only"):
+            _write(rec, name, m, [[0.5, 0.6, 0.7]] * 2)
+    args = {"family": "synth_arith", "mix": "1,2,2", "difficulty": 2, "control_difficulty": 1,
+            "steps": 2, "root_budget": 16, "multiplier": 2, "eval_items": 3, "eval_samples": 2,
+            "methods": "trace_cover,grpo,dapo,prompt_only,trace"}
+    out = protocol.report(rec, 2, args)
+    printed = capsys.readouterr().out
+    assert "main: 0 complete seed(s) []" in printed and "trace 0" in printed
+    assert "control: 2 complete seed(s) [0, 1]" in printed  # the control runs no trace row
+    assert "no closing line" in printed and "main" not in out["finals"]
