@@ -187,21 +187,19 @@ def _budget(st: Structure, method: str, seed: int) -> dict[str, int] | None:
 
 def _job(st: Structure, method: str, seed: int, budget: dict[str, int], policy: str,
          eval_steps: Sequence[int], ev: dict[str, Any]) -> str:
-    """One run, in this process or a worker, recorded as it ends; its checkpoints (13 MB a step
-    for the tiny policy) are deleted then, since the record holds every evaluation (the trees
-    stay in the job's work dir)."""
-    import shutil
-
+    """One run, in this process or a worker, recorded as it ends. It keeps only the evaluated
+    checkpoints (``keep_checkpoints`` 1 with ``checkpoint_every`` = the evaluation interval: 13 MB
+    a step for the tiny policy; not in the run id or the signature). None is deleted after the
+    record: the worker's evaluation engine was made from the first checkpoint it evaluated and
+    reloads weights into it."""
     from tasks.runtime import configure_threads
 
     configure_threads()
     job_dir = st.workdir / f"job-{method}-s{seed}"
-    r = run_one(method, seed, {**st.base, **budget}, policy, job_dir, eval_steps,
-                start_accuracy=st.start, **ev)
+    r = run_one(method, seed, {**st.base, **budget, "keep_checkpoints": 1}, policy, job_dir,
+                eval_steps, start_accuracy=st.start, **ev)
     r.extra["budget"] = budget
-    path = save_run(st.records, st.signature, r, compact=True)
-    shutil.rmtree(job_dir / "checkpoints", ignore_errors=True)
-    return str(path)
+    return str(save_run(st.records, st.signature, r, compact=True))
 
 
 def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structure], workers: int,
