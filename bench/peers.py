@@ -442,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.seeds = "1" if args.seeds == "3" else args.seeds
     # what bench.learning._policy_and_base reads beside these
     args.mix, args.set, args.policy, args.train_items = "", [], None, None
+    args.policy_difficulty = None  # the policy is bootstrapped at --difficulty
     workdir, results = Path(args.workdir), Path(args.results)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds)

@@ -34,12 +34,15 @@ def test_jobs_run_in_order_off_the_callers_thread_and_drain_waits(tmp_path):
 
 def test_a_failed_job_fails_the_next_drain_or_submit_once(tmp_path):
     ran = []
+    gate = threading.Event()
 
     def boom():
+        gate.wait(10)
         raise RuntimeError("disk full")
 
     background.submit(tmp_path, boom)
-    background.submit(tmp_path, lambda: ran.append(1))  # waits for the caller to see the error
+    background.submit(tmp_path, lambda: ran.append(1))  # queued behind boom, skipped once it fails
+    gate.set()
     with pytest.raises(RuntimeError, match="disk full"):
         background.drain(tmp_path)
     assert ran == []
