@@ -175,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
                          "explicit options: paper = " + " ".join(
                              f"--{k.replace('_', '-')} {v}" for k, v in REGIMES["paper"].items()))
     ap.add_argument("--records", default="",
-                    help="--protocol tokens: where each run's record goes (default bench/results/"
+                    help="--protocol tokens: where each run's record goes (default results/"
                          "learning_lm/<regime>, without a regime <workdir>/records)")
     ap.add_argument("--control-difficulty", type=int, default=1,
                     help="--protocol tokens: the negative control's one difficulty (no mix)")

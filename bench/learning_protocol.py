@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bench import RECORDS
 from bench.learning_runs import RunResult, load_run, run_one, run_record, save_run, signature
 from bench.sim.report import conclude, print_table, rows_of
 
@@ -47,7 +48,7 @@ MATCHED = {"grpo": 0, "dapo": 0, "prompt_only": 2}
 METHODS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "cover_oracle")
 CONTROL_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only")
 """The control needs the reference and the baselines the closing line's best is taken from."""
-RESULTS = Path(__file__).resolve().parent / "results" / "learning_lm"
+RESULTS = RECORDS / "learning_lm"
 
 REGIMES: dict[str, dict[str, Any]] = {
     "paper": {"family": "synth_arith", "policy_difficulty": 1, "difficulty": 2, "mix": "1,2,2",

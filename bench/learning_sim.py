@@ -72,7 +72,7 @@ the final held-out accuracy (mean of the last ``LAST`` steps' exact expected ret
 ``--eval-items`` test items), its paired difference from GRPO, and the generated tokens each
 method needs to reach GRPO's final accuracy, as a ratio to GRPO's (bootstrap over seeds).
 Records: one JSON file per (structure, method, seed) under ``--records`` (default
-``bench/results/learning_sim/<regime>-<protocol>``), written as each seed finishes; a later
+``results/learning_sim/<regime>-<protocol>``), written as each seed finishes; a later
 invocation skips the seeds already there and reports on every seed the folder holds.
 
 Predictors: ``learned`` is a weighted logistic regression on the visible features of a history
@@ -104,6 +104,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bench import RECORDS
 from bench.sim.model import INIT_PROBS, ChainParams, dynamics, exact, make_items
 from bench.sim.report import conclude, print_table, rows_of
 from bench.sim.run import LOG_KEYS, PLUS, REFERENCE, Method, Run, SimSettings, methods
@@ -117,7 +118,7 @@ REGIMES = {
 """The chain family's generator per regime (module docstring)."""
 DEFAULT_ROWS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "oracle_pred", "cover_oracle")
 """The rows run unless ``--methods`` adds more."""
-RESULTS = Path(__file__).resolve().parent / "results" / "learning_sim"
+RESULTS = RECORDS / "learning_sim"
 
 # ----------------------------------------------------------------------------- a seed
 
@@ -293,7 +294,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="the chain family's generator: default, or paper (GRPO mixes ~1/3 of its groups)")
     ap.add_argument("--protocol", choices=("tokens", "leaves"), default="tokens",
                     help="tokens: baselines matched to trace_cover's generated tokens per step")
-    ap.add_argument("--records", default="", help="records folder (default bench/results/"
+    ap.add_argument("--records", default="", help="records folder (default results/"
                     "learning_sim/<regime>-<protocol>)")
     ap.add_argument("--hops", default="", help="hop-count distribution H:weight,... (default: the regime's)")
     ap.add_argument("--hazard-a", type=float, default=None, help="Beta a of the per-item hazard rate (default: the regime's)")

@@ -31,7 +31,7 @@ against wall time, wall seconds per step and generated tokens per second end to 
 training call: set-up, rollouts, updates, checkpoints; evaluations excluded), and learning parity:
 ours GRPO minus TRL GRPO at equal generated tokens (the smallest total any run spent), with a
 95% t interval over seeds. Each (method, seed) result is one JSON under ``--results`` (default
-``bench/results/peers/runs/``, ``bench.learning_runs.save_run``), reused by a later invocation of the same settings, so seeds accumulate.
+``results/peers/runs/``, ``bench.learning_runs.save_run``), reused by a later invocation of the same settings, so seeds accumulate.
 
     python -m bench.peers                  # 3 seeds, the default sizes (about 40 min on 2 loaded cores)
     python -m bench.peers --quick          # one seed, two steps (the test)
@@ -51,6 +51,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bench import RECORDS
 from bench.learning import _policy_and_base, _start_accuracy
 from bench.learning_report import accuracy_at_tokens, token_budget
 from bench.learning_runs import (RunResult, _eval, eval_run_id, load_run, parse_seeds, run_one,
@@ -428,7 +429,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--trl-scale-rewards", default="group",
                     help="TRL scale_rewards of trl_grpo (TRL's default)")
     ap.add_argument("--workdir", default="bench_runs/peers")
-    ap.add_argument("--results", default="bench/results/peers")
+    ap.add_argument("--results", default="",
+                    help="records folder (default results/peers; with --quick <workdir>/records)")
     ap.add_argument("--quick", action="store_true", help="one seed, two steps, small evaluation")
     return ap
 
@@ -443,7 +445,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # what bench.learning._policy_and_base reads beside these
     args.mix, args.set, args.policy, args.train_items = "", [], None, None
     args.policy_difficulty = None  # the policy is bootstrapped at --difficulty
-    workdir, results = Path(args.workdir), Path(args.results)
+    workdir = Path(args.workdir)
+    results = Path(args.results or (workdir / "records" if args.quick else RECORDS / "peers"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds)
     policy, base, skip = _policy_and_base(args, workdir)
@@ -484,8 +487,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{meta['machine']}; this invocation {time.perf_counter() - t_all:.0f} s (Prefect's "
           f"one-time start {warm_s:.0f} s not counted)")
     out = report(recorded, args.steps, start)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"summary-{sig}.json").write_text(json.dumps(
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / f"summary-{sig}.json").write_text(json.dumps(
         {"signature": sig, **meta, "start_accuracy": start, **out}, indent=1, default=float) + "\n")
     return out
 

@@ -3,7 +3,7 @@
 #   SEEDS=0-2 bash bench/rl_real.sh hotpotqa     # or bfcl; METHODS=trace,grpo by default
 # Self-contained: builds the warm start where the committed records expect it (the benchmark's
 # run signature names the starting policy by its path), copies the committed records of
-# bench/results/rl_<family>/ into the work dir's runs/ (finished (method, seed) runs are skipped
+# results/rl_<family>/ into the work dir's runs/ (finished (method, seed) runs are skipped
 # and the report pairs every seed), and copies new records back there as each run finishes.
 # Work dir: $RL_DIR, default /work/exp25b for bfcl (where its records were made), else
 # /work/rl_<family>.
@@ -35,7 +35,7 @@ esac
 .venv/bin/python -c 'import sys; from bench.learning_runs import parse_seeds
 try: print("bench/rl_real.sh: seeds", *parse_seeds(sys.argv[1]))
 except ValueError as e: sys.exit(f"bench/rl_real.sh: SEEDS: {e}")' "${SEEDS:?set SEEDS, e.g. 0-2}"
-here=bench/results/rl_$family
+here=results/rl_$family
 WS=${WS:-$root/ws/policies/warmstart-$family-smollm2-s0}
 [ -f "$WS/warmstart.json" ] || .venv/bin/trace warmstart "family=$family" "${ws_args[@]}" --workdir "$root/ws"
 mkdir -p "$rl/runs" "$here"

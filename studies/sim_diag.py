@@ -1,0 +1,31 @@
+"""Diagnostic rows of the learning simulator (docs/results.md, "Learning simulator": "Did not
+help"): ``bench.learning_sim.run_seed`` on the named rows only, on the chain structure, with
+records as the CLI writes them (results/README.md).
+
+    python -m studies.sim_diag paper 100-107 trace_cover,grpo,cover_noexp results/learning_sim/diag/NAME
+"""
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.learning_sim import REGIMES, parse_seeds, run_seed, write_records
+from bench.sim.model import ChainParams
+from bench.sim.run import SimSettings, methods
+
+
+def main(regime: str, seeds: str, names: list[str], out: Path) -> None:
+    r = REGIMES[regime]
+    params = ChainParams(r["hops"], r["hazard_a"], r["hazard_b"])
+    rows = [m for m in methods([]) if m.name in names]
+    for s in parse_seeds(seeds):
+        t0 = time.time()
+        res = run_seed(s, rows, params, SimSettings())
+        write_records(out, "chain", s, res, {"regime": regime, "diag": names})
+        print(s, f"{time.time() - t0:.0f}s",
+              {n: round(100 * np.mean(res[n]["accuracy"][-5:]), 2) for n in names}, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3].split(","), Path(sys.argv[4]))
