@@ -22,7 +22,7 @@ steps, runs a negative control in the same invocation and reports as the simulat
     python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
     python -m bench.learning                 # the full benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
-    python -m bench.learning --workdir DIR --summarise-only   # re-print a finished benchmark
+    python -m bench.learning --workdir DIR --summarise-only   # re-print a benchmark from its records
 
 With ``--jobs 2`` (the default on a 2-core machine) the runs go to two worker processes, each
 with its own work dir under ``--workdir`` (``job-<method>-s<seed>``; query one with
@@ -40,13 +40,12 @@ from typing import Any, Sequence
 
 from bench.learning_protocol import REGIMES
 from bench.learning_report import (accuracy_at_tokens, area_under_curve,  # noqa: F401 (re-exported)
-                                   paired, paired_tests, plot, print_paired, print_table,
-                                   print_tests, report, summarise, token_budget)
+                                   paired_tests, plot, print_table, print_tests, report, summarise,
+                                   token_budget)
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval,  # noqa: F401 (re-exported)
-                                 eval_run_id,
-                                 fill_eval_tokens, fill_predictor_curves, hard_eval, hard_setting,
-                                 load_run, parse_seeds, run_one, run_parallel, run_record,
-                                 save_run, signature, tokens_at_evals)
+                                 eval_run_id, hard_setting, load_run, parse_seeds, recorded_runs,
+                                 run_one, run_parallel, run_record, save_run, signature,
+                                 tokens_at_evals)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -54,13 +53,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = protocol.parse(_parser(), argv)
     tokens = args.protocol == "tokens"
-    if args.summarise_only:
-        return protocol.report(protocol.records_folder(args), args.final_of, vars(args)) \
-            if tokens else summarise_recorded(Path(args.workdir), args.plot)
     if args.quick:
         args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
         args.seeds = args.seeds or "1"
         args.root_budget, args.pool_size = 4, 8
+    if args.summarise_only:
+        return protocol.report(protocol.records_folder(args), args.final_of, vars(args)) \
+            if tokens else summarise_recorded(args)
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
     if tokens:
@@ -89,29 +88,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev, sig, hard)
     # Every recorded seed of these methods made with these settings, this invocation's and
     # earlier ones'.
-    recorded = sorted({int(p.stem.rsplit("-s", 1)[1]) for p in (workdir / "runs").glob("*.json")})
-    results = [r for s in recorded for m in methods
-               if (r := load_run(workdir, sig, m, s)) is not None]
-    for i, r in enumerate(results):  # records made before the predictor's curves were kept
-        if (filled := fill_predictor_curves(workdir, r)) is not r:
-            results[i] = filled
-            save_run(workdir, sig, filled)
-    if args.hard_items:  # records made before runs measured the hard split themselves
-        for i, r in enumerate(results):
-            try:
-                done = hard_eval(workdir, r, base, policy, args.hard_items, _hard_samples(args),
-                                 args.eval_temperature)
-            except FileNotFoundError as exc:  # its work dir is gone: reported without it
-                print(f"hard split: {r.method} seed {r.seed} not measured ({exc})", file=sys.stderr)
-                continue
-            if done is not r:
-                results[i] = done
-                save_run(workdir, sig, done)
-    record = workdir / "learning_results.json"  # every run's curve, per seed, for later reading
-    record.write_text(json.dumps({"args": vars(args), "start_accuracy": start,
-                                  "hard_start": hard_start,
-                                  "results": [r.__dict__ for r in results]}, indent=1) + "\n")
-    return report(results, vars(args), start, record, hard_start=hard_start)
+    results = sorted((r for r in recorded_runs(workdir, sig) if r.method in methods),
+                     key=lambda r: (r.seed, methods.index(r.method)))
+    return report(results, vars(args), start, workdir / "runs", hard_start=hard_start)
 
 
 def _start_accuracy(base: dict[str, Any], policy: str, workdir: Path, sig: str, items: int,
@@ -233,8 +212,8 @@ def _parser() -> argparse.ArgumentParser:
                          "in this process, in one work dir")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
     ap.add_argument("--summarise-only", action="store_true",
-                    help="run nothing: re-print (and re-plot) the benchmark recorded in "
-                         "<workdir>/learning_results.json")
+                    help="run nothing: re-print (and re-plot) the benchmark from its records "
+                         "(--protocol tokens: --records; else <workdir>/runs and start.json)")
     return ap
 
 
@@ -288,17 +267,20 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     return policy, base, skip
 
 
-def summarise_recorded(workdir: Path, plot_path: str) -> dict[str, Any]:
-    """The report of a finished benchmark from its ``learning_results.json`` (tokens per evaluation
-    read back from the runs' stores where the file predates them)."""
-    record = workdir / "learning_results.json"
-    if not record.exists():
-        raise FileNotFoundError(f"--summarise-only: no {record}; run the benchmark with --workdir "
+def summarise_recorded(args: argparse.Namespace) -> dict[str, Any]:
+    """The report of the runs recorded in ``--workdir`` (``runs/``, ``start.json`` and
+    ``hard_start.json``): every run of the settings ``start.json`` names; nothing runs. The
+    table's sizes come from the options given, as when the runs were made."""
+    workdir = Path(args.workdir)
+    path = workdir / "start.json"
+    if not path.exists():
+        raise FileNotFoundError(f"--summarise-only: no {path}; run the benchmark with --workdir "
                                 f"{workdir} first")
-    data = json.loads(record.read_text())
-    results = [fill_eval_tokens(workdir, RunResult(**r)) for r in data["results"]]
-    return report(results, {**data["args"], "plot": plot_path}, data["start_accuracy"], record,
-                  hard_start=data.get("hard_start"))
+    start = json.loads(path.read_text())
+    hard = workdir / "hard_start.json"
+    hard_start = json.loads(hard.read_text())["accuracy"] if hard.exists() else None
+    return report(recorded_runs(workdir, start["signature"]), vars(args), start["accuracy"],
+                  workdir / "runs", hard_start=hard_start)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@
 * **A negative control in the same invocation**: every method of ``CONTROL_METHODS`` on the same
   family at one constant difficulty (``--control-difficulty``, no mix) from the same policy; its
   closing difference must come out near zero.
-* **Report** (``bench.sim.report``, shared with the simulator): per method, mixed prompts per
+* **Report** (``bench.protocol_report``, shared with the simulator): per method, mixed prompts per
   step (a count), the effective ratio, prompts per step, generated and training tokens per step,
   leaves, the final held-out accuracy (mean of the last ``--final-of`` evaluations), its paired
   difference from GRPO, and the generated tokens it needs to reach GRPO's final accuracy as a
@@ -39,7 +39,7 @@ import numpy as np
 
 from bench import RECORDS
 from bench.learning_runs import RunResult, load_run, run_one, run_record, save_run, signature
-from bench.sim.report import conclude, print_table, rows_of
+from bench.protocol_report import conclude, print_table, rows_of
 
 REFERENCE = "trace_cover"
 """The row whose generated tokens per step the matched baselines spend."""
@@ -87,7 +87,7 @@ def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[s
 
 
 def sim_log(r: RunResult, final_of: int) -> dict[str, Any]:
-    """Run ``r`` as a log of ``bench.sim.report`` (per-step costs, accuracy at evaluations)."""
+    """Run ``r`` as a log of ``bench.protocol_report`` (per-step costs, accuracy at evaluations)."""
     steps = r.extra["steps"]
     return {"acc0": r.accuracy[0], "accuracy": r.accuracy[1:], "eval_tokens": r.eval_tokens[1:],
             "final_of": final_of, "tokens": steps["tokens"], "train_tokens": steps["train_tokens"],

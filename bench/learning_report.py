@@ -99,31 +99,6 @@ def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[
     return table
 
 
-def paired(results: list[RunResult], method: str = "trace") -> dict[str, dict[str, Any]]:
-    """``method`` minus each other method, per seed both ran (same starting policy, same seed of
-    the train flow): mean and standard error of the seed-wise differences in final accuracy and
-    AUC. Seeds share the pool draws and the held-out items, so the paired difference is less noisy
-    than the difference of two means; with 3 seeds its s.e. is still rough."""
-    def by_seed(m: str) -> dict[int, RunResult]:
-        return {r.seed: r for r in results if r.method == m}
-
-    mine, out = by_seed(method), {}
-    budget_tokens = token_budget(results)
-    at_tokens = lambda r: accuracy_at_tokens(r, budget_tokens)  # noqa: E731
-    for other in dict.fromkeys(r.method for r in results if r.method != method):
-        theirs = by_seed(other)
-        seeds = sorted(set(mine) & set(theirs))
-        if not seeds:
-            continue
-        row: dict[str, Any] = {"seeds": seeds}
-        for key, get in (("final", _final), ("auc", _auc), ("at_tokens", at_tokens)):
-            d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
-            se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
-            row[key] = (float(d.mean()), se)
-        out[other] = row
-    return out
-
-
 def detectable_effect(sd: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
     """The smallest true paired difference that the two-sided paired t-test at ``level`` detects
     with probability ``power`` over ``n`` seeds when the seed-wise differences have standard
@@ -218,15 +193,6 @@ def print_tests(tests: dict[str, dict[str, Any]], key: str, method: str = "trace
               f"{100 * t.get('sd', float('nan')):.1f})")
 
 
-def print_paired(diffs: dict[str, dict[str, Any]], method: str = "trace") -> None:
-    for other, row in diffs.items():
-        f, a, t = row["final"], row["auc"], row["at_tokens"]
-        print(f"{method} - {other:<14} final {100 * f[0]:+5.1f} ± {100 * f[1]:3.1f}   "
-              f"AUC {100 * a[0]:+5.1f} ± {100 * a[1]:3.1f}   "
-              f"@tokens {100 * t[0]:+5.1f} ± {100 * t[1]:3.1f}   (paired over seeds "
-              f"{','.join(map(str, row['seeds']))}; ± = s.e.)")
-
-
 def _two(v: float) -> str:
     return f"{v:.2f}" if np.isfinite(v) else "-"
 
@@ -317,11 +283,9 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
     print(f"\nfamily {args['family']} (difficulty {args.get('mix') or args['difficulty']}), {args['steps']} "
           f"steps x {leaves_per_step} leaves, starting accuracy {100 * start:.1f}% "
           f"({args['eval_items']} held-out items x {args['eval_samples']} samples at temperature "
-          f"{args['eval_temperature']}), workdir {args['workdir']} (per-run curves: {record})")
+          f"{args['eval_temperature']}), workdir {args['workdir']} (records: {record})")
     print_table(table, len({r.seed for r in results}))
     predictor = print_predictor(results)
-    diffs = paired(results)
-    print_paired(diffs)
     tests = {}
     if any(r.method == "trace" for r in results):
         for key in ("at_tokens", "final"):
@@ -356,5 +320,5 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
                  if table.get("grpo", {}).get("effective_ratio") else float("nan"))
         print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
               f"effective ratio {ratio:.2f}x GRPO")
-    return {"table": table, "paired": diffs, "tests": tests, "predictor": predictor,
+    return {"table": table, "tests": tests, "predictor": predictor,
             "results": [r.__dict__ for r in results]}

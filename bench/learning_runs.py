@@ -163,65 +163,8 @@ def update_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     return {key: [float(m.get(key, float("nan"))) for m in metrics] for key in UPDATE_KEYS}
 
 
-def fill_predictor_curves(workdir: Path, r: RunResult) -> RunResult:
-    """``r`` with its per-step predictor statistics (``PREDICTOR_KEYS``) read back from the run's
-    stored steps (the job's own work dir, else the shared one), for a record written before they
-    were kept; ``r`` as it is when they are there or no store is left to read them from."""
-    if all(key in r.extra for key in PREDICTOR_KEYS):
-        return r
-    from trace_rl.storage.store import TreeStore
-
-    db = workdir / f"job-{r.method}-s{r.seed}" / "trace.duckdb"
-    db = db if db.exists() else workdir / "trace.duckdb"
-    if not db.exists():
-        return r
-    rows = TreeStore(db, create=False).query(
-        "SELECT run_id, step, metrics_json FROM steps WHERE status = 'complete' AND run_id LIKE $p "
-        "ORDER BY step", {"p": f"learn-{r.method}-s{r.seed}-%"}).to_pylist()
-    if len({row["run_id"] for row in rows}) != 1:
-        return r
-    curves = predictor_curves([json.loads(row["metrics_json"]) for row in rows])
-    return RunResult(**{**r.__dict__, "extra": {**r.extra, **curves}})
-
-
-def _job_run_id(workdir: Path, r: RunResult) -> tuple[Path, str]:
-    """The work dir that holds run ``r`` (its job's own, else the shared one) and its run id."""
-    from trace_rl.storage.store import TreeStore
-
-    job = workdir / f"job-{r.method}-s{r.seed}"
-    job = job if (job / "trace.duckdb").exists() else workdir
-    if not (job / "trace.duckdb").exists():
-        raise FileNotFoundError(f"{r.method} seed {r.seed}: no trace.duckdb under {workdir}")
-    runs = TreeStore(job / "trace.duckdb", create=False).query(
-        "SELECT DISTINCT run_id FROM steps WHERE run_id LIKE $p",
-        {"p": f"learn-{r.method}-s{r.seed}-%"}).column("run_id").to_pylist()
-    if len(runs) != 1:
-        raise ValueError(f"{r.method} seed {r.seed}: {len(runs)} matching runs in {job} "
-                         f"({sorted(runs)[:3]}); expected one")
-    return job, runs[0]
-
-
 def hard_setting(items: int, samples: int, temperature: float) -> dict[str, Any]:
     return {"split": "hard", "items": items, "samples": samples, "temperature": temperature}
-
-
-def hard_eval(workdir: Path, r: RunResult, base: dict[str, Any], policy: str, items: int,
-              samples: int, temperature: float) -> RunResult:
-    """``r`` with ``extra["hard"]``: its final checkpoint's accuracy on the family's ``hard``
-    split (synth_chain: H = 5 hops, 1.5x the hazard rate), ``items`` x ``samples`` at
-    ``temperature``; ``r`` as it is when it already holds this measurement. The hard split is
-    generated apart from the test split the bootstrap selected on, so no item is skipped."""
-    from tasks.runtime import Paths
-
-    setting = hard_setting(items, samples, temperature)
-    if {k: v for k, v in r.extra.get("hard", {}).items() if k != "final"} == setting:
-        return r
-    job, run_id = _job_run_id(workdir, r)
-    config = {**base, **VARIANTS.get(r.method, {"allocator": r.method}), "seed": r.seed,
-              "policy": policy, "run_id": eval_run_id(policy), "eval_split": "hard"}
-    final = _eval(config, str(Paths(job).policy_dir(run_id, r.eval_steps[-1])), items, 0,
-                  samples, temperature)
-    return RunResult(**{**r.__dict__, "extra": {**r.extra, "hard": {**setting, "final": final}}})
 
 
 def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]) -> list[float]:
@@ -231,32 +174,6 @@ def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]
     if eval_steps and max(eval_steps) >= len(spent):
         raise ValueError(f"{len(spent)} steps stored, evaluations at steps {list(eval_steps)}")
     return [0.0, *(float(spent[s]) for s in eval_steps)]
-
-
-def fill_eval_tokens(workdir: Path, r: RunResult) -> RunResult:
-    """``r`` with its tokens per evaluation read back from the run's stored steps, for a results
-    file written before they were recorded (the job's own work dir, else the shared one)."""
-    if r.eval_tokens:
-        return r
-    from trace_rl.storage.store import TreeStore
-
-    db = workdir / f"job-{r.method}-s{r.seed}" / "trace.duckdb"
-    db = db if db.exists() else workdir / "trace.duckdb"
-    if not db.exists():
-        raise FileNotFoundError(f"{r.method} seed {r.seed}: no trace.duckdb under {workdir} to read "
-                                "its generated tokens from")
-    rows = TreeStore(db, create=False).query(
-        "SELECT run_id, step, metrics_json FROM steps WHERE status = 'complete' AND run_id LIKE $p "
-        "ORDER BY step", {"p": f"learn-{r.method}-s{r.seed}-%"}).to_pylist()
-    runs = {row["run_id"] for row in rows}
-    if len(runs) != 1:
-        raise ValueError(f"{r.method} seed {r.seed}: {len(runs)} matching runs in {db} "
-                         f"({sorted(runs)[:3]}); expected one")
-    try:
-        tokens = tokens_at_evals([json.loads(row["metrics_json"]) for row in rows], r.eval_steps[1:])
-    except ValueError as exc:
-        raise ValueError(f"{r.method} seed {r.seed}, {db}: {exc}") from exc
-    return RunResult(**{**r.__dict__, "eval_tokens": tokens})
 
 
 def parse_seeds(text: str, start: int = 0) -> list[int]:
@@ -308,6 +225,14 @@ def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult
         return None
     data = json.loads(path.read_text())
     return RunResult(**data["result"]) if data.get("signature") == signature else None
+
+
+def recorded_runs(workdir: Path, signature: str) -> list[RunResult]:
+    """Every run recorded under ``workdir`` with these settings (``signature``), by seed then
+    method name."""
+    runs = [json.loads(p.read_text()) for p in sorted((workdir / "runs").glob("*.json"))]
+    return sorted((RunResult(**d["result"]) for d in runs if d.get("signature") == signature),
+                  key=lambda r: (r.seed, r.method))
 
 
 def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any], policy: str) -> str:

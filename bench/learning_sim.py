@@ -14,38 +14,7 @@ programme over a small state space), and everything else is the project's code:
 ``trace_core.stats`` (paired intervals). The run's knobs default to ``trace_rl.config.TrainConfig``
 (budget, pool, group sizes, exploration, rho window, estimator).
 
-The model (``--structure chain``). An item is an H-hop relation chain (H drawn from ``--hops``);
-each hop carries a hazard with the item's rate h ~ Beta(``--hazard-a``, ``--hazard-b``): an alias
-with probability ``--alias-share`` (recoverable: the verbatim query fails and a retry costs a turn)
-or else a homonym (two near-duplicate names; taking the first match silently derails the chain when
-the first match is the wrong copy, a hidden coin fixed in the item). Hazards are fixed in the item,
-so they recur each time the prompt does. The turn cap is H + 3 (the answer takes a turn). Each turn
-the policy picks one of three actions by a softmax over logits shared across items by turn type:
-
-    plain   (a hop, no known hazard) correct query (advances; at an alias hop it fails and the
-                                     next turn is a retry), sloppy query (no progress), answer now (r = 0)
-    retry   (an alias query failed)  query the alias (advances), repeat verbatim (no progress), answer now
-    homonym (two near-duplicates)    verify (advances), take the first match (advances, derails if
-                                     the first match is the wrong copy), answer now
-    answer  (all hops found)         answer (r = 1 unless derailed), search again, answer another entity
-
-Transitions are deterministic given the item, so a prefix's state (hop, retry flag, derailed,
-turn) fixes its exact value V(H) = P(r = 1 | H), which the oracle reads. Visible text cues (what the
-learned predictor may read): H, and per item the count of shown alias cues (hyphenated names) and
-shown homonym cues (near-duplicate names); each hazard shows its cue with probability
-``--cue-rate`` and a hazard-free hop shows a false one with probability 0.1.
-
-``--structure arith`` (negative control): every item is one homonym hop whose first match is wrong,
-then the answer: the first turn decides the outcome and all prompts are alike, so there is nothing
-for an allocator to target (the chain options are ignored).
-
-A step, for every method on the same candidate pool (``--pool-size`` prompts of a
-``--train-items`` train pool taken in shuffled epochs, so a prompt recurs every
-train_items / pool_size steps): the method's allocator spends the leaf budget (M (1 + N) leaves,
-M = root_budget), rollouts are sampled from the current policy (from the root or, for Stage 2, from
-the stored prefix's state), each tree's advantages come from the configured estimator, and the
-estimated gradient sum_paths sum_turns A * grad log pi(turn), averaged over the batch's turns (the
-loss's token-mean with one cost per turn), takes one Adam step (AdamW as in the pipeline, no decay).
+The model, its dynamics and predictors: ``trace_rl.sim``.
 
 The protocol. The primary budget is equal generated tokens per step with an equal
 number of optimiser steps: the reference row (``trace_cover``) runs first at the leaf budget
@@ -75,22 +44,11 @@ Records: one JSON file per (structure, method, seed) under ``--records`` (defaul
 ``results/learning_sim/<regime>-<protocol>``), written as each seed finishes; a later
 invocation skips the seeds already there and reports on every seed the folder holds.
 
-Predictors: ``learned`` is a weighted logistic regression on the visible features of a history
-(the cues above, and for a prefix its turn, hops found, the retry flag and how many first matches
-were taken), fit after each step on the backed-up values of the last ``REPLAY_STEPS`` steps'
-nodes (weights n_y), as ``HashedNgramPredictor`` is; like hashed n-grams it cannot learn an
-item's hidden hazards. ``oracle`` is the exact V. ``constant`` predicts the last step's mean
-reward everywhere. ``posterior`` scores roots by ``trace_core.posterior.PromptPosterior`` (counts
-from each prompt's rollouts from the root, shrunk to the learned predictor's estimate) and
-prefixes by the learned predictor.
-
 Closing line: ``TRACE-cover vs best baseline at equal tokens and steps: <+-d> points (95% CI
 <lo>, <hi>) over <n> seeds; control <+-d> (95% CI <lo>, <hi>)``; best baseline = the best of
 grpo, dapo and prompt_only by mean final accuracy on the chain family, the same pair on the
 control.
 
-Departures: a tabular policy stands in for the LM, and one action per turn for a turn's tokens;
-the PPO clip is not modelled (one gradient step per batch, so every ratio is 1).
 """
 
 from __future__ import annotations
@@ -102,13 +60,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from bench import RECORDS
-from bench.sim.model import INIT_PROBS, ChainParams, dynamics, exact, make_items
-from bench.sim.report import conclude, print_table, rows_of
-from bench.sim.run import LOG_KEYS, PLUS, REFERENCE, Method, Run, SimSettings, methods
+from bench.protocol_report import conclude, print_table, rows_of
 from trace_rl.config import TrainConfig
+from trace_rl.sim.model import ChainParams
+from trace_rl.sim.run import LOG_KEYS, PLUS, REFERENCE, SimSettings, methods, run_seed
 
 REGIMES = {
     "default": {"hops": ChainParams.hops, "hazard_a": ChainParams.hazard_a,
@@ -119,50 +75,6 @@ REGIMES = {
 DEFAULT_ROWS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "oracle_pred", "cover_oracle")
 """The rows run unless ``--methods`` adds more."""
 RESULTS = RECORDS / "learning_sim"
-
-# ----------------------------------------------------------------------------- a seed
-
-
-def run_seed(seed: int, rows: list[Method], params: ChainParams, settings: SimSettings,
-             protocol: str = "tokens") -> dict:
-    """Every method on one seed: same train pool, candidate order, test items and sampling seeds.
-    With ``protocol`` "tokens" the reference row runs first and the matched rows spend its
-    generated tokens per step."""
-    if protocol not in ("tokens", "leaves"):
-        raise ValueError(f"--protocol {protocol!r}: choose tokens or leaves")
-    rng = np.random.default_rng([seed, 0])
-    train = make_items(settings.train_items, params, rng, "train")
-    test = make_items(settings.eval_items, params, rng, "test")
-    dyn, dyn_test = dynamics(train), dynamics(test)
-    order = np.concatenate([rng.permutation(train.size) for _ in range(
-        settings.steps * settings.pool_size // train.size + 1)])
-    acc0 = float(exact(dyn_test, np.log(INIT_PROBS), grad=False).start.mean())
-    matched = protocol == "tokens" and any(m.match_tokens for m in rows)
-    if matched and REFERENCE not in {m.name for m in rows}:
-        raise ValueError(f"the tokens protocol needs the reference row {REFERENCE!r}")
-    out: dict[str, dict] = {}
-    for method in sorted(rows, key=lambda m: m.name != REFERENCE):  # the reference first
-        run = Run(method, settings, train, dyn)
-        ref = out.get(REFERENCE) if matched and method.match_tokens else None
-        for step in range(settings.steps):
-            pool_idx = order[step * settings.pool_size:(step + 1) * settings.pool_size]
-            truth = exact(dyn, run.theta)
-            budget = (run.matched_budget(ref["tokens"][step], ref["bare_tokens"][0] / ref["bare"][0])
-                      if ref else None)
-            trees, predicted = run.step(step, pool_idx, np.random.default_rng([seed, 1, step]),
-                                        truth, budget)
-            run.learn(trees, predicted, step, truth.grad.mean(axis=0))
-            run.log["accuracy"].append(float(exact(dyn_test, run.theta, grad=False).start.mean()))
-        out[method.name] = {"acc0": acc0, **run.log}
-    return {m.name: out[m.name] for m in rows}
-
-
-def at_tokens(log: dict, budget: float) -> float:
-    """Held-out accuracy when cumulative generated tokens reach ``budget`` (linear in between)."""
-    tokens = np.concatenate([[0.0], np.cumsum(log["tokens"])])
-    acc = np.concatenate([[log["acc0"]], log["accuracy"]])
-    return float(np.interp(budget, tokens, acc))
-
 
 def parse_seeds(text: str) -> list[int]:
     out: list[int] = []

@@ -1,8 +1,8 @@
 """Diagnostic rows of the learning simulator (docs/results.md, "Learning simulator": "Did not
-help"): ``bench.learning_sim.run_seed`` on the named rows only, on the chain structure, with
+help"): ``trace_rl.sim.run.run_seed`` on the named rows only, on the chain structure, with
 records as the CLI writes them (results/README.md).
 
-    python -m studies.sim_diag paper 100-107 trace_cover,grpo,cover_noexp results/learning_sim/diag/NAME
+    python -m studies.sim_diag paper 100-107 trace_cover,grpo,cover_noexp results/learning_sim/diag/<name>
 """
 import sys
 import time
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.learning_sim import REGIMES, parse_seeds, run_seed, write_records
-from bench.sim.model import ChainParams
-from bench.sim.run import SimSettings, methods
+from bench.learning_sim import REGIMES, parse_seeds, write_records
+from trace_rl.sim.model import ChainParams
+from trace_rl.sim.run import SimSettings, methods, run_seed
 
 
 def main(regime: str, seeds: str, names: list[str], out: Path) -> None:

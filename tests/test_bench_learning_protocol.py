@@ -1,5 +1,5 @@
 """bench.learning's tokens protocol on hand-made records: the sizing rule, the order runs start in,
-and the report's statistics (shared with the simulator, bench.sim.report)."""
+and the report's statistics (shared with the simulator, bench.protocol_report)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from bench import learning_protocol as protocol
 from bench.learning_runs import RunResult, load_run, save_run
-from bench.sim.report import final_accuracy, tokens_to_reach
+from bench.protocol_report import final_accuracy, tokens_to_reach
 
 
 def _run(method: str, seed: int, accuracy: list[float], tokens: float = 1000.0,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.learning import RunResult, paired, print_paired
+from bench.learning import RunResult, paired_tests, print_tests
 
 
 def _run(method: str, seed: int, accuracy: list[float]) -> RunResult:
@@ -23,27 +23,31 @@ def test_paired_differences_by_hand(capsys):
         _run("grpo", 0, [0.5, 0.7, 0.75]), _run("grpo", 1, [0.5, 0.6, 0.72]),
         _run("grpo", 2, [0.5, 0.8, 0.80]),
         _run("dapo", 1, [0.5, 0.5, 0.50]), _run("dapo", 7, [0.5, 0.9, 0.90]),  # one seed shared
-        _run("oracle", 9, [0.5, 0.9, 0.90]),  # no seed shared: left out
+        _run("oracle", 9, [0.5, 0.9, 0.90]),  # no seed shared: no difference
     ]
-    out = paired(results)
-    assert set(out) == {"grpo", "dapo"}
-    # final: differences 0.05, -0.02, 0.10 -> mean 0.0433, sample std 0.0603, s.e. 0.0348
+    out = paired_tests(results, key="final")
+    # final: differences 0.05, -0.02, 0.10 -> mean 0.0433, sample sd 0.0603, s.e. 0.0348,
+    # t(2) at 97.5% = 4.3027
     assert out["grpo"]["seeds"] == [0, 1, 2]
-    assert out["grpo"]["final"][0] == pytest.approx(0.13 / 3)
-    assert out["grpo"]["final"][1] == pytest.approx(0.060277 / math.sqrt(3), rel=1e-4)
+    assert out["grpo"]["mean"] == pytest.approx(0.13 / 3)
+    assert out["grpo"]["sd"] == pytest.approx(0.060277, rel=1e-4)
+    half = 4.302653 * 0.060277 / math.sqrt(3)
+    assert (out["grpo"]["low"], out["grpo"]["high"]) == pytest.approx((0.13 / 3 - half, 0.13 / 3 + half), rel=1e-4)
     # AUC on budget steps 0, 5, 10 (eval steps -1, 4, 9): trace seed 0 = (5 * 0.6 + 5 * 0.75) / 10
     # = 0.675, grpo seed 0 = (5 * 0.6 + 5 * 0.725) / 10 = 0.6625; seeds 1 and 2 likewise
-    assert out["grpo"]["auc"][0] == pytest.approx((0.0125 - 0.005 + 0.025) / 3)
-    assert out["dapo"]["seeds"] == [1]
-    assert out["dapo"]["final"][0] == pytest.approx(0.2) and math.isnan(out["dapo"]["final"][1])
-    print_paired(out)
+    assert paired_tests(results, key="auc")["grpo"]["mean"] == pytest.approx((0.0125 - 0.005 + 0.025) / 3)
+    assert out["dapo"]["seeds"] == [1] and out["dapo"]["mean"] == pytest.approx(0.2)
+    assert math.isnan(out["dapo"]["low"]) and math.isnan(out["dapo"]["p_holm"])
+    assert out["oracle"]["n"] == 0 and math.isnan(out["oracle"]["mean"])
+    print_tests(out, "final")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("trace - grpo") and "final  +4.3 ± 3.5" in lines[0]
-    assert "seeds 0,1,2" in lines[0]
+    assert lines[0].startswith("trace - grpo") and "+4.3 points" in lines[0]
+    assert "over 3 seeds" in lines[0]
 
 
-def test_paired_without_the_method_is_empty():
-    assert paired([_run("grpo", 0, [0.5, 0.6, 0.7])]) == {}
+def test_paired_without_the_method_has_no_seeds():
+    assert paired_tests([_run("grpo", 0, [0.5, 0.6, 0.7]), _run("dapo", 0, [0.5, 0.6, 0.7])],
+                        key="final")["dapo"]["n"] == 0
 
 
 def _tok(method: str, seed: int, accuracy: list[float], tokens: list[float]) -> RunResult:
@@ -70,8 +74,7 @@ def test_accuracy_at_equal_tokens_by_hand():
     assert table["grpo"]["at_tokens"][0] == pytest.approx(0.75)
     assert table["trace"]["token_budget"] == 300.0
     assert table["trace"]["curve_tokens"] == [0.0, 100.0, 300.0]
-    out = paired([tree, flat])
-    assert out["grpo"]["at_tokens"][0] == pytest.approx(0.05)
+    assert paired_tests([tree, flat])["grpo"]["mean"] == pytest.approx(0.05)
     assert math.isnan(token_budget([_run("grpo", 0, [0.5, 0.6, 0.7])]))
 
 

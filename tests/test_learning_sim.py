@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.learning_sim import at_tokens, load_records, main, parse_seeds, run_seed, write_records
-from bench.sim.model import (ALIAS, INIT_PROBS, NEAR_DUP, NO_HAZARD, TOKENS_PER_TURN, ChainParams,
+from bench.learning_sim import load_records, main, parse_seeds, write_records
+from trace_rl.sim.run import at_tokens, run_seed
+from trace_rl.sim.model import (ALIAS, INIT_PROBS, NEAR_DUP, NO_HAZARD, TOKENS_PER_TURN, ChainParams,
                              Items, dynamics, exact, make_items, parse_hops, sample)
-from bench.sim.report import closing, detectable, reach_ratio, tokens_to_reach
-from bench.sim.run import REFERENCE, SimSettings, methods
+from bench.protocol_report import closing, detectable, reach_ratio, tokens_to_reach
+from trace_rl.sim.run import REFERENCE, SimSettings, methods
 
 
 def _items(hops, hazard, first_wrong=None) -> Items:

@@ -8,8 +8,6 @@ from typing import Sequence
 
 import numpy as np
 
-from bench.sim.model import INIT_PROBS, TOKENS_PER_TURN, Dynamics, Exact, Items, softmax
-from bench.sim.trees import LogisticPredictor, SimStep, features, roll_into
 from trace_core.advantages import advantages
 from trace_core.allocation import allocate_prefixes
 from trace_core.allocators import (
@@ -27,6 +25,9 @@ from trace_core.allocators import (
 from trace_core.calibration import Term, batch_terms, estimate
 from trace_core.posterior import PromptPosterior
 from trace_rl.config import TrainConfig
+from trace_rl.sim.model import (INIT_PROBS, TOKENS_PER_TURN, ChainParams, Dynamics, Exact, Items,
+                                dynamics, exact, make_items, softmax)
+from trace_rl.sim.trees import LogisticPredictor, SimStep, features, roll_into
 
 # ----------------------------------------------------------------------------- methods
 
@@ -455,3 +456,44 @@ class Run:
         window = self.settings.train.correlation_window
         if window:
             self.terms = (self.terms + [terms])[-window:]
+
+
+def run_seed(seed: int, rows: list[Method], params: ChainParams, settings: SimSettings,
+             protocol: str = "tokens") -> dict:
+    """Every method on one seed: same train pool, candidate order, test items and sampling seeds.
+    With ``protocol`` "tokens" the reference row runs first and the matched rows spend its
+    generated tokens per step."""
+    if protocol not in ("tokens", "leaves"):
+        raise ValueError(f"--protocol {protocol!r}: choose tokens or leaves")
+    rng = np.random.default_rng([seed, 0])
+    train = make_items(settings.train_items, params, rng, "train")
+    test = make_items(settings.eval_items, params, rng, "test")
+    dyn, dyn_test = dynamics(train), dynamics(test)
+    order = np.concatenate([rng.permutation(train.size) for _ in range(
+        settings.steps * settings.pool_size // train.size + 1)])
+    acc0 = float(exact(dyn_test, np.log(INIT_PROBS), grad=False).start.mean())
+    matched = protocol == "tokens" and any(m.match_tokens for m in rows)
+    if matched and REFERENCE not in {m.name for m in rows}:
+        raise ValueError(f"the tokens protocol needs the reference row {REFERENCE!r}")
+    out: dict[str, dict] = {}
+    for method in sorted(rows, key=lambda m: m.name != REFERENCE):  # the reference first
+        run = Run(method, settings, train, dyn)
+        ref = out.get(REFERENCE) if matched and method.match_tokens else None
+        for step in range(settings.steps):
+            pool_idx = order[step * settings.pool_size:(step + 1) * settings.pool_size]
+            truth = exact(dyn, run.theta)
+            budget = (run.matched_budget(ref["tokens"][step], ref["bare_tokens"][0] / ref["bare"][0])
+                      if ref else None)
+            trees, predicted = run.step(step, pool_idx, np.random.default_rng([seed, 1, step]),
+                                        truth, budget)
+            run.learn(trees, predicted, step, truth.grad.mean(axis=0))
+            run.log["accuracy"].append(float(exact(dyn_test, run.theta, grad=False).start.mean()))
+        out[method.name] = {"acc0": acc0, **run.log}
+    return {m.name: out[m.name] for m in rows}
+
+
+def at_tokens(log: dict, budget: float) -> float:
+    """Held-out accuracy when cumulative generated tokens reach ``budget`` (linear in between)."""
+    tokens = np.concatenate([[0.0], np.cumsum(log["tokens"])])
+    acc = np.concatenate([[log["acc0"]], log["accuracy"]])
+    return float(np.interp(budget, tokens, acc))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.sim.model import HOMONYM, REPLAY_STEPS, Dynamics, Items, sample
+from trace_rl.sim.model import HOMONYM, REPLAY_STEPS, Dynamics, Items, sample
 from trace_core.tree import TreeBatch
 
 # ----------------------------------------------------------------------------- trees
