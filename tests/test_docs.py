@@ -110,3 +110,61 @@ def test_nothing_cites_a_file_a_clone_lacks_and_code_cites_no_issue_numbers():
         if rel.endswith(CODE):
             bad += [f"{rel}: cites '{m.group(0)}'" for m in ISSUE.finditer(text)]
     assert not bad, "\n".join(bad)
+
+
+TOP = "bench|docs|tests|trace_core|trace_rl|flows|tasks|cli|deployments|scripts|studies|results|requirements|\\.ci"
+REPO_PATH = re.compile(r"(?<![\w./:-])((?:%s)/[A-Za-z0-9_./-]*)(?![$<{*\w])" % TOP)
+"""A path inside the repository (``bench/learning.py``, ``docs/algorithm.md``); not one qualified
+by another repository or a revision (``owner/repo:path``, ``git show REV:path``), nor a pattern
+(``test_*.py``, ``rl_$family``, ``synth_<x>``)."""
+MODULE = re.compile(r"(?<![\w./:-])((?:bench|studies|trace_core|trace_rl|tasks|flows|cli|deployments)"
+                    r"\.([a-z_]\w*))")
+"""A module of the repository's packages (``bench.learning_sim``, ``trace_core.stats``)."""
+EXTENSIONS = {"md", "py", "json", "jsonl", "yaml", "yml", "toml", "txt", "sh", "csv", "png", "html"}
+CITING_OUT_OF_SCOPE = ()
+"""Folders whose citations are not checked yet (their owners clean them up): none."""
+
+
+def cited_but_missing(rel: str, text: str) -> list[str]:
+    """The repository paths and modules ``text`` (the file ``rel``) names that do not exist."""
+    bad = []
+    for m in REPO_PATH.finditer(text):
+        path = m.group(1).rstrip(".,-")
+        stem, _, attr = path.rpartition(".")  # bench/allocation_trees.Grower: the module's name
+        if not (REPO / path).exists() and not (attr[:1].isupper() and (REPO / f"{stem}.py").exists()):
+            bad.append(f"{rel}: cites {path}, which is not in the repository")
+    for m in MODULE.finditer(text):
+        top, name = m.group(1).split(".")[0], m.group(2)
+        if name in EXTENSIONS:  # a file name (docs/deployments.md, cli.jsonl), not a module
+            continue
+        if not ((REPO / top / f"{name}.py").exists() or (REPO / top / name / "__init__.py").exists()):
+            bad.append(f"{rel}: cites the module {m.group(1)}, which is not in the repository")
+    return bad
+
+
+def test_every_cited_path_and_module_is_in_the_repository():
+    """What the code and docs cite, a clone holds (the archive, history as it was, aside)."""
+    bad = []
+    for path in tracked_text_files():
+        rel = path.relative_to(REPO).as_posix()
+        if path == Path(__file__).resolve() or rel.startswith(("results/", *CITING_OUT_OF_SCOPE)):
+            continue
+        bad += cited_but_missing(rel, path.read_text(encoding="utf-8", errors="replace"))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_citation_check_reads_paths_modules_and_leaves_patterns_alone():
+    assert cited_but_missing("x", "see bench/learning.py, trace_core.stats and bench/allocation_trees.Grower") == []
+    assert cited_but_missing("x", "in bench/results/allocation.txt and bench.sim.report") == [
+        "x: cites bench/results/allocation.txt, which is not in the repository",
+        "x: cites the module bench.sim, which is not in the repository"]
+    assert cited_but_missing("x", "git show c4d25eb:bench/results/a.txt; Owner/repo:results/b.csv; "
+                                  "tests/test_*.py, results/rl_$family, trace_rl/envs/synth_<x>/, "
+                                  "docs/deployments.md") == []
+
+
+def test_the_results_page_stays_under_600_lines():
+    """One screen per claim: superseded text is replaced or archived, not appended to."""
+    lines = RESULTS.read_text(encoding="utf-8").count("\n")
+    assert lines < 600, f"docs/results.md has {lines} lines; move history to docs/archive/"
+

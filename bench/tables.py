@@ -1,0 +1,192 @@
+"""The tables of docs/results.md, regenerated from the records in results/ (results/README.md):
+
+    python -m bench.tables            # print every generated table
+    python -m bench.tables --write    # rewrite them in docs/results.md
+    python -m bench.tables --check    # exit 1 where the page differs from the records
+
+A generated table sits in the page between ``<!-- bench.tables NAME -->`` and
+``<!-- /bench.tables -->``; the text around it is written by hand. Nothing is run: each table
+is the benchmark's own report (``bench.protocol_report``, ``bench.peers``) over its records."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from bench import RECORDS
+from bench.learning_sim import DEFAULT_ROWS, load_records
+from bench.protocol_report import closing, rows_of
+from trace_rl.sim.run import REFERENCE
+
+PAGE = RECORDS.parent / "docs" / "results.md"
+BLOCK = re.compile(r"(<!-- bench\.tables (\w+) -->\n)(.*?)(<!-- /bench\.tables -->)", re.S)
+LABELS = {REFERENCE: f"**{REFERENCE}** (reference)", "grpo": "grpo (tokens matched)",
+          "dapo": "dapo (tokens matched; stops early)", "prompt_only": "prompt_only (tokens matched)",
+          "trace": "trace (the paper's Stage 1; equal leaves)", "oracle_pred": "trace, oracle predictor",
+          "cover_oracle": "trace_cover, oracle predictor"}
+
+
+def _ci(d: tuple[float, float, float] | None) -> str:
+    return f"{d[0]:+.1f} ({d[1]:+.1f}, {d[2]:+.1f})" if d else ""
+
+
+def _reach(q: tuple[float, float, float, int] | None, n: int) -> str:
+    if not q:
+        return ""
+    text = f"{q[0]:.2f} ({q[1]:.2f}, {q[2]:.2f})".replace("inf", "never")
+    return text + (f", {q[3]} of {n} never" if q[3] else "")
+
+
+def _sim_regime(regime: str, root: Path) -> tuple[dict, list[dict], str, int]:
+    """One regime's rows (``rows_of``) by method, the closing line and the seed count."""
+    folder = root / "learning_sim" / f"{regime}-tokens"
+    meta = {s: json.loads(next((folder / s / REFERENCE).glob("seed*.json")).read_text())["meta"]
+            for s in ("chain", "control")}
+    logs = {s: load_records(folder, s, DEFAULT_ROWS, meta[s]) for s in meta}
+    rows, finals = {}, {}
+    for s, by_seed in logs.items():
+        table, finals[s] = rows_of(list(by_seed.values()), list(DEFAULT_ROWS))
+        rows[s] = {r["method"]: r for r in table}
+    line, _, _ = closing(finals["chain"], finals["control"], REFERENCE)
+    return rows["chain"], rows["control"], line, len(logs["chain"])
+
+
+def learning_sim(root: Path = RECORDS) -> str:
+    """The simulator's table, both regimes, and their closing lines."""
+    paper, _, paper_line, n = _sim_regime("paper", root)
+    default, _, default_line, n_default = _sim_regime("default", root)
+    out = [f"| method ({n} seeds; default {n_default}) | paper: mixed prompts/step | eff. ratio | "
+           "prompts/step | gen / train tok per step | acc | vs GRPO (95% CI) | tokens to GRPO's "
+           "final (median ratio, 95% CI) | default: mixed/step | eff. ratio | acc | vs GRPO (95% CI) |",
+           "|---" * 12 + "|"]
+    for m in DEFAULT_ROWS:
+        p, d = paper[m], default[m]
+        out.append(f"| {LABELS.get(m, m)} | {p['mixed']:.2f} | {p['ratio']:.2f} | {p['active']:.1f} | "
+                   f"{p['tokens']:.0f} / {p['train_tokens']:.0f} | {p['acc']:.1f} | "
+                   f"{_ci(p.get('vs_grpo')) if m != 'grpo' else ''} | {_reach(p.get('reach'), n)} | "
+                   f"{d['mixed']:.2f} | {d['ratio']:.2f} | {d['acc']:.1f} | "
+                   f"{_ci(d.get('vs_grpo')) if m != 'grpo' else ''} |")
+    return "\n".join([*out, "", f"    paper:   {paper_line}", f"    default: {default_line}"])
+
+
+def learning_lm(root: Path = RECORDS) -> str:
+    """The tiny LM under the learning protocol (paper regime): per structure, every complete
+    seed's mean (``bench.learning_protocol.report``)."""
+    from bench.learning_protocol import REGIMES, report
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = report(root / "learning_lm" / "paper", REGIMES["paper"]["final_of"],
+                     {**REGIMES["paper"], "root_budget": 16, "multiplier": 2})
+    lines = ["| structure | method | seeds | mixed prompts/step | eff. ratio | prompts/step | "
+             "gen / train tok per step | leaves/step | final acc | vs GRPO (95% CI) |",
+             "|---" * 10 + "|"]
+    for name, table in out["tables"].items():
+        n = len(out["finals"][name][REFERENCE])
+        for r in table:
+            lines.append(f"| {name} | {r['method']} | {n} | {r['mixed']:.2f} | {r['ratio']:.2f} | "
+                         f"{r['active']:.1f} | {r['tokens']:.0f} / {r['train_tokens']:.0f} | "
+                         f"{r['leaves']:.1f} | {r['acc']:.1f} | "
+                         f"{_ci(r.get('vs_grpo')) if r['method'] != 'grpo' else ''} |")
+    return "\n".join(lines)
+
+
+def learning_chain(root: Path = RECORDS) -> str:
+    """The tiny LM on synth_chain at equal leaves: TRACE and its variants minus each method at
+    equal generated tokens, paired by seed (``bench.learning_report.paired_tests``)."""
+    from bench.learning_report import paired_tests, summarise
+    from bench.learning_runs import VARIANTS, recorded_runs
+
+    folder = root / "learning_chain"
+    runs = recorded_runs(folder, json.loads((folder / "start.json").read_text())["signature"])
+    tests = paired_tests(runs, key="at_tokens")
+    baselines = [m for m in tests if m not in VARIANTS]
+    lines = [f"| paired, at equal generated tokens (Student-t 95% CI, Holm over {len(baselines)} "
+             "baselines) | difference | Holm p | detectable at 80% power | seeds |", "|---" * 5 + "|"]
+    table = summarise(runs, 1)
+    best = max(baselines, key=lambda m: table[m]["at_tokens"][0])  # as the report picks it
+    rows = [("trace", m, t) for m, t in tests.items() if m in baselines]
+    rows += [(v, best, paired_tests(runs, method=v, key="at_tokens")[best]) for v in VARIANTS
+             if v in tests]
+    for mine, other, t in rows:  # Holm's correction is over TRACE's baselines only
+        holm = f"{t['p_holm']:.2f}" if mine == "trace" else ""
+        lines.append(f"| {mine} - {other}{' (best)' if other == best else ''} | "
+                     f"{100 * t['mean']:+.1f} ({100 * t['low']:+.1f}, {100 * t['high']:+.1f}) | "
+                     f"{holm} | {100 * t['detectable']:.1f} | {t['n']} |")
+    return "\n".join(lines)
+
+
+def peers(root: Path = RECORDS) -> str:
+    """This project against TRL's GRPOTrainer, one invocation's three methods
+    (``bench.peers.summarise``, ``parity``)."""
+    from bench.learning_runs import RunResult
+    from bench.peers import METHODS, _ratio, parity, summarise
+
+    runs = [RunResult(**json.loads(p.read_text())["result"])
+            for p in sorted((root / "peers" / "runs").glob("*.json"))]
+    runs = [r for r in runs if r.method in METHODS]
+    s = summarise(runs, len(runs[0].leaves))
+    ms = lambda v, k=1.0: f"{k * np.mean(v):.1f} ± {k * np.std(v, ddof=1):.1f}"  # noqa: E731
+    lines = [f"| method | final % | at {s['budget_tokens'] / 1000:.1f}k tokens % | at "
+             f"{s['budget_wall_s']:.0f} s % | gen. tokens | wall s/step | tokens/s |", "|---" * 7 + "|"]
+    for m in METHODS:
+        row = s["methods"][m]
+        lines.append(f"| {m} | {ms(row['final'], 100)} | {ms(row['at_tokens'], 100)} | "
+                     f"{ms(row['at_wall'], 100)} | {np.mean(row['tokens']):.0f} | "
+                     f"{ms(row['wall_per_step'])} | {ms(row['tokens_per_s'])} |")
+    p, ratio = parity(runs), lambda key: _ratio(s["methods"], "grpo", "trl_grpo", key)  # noqa: E731
+    return "\n".join([*lines, "", f"`vs TRL GRPOTrainer: wall per step {ratio('wall_per_step'):.2f}x, "
+                       f"tokens/s {ratio('tokens_per_s'):.2f}x, GRPO parity {p['mean']:+.1f} points "
+                       f"(95% CI {p['lo']:+.1f}, {p['hi']:+.1f})`"])
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,
+                                           "learning_chain": learning_chain, "peers": peers}
+"""Every generated table, by the name its block carries in the page."""
+
+
+def regenerate(page: str, root: Path = RECORDS) -> str:
+    """``page`` with every generated block rewritten from the records under ``root``."""
+    def block(m: re.Match) -> str:
+        if m.group(2) not in TABLES:
+            raise KeyError(f"docs/results.md: no generator for block {m.group(2)!r}; "
+                           f"known: {sorted(TABLES)}")
+        return m.group(1) + TABLES[m.group(2)](root) + "\n" + m.group(4)
+    return BLOCK.sub(block, page)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the tables in docs/results.md")
+    mode.add_argument("--check", action="store_true",
+                      help="exit 1 where docs/results.md differs from the records")
+    ap.add_argument("--page", default=str(PAGE))
+    args = ap.parse_args(argv)
+    page = Path(args.page)
+    text = page.read_text(encoding="utf-8")
+    if not args.write and not args.check:
+        for name, make in TABLES.items():
+            print(f"<!-- bench.tables {name} -->\n{make(RECORDS)}\n")
+        return 0
+    new = regenerate(text, RECORDS)
+    if args.write:
+        page.write_text(new, encoding="utf-8")
+        return 0
+    stale = [m.group(2) for m, n in zip(BLOCK.finditer(text), BLOCK.finditer(new))
+             if m.group(3) != n.group(3)]
+    if stale:
+        print(f"{page}: tables differ from the records: {stale} (python -m bench.tables --write)",
+              file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
