@@ -130,6 +130,21 @@ def test_config_hash_is_the_one_main_computed(values, digest):
     assert config_from_mapping(values).config_hash == digest
 
 
+def test_random_configs_keep_the_hashes_main_computed():
+    """300 random valid configs over every family (tests/data/config_hashes.json: each a mapping
+    of some fields set away from their defaults, a family's own options only with that family)
+    keep the config hash, so the run id, that main computed for them before the config became a
+    tree with the family's options beside it."""
+    import json
+
+    data = json.loads((REPO / "tests" / "data" / "config_hashes.json").read_text())
+    changed = [(values, digest, config_from_mapping(values).config_hash)
+               for values, digest in data["configs"]
+               if config_from_mapping(values).config_hash != digest]
+    assert len(data["configs"]) == 300 and not changed, changed[:3]
+    assert len({digest for _, digest in data["configs"]}) == 300
+
+
 def test_settings_below_are_derived_from_the_config():
     cfg = config_from_mapping({"group_size": 6, "exploration": 0.25, "tree_group": 3,
                                "target_kl": 0.05, "loss_agg": "token-mean", "ppo_epochs": 2})

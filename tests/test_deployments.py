@@ -71,6 +71,21 @@ def test_train_deployment_form_is_typed_with_a_description_per_field() -> None:
         "config", "workdir", "wait"}
 
 
+def test_a_refused_run_names_the_field_as_the_form_does() -> None:
+    """The worker checks a flow run's parameters (those of a run whose form check was unticked)
+    with the flow's own validation: a bad field is named ``config.steps``, as the form and the
+    server name it, whether it was given flat or under its concern."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.train import train
+
+    for config in ({"steps": 0}, {"run": {"steps": 0}}, {"run.steps": 0}):
+        with pytest.raises(ParameterTypeError) as err:
+            train.validate_parameters({"config": config})
+        assert re.search(r"^ - config\.steps: Input should be greater than or equal to 1$",
+                         str(err.value), re.M), str(err.value)
+
+
 FORM_KEEPS = {"position", "block_type_slug", "$ref", "anyOf", "allOf", "example", "default",
               "const", "description", "enum", "format", "items", "prefixItems", "properties",
               "required", "title", "type", "maxItems", "minItems", "definitions"}

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from trace_rl.config.checks import check_inputs
 from trace_rl.config.model import ConfigError, TrainConfig, flat_name, flatten
-from trace_rl.config.sections import FIELDS, SECTIONS
+from trace_rl.config.sections import FIELDS
 
 if TYPE_CHECKING:
     from trace_rl.policy.warmstart.config import WarmstartConfig
@@ -31,8 +31,7 @@ def _explain(exc: ValidationError, where: str, known: Iterable[str] = FIELDS) ->
     """One line per error of ``exc``: the field, the value and type given, what it may be."""
     lines = []
     for e in exc.errors():
-        loc = [str(p) for p in e["loc"]]
-        field = ".".join(loc[1:] if loc and loc[0] in SECTIONS and len(loc) > 1 else loc)
+        field = ".".join(str(p) for p in e["loc"])  # a flat name (``TrainConfig._flat_errors``)
         if e["type"] == "extra_forbidden":
             lines.append(f"config: unknown field {field!r} in {where}; known: "
                          f"{', '.join(known)}")

@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, model_serializer,
+                      model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trace_core.allocators import AllocatorConfig, Budget
 from trace_rl.config.hashing import config_hash as _config_hash
@@ -104,6 +106,20 @@ class TrainConfig(BaseModel):
             else:
                 nested[name] = value
         return nested
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _flat_errors(cls, data: Any, handler: Any) -> "TrainConfig":
+        """Each error at the field's flat name (``steps``, not ``run.steps``): the name the
+        Prefect form, the server's schema and the command line use, so a flow run refused by
+        the worker names the field as the form does (``config.steps``)."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise ValidationError.from_exception_data(exc.title, [
+                InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"]), input=e["input"],
+                                 loc=e["loc"][1:] if len(e["loc"]) > 1 and e["loc"][0] in
+                                 SECTIONS else e["loc"]) for e in exc.errors()]) from None
 
     @model_serializer(mode="plain")
     def _flat(self) -> dict[str, Any]:
