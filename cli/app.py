@@ -71,9 +71,11 @@ def evaluate(
     overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (family=...)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     split: Optional[str] = typer.Option(None, help="Split or data file (default: eval_split)."),
-    limit: int = typer.Option(64, help="Items to evaluate (0 = all)."),
-    samples: int = typer.Option(4, help="Rollouts per item."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+    limit: Optional[int] = typer.Option(None, help="Items to evaluate (0 = all; default: the "
+                                        "evaluate flow's limit)."),
+    samples: Optional[int] = typer.Option(None, help="Rollouts per item (default: eval_samples)."),
+    temperature: Optional[float] = typer.Option(None, help="Sampling temperature, 0 = greedy "
+                                                "(default: the config's temperature)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
     data: Optional[Path] = typer.Option(None, "--data", help="Your own data file to evaluate on "
                                         "(instead of --split; formats in docs/families.md)."),
@@ -89,8 +91,10 @@ def evaluate(
     with prefect_ready():
         from flows.evaluate import evaluate as evaluate_flow
 
-    result = evaluate_flow(policy_dir=policy, config=cfg, split=split,
-                           limit=limit or None, samples=samples, temperature=temperature,
+    given = {k: v for k, v in (("samples", samples), ("temperature", temperature)) if v is not None}
+    if limit is not None:
+        given["limit"] = limit or None  # 0: every item
+    result = evaluate_flow(policy_dir=policy, config=cfg, split=split, **given,
                            workdir=resolve_workdir(workdir), predictions=str(out) if out else None)
     console.print_json(json.dumps(result))
 
@@ -116,7 +120,8 @@ def bootstrap(
 @app.command(context_settings={"allow_extra_args": True})
 def warmstart(
     ctx: typer.Context,
-    engine: str = typer.Option("auto", help="Engine of the success measurement: hf | vllm | auto."),
+    engine: Optional[str] = typer.Option(None, help="Engine of the success measurement: hf | "
+                                         "vllm | auto (default: the config's engine)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
     """Warm-start a real model (default smollm2) for a real family by SFT on ReAct traces of its
@@ -132,7 +137,8 @@ def warmstart(
     with prefect_ready():
         from flows.warmstart import warmstart as warmstart_flow
 
-    result = warmstart_flow(config=cfg.to_json(), workdir=resolve_workdir(workdir), engine=engine)
+    result = warmstart_flow(config=cfg.to_json(), workdir=resolve_workdir(workdir),
+                            **({"engine": engine} if engine is not None else {}))
     print_warmstart(result, cfg)
 
 

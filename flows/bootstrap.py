@@ -15,7 +15,7 @@ from prefect import flow
 from flows.common import NAMES_ITS_TASK_RUN, RELEASES_ENGINES, resolve_workdir
 from trace_rl.config import TrainConfig
 from trace_rl.environ import cache_dir
-from trace_rl.policy.bootstrap import bootstrap_policy
+from trace_rl.policy.bootstrap import BootstrapConfig, bootstrap_policy
 
 _DEFAULT = TrainConfig()
 
@@ -24,7 +24,8 @@ _DEFAULT = TrainConfig()
       flow_run_name="bootstrap-policy {family} d{difficulty} seed {seed}", **RELEASES_ENGINES,
       **NAMES_ITS_TASK_RUN)
 def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficulty,
-              workdir: str | None = None, seed: int = _DEFAULT.seed, preset: str = "tiny",
+              workdir: str | None = None, seed: int = _DEFAULT.seed,
+              preset: str = BootstrapConfig.model_fields["preset"].default,
               mix: list[int] | None = None, options: dict[str, Any] | None = None) -> str:
     """Make (or reuse) the tiny policy for a family; return its HF directory.
 

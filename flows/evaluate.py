@@ -53,7 +53,7 @@ def evaluate_run_name() -> str:
 @flow(name="evaluate", log_prints=True, flow_run_name=announced(evaluate_run_name),
       **RELEASES_ENGINES)
 def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | None = None,
-             limit: int | None = 64, samples: int = 4, temperature: float = 1.0,
+             limit: int | None = 64, samples: int | None = None, temperature: float | None = None,
              workdir: str | None = None, skip: int = 0,
              predictions: str | None = None) -> dict[str, Any]:
     """Accuracy, the verifier's metrics and contrast metrics of a policy on a held-out split.
@@ -65,8 +65,9 @@ def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | 
             not used).
         split: The split or data file to measure on; empty means the config's eval split.
         limit: How many items to measure (empty means all of them).
-        samples: Rollouts per item; an item's score is their mean.
-        temperature: Sampling temperature of the rollouts.
+        samples: Rollouts per item, an item's score their mean; empty means the config's
+            eval_samples.
+        temperature: Sampling temperature of the rollouts; empty means the config's.
         workdir: The work dir the predictions file goes under (default trace_runs).
         skip: Items to leave out at the start of the split (those a bootstrap selected on).
         predictions: Where the per-item predictions go (JSONL); empty means
@@ -75,6 +76,8 @@ def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | 
     workdir = resolve_workdir(workdir)
     runtime.configure_threads()
     policy_dir = resolve_policy(policy_dir)  # a named policy (smollm2) or a directory
+    samples = config.eval_samples if samples is None else samples
+    temperature = config.temperature if temperature is None else temperature
     result = evaluate_rollouts(config, policy_dir, split or config.eval_split, limit, samples,
                                temperature, skip)
     split = split or config.eval_split

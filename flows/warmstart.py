@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow
 
 from flows.common import announced, RELEASES_ENGINES, resolve_workdir
+from trace_rl.config import FIELDS
 from trace_rl.environ import cache_dir
 from trace_rl.policy.warmstart import WarmstartConfig, read_record, warmstart_policy
 
@@ -28,7 +29,7 @@ def warmstart_run_name() -> str:
 @flow(name="warmstart", log_prints=True, flow_run_name=announced(warmstart_run_name),
       **RELEASES_ENGINES)
 def warmstart(config: dict[str, Any] | None = None, workdir: str | None = None,
-              engine: str = "auto") -> dict[str, Any]:
+              engine: str = FIELDS["engine"].default) -> dict[str, Any]:
     """Make (or reuse) the warm-started policy; return its directory and its record.
 
     Args:
@@ -36,7 +37,8 @@ def warmstart(config: dict[str, Any] | None = None, workdir: str | None = None,
             defaults.
         workdir: The work dir that gets a copy of the policy and the build's MLflow run
             (default trace_runs).
-        engine: The engine that measures the policy: hf, vllm or auto.
+        engine: The engine that measures the policy: hf, vllm or auto (default: a train
+            config's).
     """
     cfg = WarmstartConfig.model_validate(config or {})
     wd = resolve_workdir(workdir)
