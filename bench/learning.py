@@ -238,7 +238,7 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     # --set, parsed (and unknown keys refused) exactly as `trace train key=value` does
     given = [f"family={args.family}", *([f"policy={args.policy}"] if args.policy else []), *args.set]
     overridden = load_config(None, given) if args.set else None
-    family_options = {k: getattr(overridden or TrainConfig(), k) for k in options(args.family)}
+    family_options = (overridden or TrainConfig(family=args.family)).family_options()
     boot = (args.policy_difficulty, None) if args.policy_difficulty else (args.difficulty, mix or None)
     policy = str(Path(args.policy).resolve()) if args.policy else bootstrap(
         family=args.family, difficulty=boot[0], workdir=str(workdir), seed=0,

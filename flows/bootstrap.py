@@ -13,7 +13,7 @@ from typing import Any
 from prefect import flow
 
 from flows.common import NAMES_ITS_TASK_RUN, RELEASES_ENGINES, resolve_workdir
-from trace_rl.config import TrainConfig
+from trace_rl.config import TrainConfig, options_model
 from trace_rl.environ import cache_dir
 from trace_rl.policy.bootstrap import BootstrapConfig, bootstrap_policy
 
@@ -29,8 +29,8 @@ def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficul
               mix: list[int] | None = None, options: dict[str, Any] | None = None) -> str:
     """Make (or reuse) the tiny policy for a family; return its HF directory.
 
-    Policies of other options get their own directory (options at their ``TrainConfig``
-    defaults are left out of the directory name and the input hash).
+    Policies of other options get their own directory (options at their defaults are left out
+    of the directory name and the input hash).
 
     Args:
         family: The task family the policy is warm-started on (default: what trace train with
@@ -45,7 +45,8 @@ def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficul
     tag = f"-m{''.join(str(d) for d in mix)}" if mix else ""
     # Only the options that differ from their defaults name the policy: a family that gains an
     # option (with a default) keeps its policies' directories and cache keys.
-    options = {k: v for k, v in (options or {}).items() if v != getattr(_DEFAULT, k)}
+    own = options_model(family).model_fields
+    options = {k: v for k, v in (options or {}).items() if v != own[k].default}
     if options:
         tag += "-o" + hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
     out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"

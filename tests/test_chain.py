@@ -371,11 +371,19 @@ def test_chain_options_reach_the_family_and_are_checked():
         make_env("synth_chain", chain_syllables=0)
     with pytest.raises(ValueError, match="chain_hops"):
         check_inputs(TrainConfig(family="synth_chain", chain_hops="x", max_turns=7))
-    # the new options enter the run id only when set; another family ignores them at defaults
-    base = TrainConfig()
-    assert TrainConfig(chain_hops="2:1").config_hash != base.config_hash
+    # the options enter the run id only when set; another family drops them at their defaults
+    # (the flat form lists them for every family) and refuses them set
+    base, chain = TrainConfig(), TrainConfig(family="synth_chain")
+    assert TrainConfig(family="synth_chain", chain_hops="2:1").config_hash != chain.config_hash
     assert TrainConfig(root_posterior=4.0).config_hash != base.config_hash
+    assert TrainConfig(chain_hops=chain.chain_hops) == base
+    with pytest.raises(ValueError, match="chain_hops='2:1' is an option of family synth_chain"):
+        TrainConfig(chain_hops="2:1")
     assert base.family_options() == {} and "chain_hops" not in base.env_kwargs()
+    assert "chain_hops" not in base.model_dump() and not hasattr(base, "chain_hops")
+    assert TrainConfig.model_validate(cfg.model_dump()) == cfg
+    assert cfg == TrainConfig(family="synth_chain", max_turns=7,
+                              synth_chain={"chain_hops": "2:1", "chain_train_items": 40})
 
 
 def test_oracle_success_is_what_an_agent_that_cannot_tell_homonyms_apart_achieves(tok, env):

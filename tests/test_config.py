@@ -113,8 +113,10 @@ def test_names_come_from_the_registries():
 
 
 def test_every_field_has_a_type_and_a_description():
+    from trace_rl.config import fields
+
     props = TrainConfig.model_json_schema()["properties"]
-    assert set(props) == set(FIELDS)
+    assert set(props) == set(fields()) > set(FIELDS)  # every family's options too
     for name, prop in props.items():
         assert prop.get("type") or prop.get("enum"), name
         assert len(prop.get("description", "")) > 10, name
@@ -373,6 +375,55 @@ def test_a_family_registered_later_is_accepted():
         assert name in TrainConfig.model_json_schema()["properties"]["family"]["enum"]
     finally:
         registry._FAMILIES.pop(name)
+
+
+def test_a_family_s_options_are_a_union_keyed_by_family():
+    """A family registers its options as a model of its own; a config set to that family takes
+    them by flat, dotted or sectioned name (``cfg.options`` is that model), hashes them only when
+    set, lists them in the form, and a config of another family refuses them unless at their
+    defaults (what the flat form sends). An option may not take a name the config has."""
+    from pydantic import Field
+
+    from trace_rl.config import fields
+    from trace_rl.envs import registry
+    from trace_rl.settings import Settings
+
+    class LaterOptions(Settings):
+        later_width: int = Field(3, ge=1)
+        """test_later_options: how wide its items are."""
+
+    name = "test_later_options"
+    registry.register(name, lambda **kw: None, LaterOptions)
+    try:
+        cfg = config_from_mapping({"family": name, "later_width": 5})
+        assert cfg.options == LaterOptions(later_width=5) and cfg.later_width == 5
+        assert cfg.family_options() == {"later_width": 5} and cfg.model_dump()["later_width"] == 5
+        assert cfg == config_from_mapping({"family": name, f"{name}.later_width": 5}) == \
+            config_from_mapping({"family": name, name: {"later_width": 5}})
+        at_default = config_from_mapping({"family": name, "later_width": 3})
+        assert at_default == config_from_mapping({"family": name}) != cfg
+        assert at_default.config_hash == config_from_mapping({"family": name}).config_hash != \
+            cfg.config_hash
+        assert TrainConfig.model_json_schema()["properties"]["later_width"]["minimum"] == 1
+        with pytest.raises(ConfigError, match=r"later_width=0 \(int\) in config: Input should"):
+            config_from_mapping({"family": name, "later_width": 0})
+        with pytest.raises(ConfigError, match="later_width=5 is an option of family " + name):
+            config_from_mapping({"later_width": 5})
+        assert config_from_mapping({"later_width": 3}) == TrainConfig()
+        assert "later_width" not in TrainConfig().model_dump()
+    finally:
+        registry._FAMILIES.pop(name)
+
+    class Clashing(Settings):
+        steps: int = 3
+        """test_clashing_options: an option named as a config field."""
+
+    registry.register("test_clashing_options", lambda **kw: None, Clashing)
+    try:
+        with pytest.raises(TypeError, match="option 'steps' is also a config field"):
+            fields()
+    finally:
+        registry._FAMILIES.pop("test_clashing_options")
 
 
 @pytest.mark.slow  # two `trace train` subprocesses

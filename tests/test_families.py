@@ -15,7 +15,7 @@ import pytest
 
 import trace_rl.envs
 from data_dirs import FIXTURES
-from trace_rl.config import FIELDS, TrainConfig, config_from_mapping
+from trace_rl.config import FIELDS, TrainConfig, config_from_mapping, family_fields
 from trace_rl.envs import registry
 from trace_rl.envs.base import Action, Environment, TaskItem, Verdict
 from trace_rl.envs.datadir import check_data_dir
@@ -60,7 +60,9 @@ def check_contract(name: str, n_items: int = 3) -> None:
     module = family.factory.__module__
     assert module.rpartition(".")[2] == name, module
     assert set(family.defaults) <= set(FIELDS), family.defaults
-    assert set(family.options) <= set(FIELDS), family.options
+    own = family.options.model_fields if family.options else {}  # its Settings model
+    assert all(len(f.description or "") > 10 for f in own.values()), own
+    assert {n for n, (f, _) in family_fields().items() if f == name} == set(own)  # flat names
     cfg = config_from_mapping({"family": name})
     env = make_env(name, **cfg.env_kwargs())
     assert env.family == name

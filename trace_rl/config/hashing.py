@@ -4,7 +4,8 @@ A run id is ``<run_name>-<config hash>`` (``TrainConfig.resolved_run_id``), so t
 the same for a config that computes the same thing: re-running it resumes the run. It covers
 every field that changes results, not the run's name or id, not where it executes or what it
 keeps (``NEVER_HASHED``), and fields added after runs were made only when set
-(``HASHED_UNLESS_DEFAULT``), so adding one keeps the ids of the runs made before it.
+(``HASHED_UNLESS_DEFAULT``, and every family's own options), so adding one keeps the ids of the
+runs made before it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from pydantic import BaseModel
 
 from trace_rl.config.sections import FIELDS
 
-HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "chain_hops", "chain_hazard_a",
-                         "chain_hazard_b", "chain_alias_share", "chain_train_items", "chain_facts",
-                         "chain_syllables", "trainable_layers", "clip_ratio_c",
+HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "trainable_layers", "clip_ratio_c",
                          "tis_cap")
-"""Fields added after runs were made: at their defaults they stay out of ``config_hash``."""
+"""Fields added after runs were made: at their defaults they stay out of ``config_hash``, as a
+family's own options do (``TrainConfig.options``: a family may gain one)."""
 HASHED_AS_OLD_DEFAULT = {"checkpoint_every": (5, 1)}
 """Fields whose default changed without changing what a run computes: (new default, old
 default); at the new default they enter ``config_hash`` as the old one, so the default config
@@ -46,5 +46,8 @@ def config_hash(cfg: BaseModel) -> str:
             d[name] = old
     for name in HASHED_UNLESS_DEFAULT:
         if d[name] == FIELDS[name].default:
+            del d[name]
+    for name, info in type(cfg.options).model_fields.items():  # type: ignore[attr-defined]
+        if d[name] == info.default:
             del d[name]
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from trace_rl.config.checks import check_inputs
 from trace_rl.config.model import ConfigError, TrainConfig, flat_name, flatten
-from trace_rl.config.sections import FIELDS
+from trace_rl.config.sections import FIELDS, fields
 
 if TYPE_CHECKING:
     from trace_rl.policy.warmstart.config import WarmstartConfig
@@ -40,7 +40,8 @@ def _explain(exc: ValidationError, where: str, known: Iterable[str] = FIELDS) ->
             lines += [f"config: {m} (in {where})" for m in msg.splitlines()]
         else:
             v = e["input"]
-            lines.append(f"config: {field}={v!r} ({type(v).__name__}) in {where}: {e['msg']}")
+            lines.append(f"config: {field}={v!r} ({type(v).__name__}) in {where}: "
+                         f"{e['msg'].removeprefix('Value error, ')}")
     return ConfigError("\n".join(lines))
 
 
@@ -62,7 +63,7 @@ def _validated(model: type[Model], values: Mapping[str, Any], where: str) -> Mod
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        raise _explain(exc, where, FIELDS if model is TrainConfig else model.model_fields) from None
+        raise _explain(exc, where, fields() if model is TrainConfig else model.model_fields) from None
 
 
 WARMSTART_RECORD = "warmstart.json"
@@ -141,7 +142,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         if not isinstance(data, dict):
             raise ConfigError(f"config: {path} must hold a mapping of field: value")
         values.update(flatten(data, str(path)))
-    values.update(read_overrides(overrides, FIELDS, "overrides", flat_name))
+    values.update(read_overrides(overrides, fields(), "overrides", flat_name))
     where = "overrides" if path is None else (f"{path} + overrides" if overrides else str(path))
     return check_inputs(config_from_mapping(values, where), train_split=train_split)
 

@@ -1,10 +1,12 @@
 """The one typed, frozen configuration of a training run: ``TrainConfig``.
 
 ``TrainConfig`` is a tree of the concern sections declared in ``trace_rl.config.sections``
-(``cfg.allocation.min_per_root``); every field is also an attribute, an input key and a
-serialised key by its flat name (``cfg.min_per_root``), so a config built from flat names, dotted
-names (``allocation.min_per_root``) or sections is the same config with the same run id, and its
-JSON form (what the Prefect UI's form shows and a run stores) is the flat one. Cross-field rules
+(``cfg.allocation.min_per_root``) and of the family's own options (``cfg.options``: the options
+model the family registered, chosen by ``family``); every field is also an attribute, an input
+key and a serialised key by its flat name (``cfg.min_per_root``, ``cfg.chain_hops``), so a config
+built from flat names, dotted names (``allocation.min_per_root``, ``synth_chain.chain_hops``) or
+sections is the same config with the same run id, and its JSON form (what the Prefect UI's form
+shows and a run stores) is the flat one. Cross-field rules
 are one model validator; the settings below it (``AllocatorConfig``, ``UpdateSettings``,
 ``Budget``) are derived from it, so no default is declared twice. A bad config raises
 ``ConfigError``, one line per problem.
@@ -15,14 +17,16 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Mapping
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, model_serializer,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trace_core.allocators import AllocatorConfig, Budget
 from trace_rl.config.hashing import config_hash as _config_hash
 from trace_rl.config.sections import (CONCERNS, FIELDS, SECTIONS, Allocation, Cluster, Eval,
-                                      Predictor, Rollout, Run, Section, SynthChain, Task, Update)
+                                      Predictor, Rollout, Run, Task, Update, family_fields)
+from trace_rl.envs.registry import families, spec
+from trace_rl.settings import Settings
 
 if TYPE_CHECKING:
     from trace_rl.policy.update import UpdateSettings
@@ -35,18 +39,36 @@ class ConfigError(ValueError):
     and what it may be (``config: steps=-1 (int) in overrides: Input should be ...``)."""
 
 
+class NoOptions(Settings):
+    """The options of a family that registered none."""
+
+
+def options_model(family: str) -> type[Settings]:
+    """The options model family ``family`` registered (``NoOptions`` if none); ``KeyError`` for
+    an unknown family."""
+    return spec(family).options or NoOptions
+
+
+def concerns() -> dict[str, tuple[str, ...]]:
+    """``CONCERNS`` and, as a concern of its own, each family that has options (its name: the
+    ``synth_chain.chain_hops`` of a dotted key, the ``synth_chain:`` section of a YAML file)."""
+    own = {f: tuple(spec(f).options.model_fields) for f in families() if spec(f).options}
+    return {**CONCERNS, **own}
+
+
 def flat_name(key: str, where: str) -> str:
-    """The field a key names: ``allocation.min_per_root`` (by concern, ``CONCERNS``) or the flat
+    """The field a key names: ``allocation.min_per_root`` (by concern, ``concerns``) or the flat
     ``min_per_root``; ``ConfigError`` for a concern that does not hold the field."""
     concern, dot, name = key.partition(".")
     if not dot:
         return key
-    if concern not in CONCERNS:
+    known = concerns()
+    if concern not in known:
         raise ConfigError(f"config: {key!r} in {where}: no concern {concern!r}; concerns: "
-                          f"{', '.join(CONCERNS)} (or give the flat field name)")
-    if name not in CONCERNS[concern]:
+                          f"{', '.join(known)} (or give the flat field name)")
+    if name not in known[concern]:
         raise ConfigError(f"config: {key!r} in {where}: {concern} has no field {name!r}; its "
-                          f"fields: {', '.join(CONCERNS[concern])}")
+                          f"fields: {', '.join(known[concern])}")
     return name
 
 
@@ -55,6 +77,7 @@ def flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     and flat or dotted keys, as flat field names; a field given twice is an error. Unknown flat
     keys are kept (validation names them)."""
     out: dict[str, Any] = {}
+    known = concerns()
 
     def put(key: str, value: Any) -> None:
         name = flat_name(key, where)
@@ -64,12 +87,12 @@ def flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
 
     for key, value in data.items():
         key = str(key)
-        if key in CONCERNS and isinstance(value, (Mapping, Section)):
+        if key in known and isinstance(value, (Mapping, Settings)):
             for sub, v in (value if isinstance(value, Mapping) else dict(value)).items():
                 put(f"{key}.{sub}", v)
-        elif key in CONCERNS and key not in FIELDS:
+        elif key in known and key not in FIELDS:
             raise ConfigError(f"config: {key!r} in {where} is a concern and needs a mapping "
-                              f"of its fields, e.g. {key}: {{{CONCERNS[key][0]}: ...}}")
+                              f"of its fields, e.g. {key}: {{{known[key][0]}: ...}}")
         else:
             put(key, value)
     return out
@@ -84,7 +107,9 @@ class TrainConfig(BaseModel):
 
     run: Run = Field(default_factory=Run)
     task: Task = Field(default_factory=Task)
-    synth_chain: SynthChain = Field(default_factory=SynthChain)
+    options: Settings = Field(default_factory=NoOptions)
+    """The family's own options: an instance of the options model its family registered
+    (``options_model``), a union keyed by ``family``; each option is also a flat name."""
     rollout: Rollout = Field(default_factory=Rollout)
     allocation: Allocation = Field(default_factory=Allocation)
     update: Update = Field(default_factory=Update)
@@ -95,17 +120,40 @@ class TrainConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nest(cls, data: Any) -> Any:
-        """Flat, dotted and sectioned keys (``flatten``) grouped into the sections; unknown keys
-        stay at the top, where validation names them."""
+        """Flat, dotted and sectioned keys (``flatten``) grouped into the sections and the
+        family's options; unknown keys stay at the top, where validation names them. Another
+        family's option is dropped at its default (the flat form lists every family's options)
+        and refused otherwise."""
         if not isinstance(data, Mapping):
             return data
-        nested: dict[str, Any] = {}
-        for name, value in flatten(data, "TrainConfig").items():
+        flat = flatten(data, "TrainConfig")
+        family = flat.get("family", FIELDS["family"].default)
+        nested: dict[str, Any] = {"options": flat.pop("options", {})}
+        owners = family_fields()
+        for name, value in flat.items():
+            owner, info = owners.get(name, (None, None))
             if name in _CONCERN_OF:
                 nested.setdefault(_CONCERN_OF[name], {})[name] = value
-            else:
+            elif owner is None:
                 nested[name] = value
+            elif owner == family and isinstance(nested["options"], dict):
+                nested["options"][name] = value
+            elif value != info.default and family in families():
+                raise ConfigError(f"{name}={value!r} is an option of family {owner}, not of "
+                                  f"family={family!r}")
         return nested
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _family_options(cls, value: Any, info: Any) -> Any:
+        """The options as the model of the family validated before them (none if the family
+        was refused: that error is reported)."""
+        task = info.data.get("task")
+        model = options_model(task.family) if task is not None else NoOptions
+        if isinstance(value, Settings) and not isinstance(value, model):
+            raise ValueError(f"options of family {task.family!r} must be {model.__name__}, "
+                             f"not {type(value).__name__}")
+        return model.model_validate(value) if isinstance(value, Mapping) else value
 
     @model_validator(mode="wrap")
     @classmethod
@@ -119,24 +167,35 @@ class TrainConfig(BaseModel):
             raise ValidationError.from_exception_data(exc.title, [
                 InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"]), input=e["input"],
                                  loc=e["loc"][1:] if len(e["loc"]) > 1 and e["loc"][0] in
-                                 SECTIONS else e["loc"]) for e in exc.errors()]) from None
+                                 (*SECTIONS, "options") else e["loc"])
+                for e in exc.errors()]) from None
 
     @model_serializer(mode="plain")
     def _flat(self) -> dict[str, Any]:
-        """Serialised by flat names (what a run stores, MLflow's params, the UI form's values)."""
-        return {k: v for c in SECTIONS for k, v in self.section(c).model_dump().items()}
+        """Serialised by flat names (what a run stores, MLflow's params, the UI form's values):
+        the family's options after the task's fields."""
+        out: dict[str, Any] = {}
+        for concern in SECTIONS:
+            out.update(self.section(concern).model_dump())
+            if concern == "task":
+                out.update(self.options.model_dump())
+        return out
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
         """The flat form: one property per field, as the Prefect UI renders it and the server
         enforces it on a deployment's runs."""
         props: dict[str, Any] = {}
-        for section in SECTIONS.values():
+        for concern, section in SECTIONS.items():
             props.update(section.model_json_schema()["properties"])
+            if concern == "task":  # every family's options: the form is one for all families
+                for family in families():
+                    if spec(family).options:
+                        props.update(spec(family).options.model_json_schema()["properties"])
         return {"title": cls.__name__, "description": " ".join((cls.__doc__ or "").split()),
                 "type": "object", "properties": props, "additionalProperties": False}
 
-    def section(self, concern: str) -> Section:
+    def section(self, concern: str) -> Settings:
         """The section of ``concern`` (``cfg.section("cluster")``: ``cfg.cluster`` is that
         section's field of the same name, the Ray address)."""
         return self.__dict__["cluster_section" if concern == "cluster" else concern]
@@ -212,11 +271,16 @@ class TrainConfig(BaseModel):
         return _config_hash(self)
 
     def family_options(self) -> dict[str, Any]:
-        """The fields the family registered as its options (``trace_rl.envs.registry.options``),
-        by name: e.g. synth_chain's ``chain_*`` generator parameters."""
-        from trace_rl.envs.registry import options
+        """The family's own options by name (``options``): e.g. synth_chain's ``chain_*``
+        generator parameters; {} for a family without."""
+        return self.options.model_dump()
 
-        return {name: getattr(self, name) for name in options(self.family)}
+    def __getattr__(self, name: str) -> Any:
+        """A family option by its flat name (``cfg.chain_hops``: ``cfg.options.chain_hops``)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in type(options).model_fields:
+            return getattr(options, name)
+        return super().__getattr__(name)  # type: ignore[misc]
 
     def env_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the family's factory: ``difficulty`` for a generated family

@@ -3,23 +3,25 @@
 ``TrainConfig`` (``trace_rl.config.model``) is the tree of these sections; a field keeps one name
 in every form of the config (``min_per_root`` flat, ``allocation.min_per_root`` dotted, the
 ``allocation`` section of a YAML file), and each field is documented here in one sentence (the
-first is the Prefect UI form's help). Why a default is what it is: docs/results.md, "Why the
-defaults are what they are".
+first is the Prefect UI form's help). A family's own options are declared with the family, in its
+``options`` model (``trace_rl/envs/<family>/``), and taken by the same flat names
+(``family_fields``). Why a default is what it is: docs/results.md, "Why the defaults are what
+they are".
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from trace_core.advantages import ESTIMATORS
 from trace_core.allocators import ALLOCATORS
 from trace_rl.engines import ENGINES
-from trace_rl.envs.registry import families
+from trace_rl.envs.registry import families, spec
+from trace_rl.settings import Settings
 
 _CLUSTER = r"^$|^local:[1-9][0-9]*$|^auto$|^(ray://)?[A-Za-z0-9_.-]+:[0-9]{1,5}$"
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -27,7 +29,6 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 pulls in torch, and a config must be checked before anything heavy is imported)."""
 _RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # as trace_rl.storage.store and MLflow want
 _MAX_SEED = 2**32 - 1  # numpy's legacy seeding and some samplers refuse larger seeds
-_FLOAT_LITERAL = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 # The names a field may take, read from the registries they select from. (Oracle allocators need
 # the true V, which only a simulation has.) The family is checked when a config is built instead
@@ -38,25 +39,10 @@ EngineKind = Literal[("auto", *ENGINES)]  # type: ignore[misc]
 LossAggregation = Literal[LOSS_AGGREGATIONS]  # type: ignore[misc]
 
 
-class Section(BaseModel):
-    """A frozen, strictly typed group of config fields, each with a range and a docstring. A
-    float field given as an int (``lr: 1``) or as YAML 1.1 reads ``1e-4`` (a string: PyYAML
-    wants a dot in a float's mantissa) becomes a float, so a hash of the config does not depend
-    on how a number was written. The bootstrap's and the warm start's configs
-    (``trace_rl.policy``) are models of the same kind."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _float_literals(cls, v: Any, info: Any) -> Any:
-        if cls.model_fields[info.field_name].annotation is float:
-            if isinstance(v, int) and not isinstance(v, bool):
-                return float(v)
-            if isinstance(v, str) and _FLOAT_LITERAL.match(v.strip()):
-                return float(v)
-        return v
+class Section(Settings):
+    """One concern of ``TrainConfig``: a ``Settings`` model whose fields keep their flat names in
+    every form of the config. The bootstrap's and the warm start's configs (``trace_rl.policy``)
+    are models of the same kind."""
 
 
 class Run(Section):
@@ -105,32 +91,6 @@ class Task(Section):
             raise PydanticCustomError("literal_error", "Input should be {expected}",
                                       {"expected": f"{', '.join(names[:-1])} or {names[-1]}"})
         return v
-
-
-class SynthChain(Section):
-    """synth_chain's own options: its generator's parameters (``trace_rl.envs.registry.options``),
-    which other families ignore."""
-
-    chain_hops: str = Field("2:0.35,3:0.40,4:0.25",
-                            pattern=r"^\s*\d+\s*:\s*[0-9.]+\s*(,\s*\d+\s*:\s*[0-9.]+\s*)*$")
-    """synth_chain: hop distribution of the items, ``HOPS:WEIGHT`` entries (normalised)."""
-    chain_hazard_a: float = Field(0.5, gt=0)
-    """synth_chain: a of the Beta(a, b) that draws each item's hazard rate (aliases and
-    homonyms along its chain)."""
-    chain_hazard_b: float = Field(1.0, gt=0)
-    """synth_chain: b of that Beta(a, b)."""
-    chain_alias_share: float = Field(0.5, ge=0, le=1)
-    """synth_chain: share of the hazards that are aliases (recoverable: a retry costs a turn),
-    the rest homonyms (unrecoverable: the wrong copy derails the chain)."""
-    chain_train_items: int = Field(256, ge=1)
-    """synth_chain: items of the train split that the pool prompts are drawn from."""
-    chain_facts: int = Field(2, ge=1, le=2)
-    """synth_chain: facts per record, 2 (a record also lists another relation, so the agent must
-    pick the question's k-th) or 1 (only the chain's relation; the hazards alone keep the
-    outcome open)."""
-    chain_syllables: int = Field(2, ge=1, le=2)
-    """synth_chain: syllables per name, 2 (256 names like "Kalo", two tokens each for the tiny
-    policy) or 1 (the 16 names like "Ka", one token each; an alias is written "Ka-")."""
 
 
 class Rollout(Section):
@@ -290,7 +250,7 @@ class Cluster(Section):
 
 
 SECTIONS: dict[str, type[Section]] = {
-    "run": Run, "task": Task, "synth_chain": SynthChain, "rollout": Rollout,
+    "run": Run, "task": Task, "rollout": Rollout,
     "allocation": Allocation, "update": Update, "predictor": Predictor, "eval": Eval,
     "cluster": Cluster}
 """The concerns of ``TrainConfig``, in the order its fields are listed (and shown in the UI form)."""
@@ -298,3 +258,25 @@ FIELDS: dict[str, FieldInfo] = {n: f for s in SECTIONS.values() for n, f in s.mo
 """Every field of ``TrainConfig`` by its flat name (its ``FieldInfo``: type, default, docstring)."""
 CONCERNS: dict[str, tuple[str, ...]] = {c: tuple(s.model_fields) for c, s in SECTIONS.items()}
 """The flat names of each concern's fields; every field is in exactly one."""
+
+
+def family_fields() -> dict[str, tuple[str, FieldInfo]]:
+    """Every registered family's options by flat name: (the family, its ``FieldInfo``). Read
+    from the registry when asked, so a family registered later is included; ``TypeError`` for an
+    option named as a field of ``FIELDS`` or as another family's option (a flat name names one
+    field)."""
+    out: dict[str, tuple[str, FieldInfo]] = {}
+    for name in families():
+        model = spec(name).options
+        for field, info in (model.model_fields.items() if model is not None else ()):
+            if field in FIELDS or field in out:
+                other = "a config field" if field in FIELDS else f"an option of {out[field][0]}"
+                raise TypeError(f"family {name!r}: option {field!r} is also {other}; name it "
+                                "after the family")
+            out[field] = (name, info)
+    return out
+
+
+def fields() -> dict[str, FieldInfo]:
+    """Every flat name a ``TrainConfig`` takes: ``FIELDS`` and every family's options."""
+    return {**FIELDS, **{n: info for n, (_, info) in family_fields().items()}}

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from trace_rl.envs.base import Action, Environment, TaskItem
+from trace_rl.settings import Settings
 
 Factory = Callable[..., Environment]
 Thoughts = Callable[[TaskItem, Sequence[Action]], "list[str]"]
@@ -73,9 +74,11 @@ class FamilySpec:
 
     name: str
     factory: Factory
-    options: tuple[str, ...] = ()
-    """``TrainConfig`` fields the factory takes as keyword arguments of the same names
-    (``TrainConfig.family_options`` passes them; e.g. the chain generator's parameters)."""
+    options: type[Settings] | None = None
+    """The family's own options, a ``Settings`` model declared in its folder (each option's
+    type, range, default and sentence, once): ``TrainConfig`` takes them by their names when it
+    is set to this family (``TrainConfig.options``) and the factory gets them as keyword
+    arguments of the same names (``TrainConfig.family_options``)."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """Values of ``TrainConfig`` fields the family needs where the user set none (splits that
     exist for it, a turn's token cap long enough for its answers)."""
@@ -96,7 +99,7 @@ _FOUND: set[str] = set()
 _LOCK = threading.RLock()
 
 
-def register(name: str, factory: Factory, options: tuple[str, ...] = (), *,
+def register(name: str, factory: Factory, options: type[Settings] | None = None, *,
              defaults: Mapping[str, Any] | None = None, generated: bool = False,
              bootstrap: Bootstrap | None = None, warmstart: Warmstart | None = None,
              data_files: DataFiles | None = None, score_by_replay: bool = False) -> FamilySpec:
@@ -105,7 +108,10 @@ def register(name: str, factory: Factory, options: tuple[str, ...] = (), *,
     with _LOCK:
         if name in _FAMILIES:
             raise ValueError(f"task family {name!r} is already registered")
-        _FAMILIES[name] = FamilySpec(name, factory, tuple(options), dict(defaults or {}),
+        if options is not None and not (isinstance(options, type) and issubclass(options, Settings)):
+            raise TypeError(f"task family {name!r}: options must be a Settings model, not "
+                            f"{options!r}")
+        _FAMILIES[name] = FamilySpec(name, factory, options, dict(defaults or {}),
                                      generated, bootstrap, warmstart, data_files, score_by_replay)
         return _FAMILIES[name]
 
@@ -159,9 +165,9 @@ def _get(name: str) -> FamilySpec | None:
 
 
 def options(name: str) -> tuple[str, ...]:
-    """The ``TrainConfig`` fields family ``name`` reads (empty for an unknown family)."""
+    """The names of family ``name``'s own options (empty for an unknown family or one without)."""
     found = _get(name)
-    return found.options if found else ()
+    return tuple(found.options.model_fields) if found and found.options else ()
 
 
 def family_defaults(name: str) -> dict[str, Any]:

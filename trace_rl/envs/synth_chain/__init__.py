@@ -1,12 +1,11 @@
 """``synth_chain``: multi-hop relation chains with per-item hazards (``env``). Its generator's
-parameters are ``TrainConfig`` fields (``chain_*``), and it bootstraps the tiny policy with its
-own SFT schedule."""
+parameters are its own options (``options.ChainOptions``: ``chain_*``), and it bootstraps the
+tiny policy with its own SFT schedule."""
 
 from trace_rl.envs.registry import Bootstrap, family
-from trace_rl.envs.synth_chain.env import ChainConfig, SynthChain, expert_thoughts
-
-OPTIONS = ("chain_hops", "chain_hazard_a", "chain_hazard_b", "chain_alias_share",
-           "chain_train_items", "chain_facts", "chain_syllables")
+from trace_rl.envs.synth_chain.env import SynthChain, expert_thoughts
+from trace_rl.envs.synth_chain.options import ChainOptions
+from trace_rl.envs.synthetic import SynthConfig
 
 BOOTSTRAP = Bootstrap(
     thoughts=expert_thoughts,
@@ -22,6 +21,7 @@ traces x 2 epochs; measured 2026-12-03: held-out sampled success 0.57-0.60 after
 1,600 traces repeated per epoch stayed at 0.06-0.17 through epoch 9)."""
 
 
-@family("synth_chain", options=OPTIONS, generated=True, bootstrap=BOOTSTRAP)
+@family("synth_chain", options=ChainOptions, generated=True, bootstrap=BOOTSTRAP)
 def make(**kwargs) -> SynthChain:
-    return SynthChain(ChainConfig(**kwargs))
+    own = {k: kwargs.pop(k) for k in list(kwargs) if k in ChainOptions.model_fields}
+    return SynthChain(SynthConfig(**kwargs), ChainOptions(**own))

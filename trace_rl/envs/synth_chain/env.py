@@ -39,12 +39,12 @@ from its stored observations.
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from trace_rl.envs.base import Action, TaskItem, ToolError, Verdict
+from trace_rl.envs.synth_chain.options import ChainOptions, parse_hops
 from trace_rl.envs.synthetic import (SynthConfig, SyntheticEnv, check_arguments,
                                             function_tool, need)
 
@@ -63,72 +63,6 @@ SPARE_TURNS = 3
 """Turn cap of an item: its hops + this (H searches + one answer + two retries)."""
 SPLITS = ("train", "test", "hard", "sft")
 ALIAS, HOMONYM = "alias", "homonym"
-
-
-def parse_hops(text: str) -> dict[int, float]:
-    """``"2:0.35,3:0.40,4:0.25"`` -> {2: .35, 3: .40, 4: .25}, normalised to sum 1. Raises
-    ``ValueError`` naming ``chain_hops`` and what is wrong."""
-    out: dict[int, float] = {}
-    for part in str(text).split(","):
-        hop, sep, weight = part.strip().partition(":")
-        try:
-            h, w = int(hop), float(weight)
-        except ValueError:
-            raise ValueError(f"chain_hops={text!r}: each entry must be HOPS:WEIGHT, e.g. "
-                             f"'2:0.35,3:0.40,4:0.25' (bad entry {part.strip()!r})") from None
-        if not sep or not 1 <= h <= 8 or not (math.isfinite(w) and w >= 0) or h in out:
-            raise ValueError(f"chain_hops={text!r}: entry {part.strip()!r} needs hops in 1..8 "
-                             "(each once) and a weight >= 0")
-        out[h] = w
-    total = sum(out.values())
-    if total <= 0:
-        raise ValueError(f"chain_hops={text!r}: the weights must not all be 0")
-    return {h: w / total for h, w in sorted(out.items())}
-
-
-@dataclass(frozen=True)
-class ChainConfig(SynthConfig):
-    """``SynthConfig`` (``difficulty`` and ``mix`` are not used) plus the chain generator's
-    parameters, named as the ``TrainConfig`` fields that set them."""
-
-    chain_hops: str = "2:0.35,3:0.40,4:0.25"
-    """Hop distribution, ``HOPS:WEIGHT`` entries (weights are normalised)."""
-    chain_hazard_a: float = 0.5
-    """Beta(a, b) of the per-item hazard rate: a."""
-    chain_hazard_b: float = 1.0
-    """Beta(a, b) of the per-item hazard rate: b."""
-    chain_alias_share: float = 0.5
-    """Share of hazards that are aliases (the rest are homonyms)."""
-    chain_train_items: int = 256
-    """Items of the ``train`` split (the RL pool)."""
-    chain_facts: int = 2
-    """Facts per record: 2 (a chain person's record also lists another relation, so the agent
-    must pick the question's k-th relation) or 1 (only the relation the chain follows there: the
-    hazards alone keep the outcome open; a distractor that two wrong copies lead on from may
-    still list two)."""
-    chain_syllables: int = 2
-    """Syllables per name: 2 (256 names such as "Kalo", two tokens each for the tiny policy's
-    ``split_names`` tokenizer) or 1 (the 16 capitalised syllables such as "Ka", one token each,
-    so that copying a name is one token to place, not a first token to place and a second to
-    continue; an alias is then written with a trailing hyphen, "Ka-")."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        parse_hops(self.chain_hops)
-        for name in ("chain_hazard_a", "chain_hazard_b"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}={v!r}: a Beta parameter must be a number > 0")
-        if not 0.0 <= self.chain_alias_share <= 1.0:
-            raise ValueError(f"chain_alias_share={self.chain_alias_share!r}: must be in [0, 1]")
-        if self.chain_facts not in (1, 2):
-            raise ValueError(f"chain_facts={self.chain_facts!r}: must be 1 or 2")
-        if self.chain_syllables not in (1, 2):
-            raise ValueError(f"chain_syllables={self.chain_syllables!r}: must be 1 or 2")
-        if self.chain_train_items < 1:
-            raise ValueError(f"chain_train_items={self.chain_train_items!r}: must be >= 1")
-        if self.mix:
-            raise ValueError("synth_chain: mix is not an option of this family (use chain_hops)")
 
 
 def _normalise(text: Any) -> str:
@@ -247,25 +181,29 @@ class SynthChain(SyntheticEnv):
     sft_split = "sft"
     """The split the tiny policy's supervised warm start draws its traces from."""
 
-    def __init__(self, config: ChainConfig | None = None):
-        super().__init__(config or ChainConfig())
-        self.config: ChainConfig
-        self.hops = parse_hops(self.config.chain_hops)
+    def __init__(self, config: SynthConfig | None = None, options: ChainOptions | None = None):
+        """``config``: the seed and split sizes (``difficulty`` is not used, ``mix`` refused);
+        ``options``: the generator's parameters."""
+        super().__init__(config)
+        if self.config.mix:
+            raise ValueError("synth_chain: mix is not an option of this family (use chain_hops)")
+        self.options = options or ChainOptions()
+        self.hops = parse_hops(self.options.chain_hops)
         self.max_turns = max(max(self.hops), HARD_HOPS) + SPARE_TURNS
-        self.names = name_list(self.config.chain_syllables)
+        self.names = name_list(self.options.chain_syllables)
         # 8 hops at most (parse_hops): 12 people, within even the 16 one-syllable names.
 
     # ---- generation -----------------------------------------------------------------------
     def make_item(self, rng: random.Random, item_id: str, hard: bool = False) -> TaskItem:
-        c = self.config
+        o = self.options
         if hard:
             n_hops = HARD_HOPS
         else:
             n_hops = rng.choices(list(self.hops), weights=list(self.hops.values()))[0]
-        rate = rng.betavariate(c.chain_hazard_a, c.chain_hazard_b)
+        rate = rng.betavariate(o.chain_hazard_a, o.chain_hazard_b)
         rate = min(1.0, rate * HARD_RATE) if hard else rate
-        cast = _draw_cast(rng, n_hops, rate, c.chain_alias_share, self.names)
-        records, gold_copy = _draw_records(rng, cast, c.chain_facts)
+        cast = _draw_cast(rng, n_hops, rate, o.chain_alias_share, self.names)
+        records, gold_copy = _draw_records(rng, cast, o.chain_facts)
         surface = cast.surface
         directory = sorted(surface[r["name"]] for r in records)
         question = (f"People: {', '.join(directory)}. Start from {surface[cast.chain[0]]} and "
@@ -280,14 +218,14 @@ class SynthChain(SyntheticEnv):
         return item.question + json.dumps(item.meta["records"], sort_keys=True)
 
     def _draw(self, split: str, n: int) -> list[TaskItem]:
-        c = self.config
+        seed, o = self.config.seed, self.options
         return self._draw_items(
             n, "test" if split in ("test", "hard") else "train",
-            f"{self.family}:{c.seed}:{c.chain_hops}:{c.chain_hazard_a}:{c.chain_hazard_b}:"
-            f"{c.chain_alias_share}:{split}"
-            + (f":facts{c.chain_facts}" if c.chain_facts != 2 else "")
-            + (f":syllables{c.chain_syllables}" if c.chain_syllables != 2 else ""),
-            f"{self.family}-s{c.seed}-{split}",
+            f"{self.family}:{seed}:{o.chain_hops}:{o.chain_hazard_a}:{o.chain_hazard_b}:"
+            f"{o.chain_alias_share}:{split}"
+            + (f":facts{o.chain_facts}" if o.chain_facts != 2 else "")
+            + (f":syllables{o.chain_syllables}" if o.chain_syllables != 2 else ""),
+            f"{self.family}-s{seed}-{split}",
             lambda rng, item_id: self.make_item(rng, item_id, hard=split == "hard"), f"{split} items")
 
     def load(self, split: str, limit: int | None = None) -> list[TaskItem]:
@@ -298,7 +236,7 @@ class SynthChain(SyntheticEnv):
                                  f"path, got {split!r}")
             return self._load_file(split, limit)
         c = self.config
-        n = {"train": c.chain_train_items, "sft": c.n_train}.get(split, c.n_test)
+        n = {"train": self.options.chain_train_items, "sft": c.n_train}.get(split, c.n_test)
         return self._draw(split, n if limit is None else min(limit, n))
 
     def check_item(self, item: TaskItem) -> None:
