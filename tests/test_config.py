@@ -426,6 +426,38 @@ def test_a_family_s_options_are_a_union_keyed_by_family():
         registry._FAMILIES.pop("test_clashing_options")
 
 
+# (kind, family, settings) -> sha256[:12] of [field order, to_json()] computed on main at c4d25eb,
+# before the bootstrap's and the warm start's configs became Settings models: what a cached
+# policy's input hash reads of its config.
+SFT_CONFIGS_ON_MAIN = [
+    ("bootstrap", "synth_arith", {}, "df1d2255154a"),
+    ("bootstrap", "synth_chain", {}, "3f36bcc35ee8"),
+    ("bootstrap", "synth_chain", {"options": (("chain_facts", 1), ("chain_syllables", 1))},
+     "52f0be2072b7"),
+    ("bootstrap", "synth_lookup", {"mix": [1, 2], "difficulty": 2}, "e02d48d36071"),
+    ("bootstrap", "synth_fncall", {}, "4899a76ebb1d"),
+    ("warmstart", "hotpotqa", {}, "89e786e16a26"),
+    ("warmstart", "bfcl", {}, "867ade520b1d"),
+    ("warmstart", "hotpotqa", {"epochs": "1", "threads": "2"}, "f13398a52b9f"),
+]
+
+
+@pytest.mark.parametrize("kind,family,settings,digest", SFT_CONFIGS_ON_MAIN)
+def test_the_sft_configs_keep_their_field_order_and_hashed_json(kind, family, settings, digest):
+    import hashlib
+    import json
+
+    from trace_rl.config import warmstart_config
+    from trace_rl.policy.bootstrap.config import family_config
+
+    if kind == "bootstrap":
+        cfg = family_config(family, **{"difficulty": 1, **settings})
+    else:
+        cfg = warmstart_config([f"family={family}", *[f"{k}={v}" for k, v in settings.items()]])
+    text = json.dumps([list(cfg.model_dump()), cfg.to_json()], sort_keys=True)
+    assert hashlib.sha256(text.encode()).hexdigest()[:12] == digest
+
+
 @pytest.mark.slow  # two `trace train` subprocesses
 def test_a_flat_name_command_and_a_dotted_one_give_the_same_run_id(tmp_path):
     """`trace train min_per_root=3` and `trace train allocation.min_per_root=3` name the same

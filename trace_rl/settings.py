@@ -1,8 +1,9 @@
 """The one kind of model a setting is declared in: ``Settings``.
 
-The train config's sections (``trace_rl.config.sections``) and a family's own options (its
-``options`` model, ``trace_rl/envs/<family>/``) are ``Settings``; it sits below both packages, so
-that a family declares its options where it lives without importing the config.
+The train config's sections (``trace_rl.config.sections``), a family's own options (its
+``options`` model, ``trace_rl/envs/<family>/``) and the bootstrap's and the warm start's configs
+(``trace_rl.policy``) are ``Settings``; it sits below those packages, so that a family declares
+its options where it lives without importing the config.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trace_rl.envs.registry import spec
 from trace_rl.policy.tiny import PRESETS
+from trace_rl.settings import Settings
 
 RECORD = "bootstrap.json"
 """Name of the record written next to the weights."""
@@ -17,13 +18,11 @@ RECIPE_VERSION = 4
 """Part of the input hash: bump when the recipe changes so cached policies are rebuilt."""
 
 
-class BootstrapConfig(BaseModel):
+class BootstrapConfig(Settings):
     """Everything that determines a bootstrapped policy (all of it enters the input hash): a
-    frozen, strictly typed model like ``trace_rl.config.TrainConfig``'s sections, whose
-    ``family``, ``difficulty`` and generator options the train flow gives from its config."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
+    ``trace_rl.settings.Settings`` model, as ``trace_rl.config.TrainConfig``'s sections are,
+    whose ``family``, ``difficulty`` and generator options the train flow gives from its
+    config."""
 
     family: str
     """Task family name in the environment registry (e.g. ``synth_arith``)."""

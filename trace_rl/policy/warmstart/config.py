@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trace_rl.envs.registry import families, spec
+from trace_rl.settings import Settings
 
 RECORD = "warmstart.json"
 """Name of the record written next to the weights."""
@@ -16,13 +17,10 @@ RECIPE_VERSION = 3
 """Part of the input hash: bump when the recipe changes so cached policies are rebuilt."""
 
 
-class WarmstartConfig(BaseModel):
+class WarmstartConfig(Settings):
     """Everything that determines a warm-started policy (all of it enters the input hash): a
-    frozen, strictly typed model like ``trace_rl.config.TrainConfig``'s sections. Why its
-    defaults are what they are: docs/results.md ("Why the defaults are what they are")."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
+    ``trace_rl.settings.Settings`` model, as ``trace_rl.config.TrainConfig``'s sections are. Why
+    its defaults are what they are: docs/results.md ("Why the defaults are what they are")."""
 
     family: str = "hotpotqa"
     """Task family that registered a trace builder (``trace_rl.envs.registry.Warmstart``)."""
