@@ -22,7 +22,7 @@ steps, runs a negative control in the same invocation and reports as the simulat
     python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
     python -m bench.learning                 # the full benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
-    python -m bench.learning --workdir DIR --summarise-only   # re-print a benchmark from its records
+    python -m bench.learning --summarise-only [options]   # re-print a benchmark from its records
 
 With ``--jobs 2`` (the default on a 2-core machine) the runs go to two worker processes, each
 with its own work dir under ``--workdir`` (``job-<method>-s<seed>``; query one with
@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench import RECORDS
 from bench.learning_protocol import REGIMES
 from bench.learning_report import (accuracy_at_tokens, area_under_curve,  # noqa: F401 (re-exported)
                                    paired_tests, plot, print_table, print_tests, report, summarise,
@@ -64,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
     if tokens:
         return protocol.run(args, _policy_and_base, _start_accuracy)
-    workdir = Path(args.workdir)
+    workdir, records = Path(args.workdir), records_of(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds or "3", args.seed_start)
     policy, base, skip = _policy_and_base(args, workdir)
@@ -72,37 +73,57 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
               eval_temperature=args.eval_temperature)
     sig = signature(base, eval_steps, ev, policy)
-    start = _start_accuracy(base, policy, workdir, sig, args.eval_items, skip, args.eval_samples,
+    _check_signatures(records, sig)
+    start = _start_accuracy(base, policy, records, sig, args.eval_items, skip, args.eval_samples,
                             args.eval_temperature)
     # The hard split's start first, so that a family without one fails before any run.
-    hard_start = _hard_start(args, base, policy, workdir, sig) if args.hard_items else None
+    hard_start = _hard_start(args, base, policy, records, sig) if args.hard_items else None
     # Each run measures its final checkpoint on the hard split as it ends, into its record.
     hard = hard_setting(args.hard_items, _hard_samples(args), args.eval_temperature) \
         if args.hard_items else None
-    jobs = [(m, s) for s in seeds for m in methods if load_run(workdir, sig, m, s) is None]
+    jobs = [(m, s) for s in seeds for m in methods if load_run(records, sig, m, s) is None]
     if args.jobs <= 1:
         for m, s in jobs:
-            save_run(workdir, sig, run_one(m, s, base, policy, workdir, eval_steps,
+            save_run(records, sig, run_one(m, s, base, policy, workdir, eval_steps,
                                            start_accuracy=start, hard=hard, **ev))
     elif jobs:
-        run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev, sig, hard)
+        run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev, sig, hard,
+                     records)
     # Every recorded seed of these methods made with these settings, this invocation's and
     # earlier ones'.
-    results = sorted((r for r in recorded_runs(workdir, sig) if r.method in methods),
+    results = sorted((r for r in recorded_runs(records, sig) if r.method in methods),
                      key=lambda r: (r.seed, methods.index(r.method)))
-    return report(results, vars(args), start, workdir / "runs", hard_start=hard_start)
+    return report(results, vars(args), start, records, hard_start=hard_start)
 
 
-def _start_accuracy(base: dict[str, Any], policy: str, workdir: Path, sig: str, items: int,
+def records_of(args: argparse.Namespace) -> Path:
+    """Where the equal-leaf benchmark's records go: ``--records``, else ``results/learning_<family>``
+    (with ``--quick``, the work dir: a test's runs are not records)."""
+    if args.records:
+        return Path(args.records)
+    return Path(args.workdir) if args.quick else RECORDS / f"learning_{args.family}"
+
+
+def _check_signatures(records: Path, sig: str) -> None:
+    """Refuse a records folder that holds runs of other settings: a run of these would overwrite
+    theirs (one file per method and seed)."""
+    other = {d["signature"] for p in sorted((records / "runs").glob("*.json"))
+             if (d := json.loads(p.read_text())).get("signature") != sig}
+    if other:
+        raise SystemExit(f"{records}: records of other settings ({sorted(other)[:3]}); give another "
+                         f"--records folder")
+
+
+def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str, items: int,
                     skip: int, samples: int, temperature: float) -> float:
     """The starting policy's held-out accuracy, measured once per settings (``signature``) and
-    kept in ``<workdir>/start.json`` (or read from a recorded run of the same settings, whose
+    kept in ``<folder>/start.json`` (or read from a recorded run of the same settings, whose
     first accuracy it is), so that a later invocation adding seeds or methods does not measure it
     again."""
-    path = workdir / "start.json"
+    path = folder / "start.json"
     if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
         return float(kept["accuracy"])
-    for record in sorted((workdir / "runs").glob("*.json")):  # a run of these settings holds it
+    for record in sorted((folder / "runs").glob("*.json")):  # a run of these settings holds it
         data = json.loads(record.read_text())
         if data.get("signature") == sig:
             return float(data["result"]["accuracy"][0])
@@ -117,13 +138,13 @@ def _hard_samples(args: argparse.Namespace) -> int:
     return args.hard_samples or args.eval_samples
 
 
-def _hard_start(args: argparse.Namespace, base: dict[str, Any], policy: str, workdir: Path,
+def _hard_start(args: argparse.Namespace, base: dict[str, Any], policy: str, records: Path,
                 sig: str) -> float:
     """The starting policy's accuracy on the hard split (``--hard-items``), kept in
-    ``<workdir>/hard_start.json`` for these settings."""
+    ``<records>/hard_start.json`` for these settings."""
     setting = {"signature": sig, **hard_setting(args.hard_items, _hard_samples(args),
                                                 args.eval_temperature)}
-    path = workdir / "hard_start.json"
+    path = records / "hard_start.json"
     if path.exists() and (kept := json.loads(path.read_text()))["setting"] == setting:
         return float(kept["accuracy"])
     accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy), "eval_split": "hard"},
@@ -154,8 +175,9 @@ def _parser() -> argparse.ArgumentParser:
                          "explicit options: paper = " + " ".join(
                              f"--{k.replace('_', '-')} {v}" for k, v in REGIMES["paper"].items()))
     ap.add_argument("--records", default="",
-                    help="--protocol tokens: where each run's record goes (default results/"
-                         "learning_lm/<regime>, without a regime <workdir>/records)")
+                    help="where each run's record goes (default results/learning_<family>; "
+                         "--protocol tokens: results/learning_lm/<regime>, without a regime "
+                         "<workdir>/records; with --quick the work dir)")
     ap.add_argument("--control-difficulty", type=int, default=1,
                     help="--protocol tokens: the negative control's one difficulty (no mix)")
     ap.add_argument("--final-of", type=int, default=1,
@@ -165,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
                          "at --difficulty and --mix)")
     ap.add_argument("--seeds", default=None,
                     help="a count (3: seeds seed-start .. seed-start + 2) or a range (3-5). Each "
-                         "(method, seed) run is kept in <workdir>/runs/, and a later invocation "
+                         "(method, seed) run is kept in <records>/runs/, and a later invocation "
                          "with the same settings reuses it, so seeds accumulate: the report covers "
                          "every recorded seed (default 3; 1 with --quick)")
     ap.add_argument("--seed-start", type=int, default=0,
@@ -268,19 +290,24 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
 
 
 def summarise_recorded(args: argparse.Namespace) -> dict[str, Any]:
-    """The report of the runs recorded in ``--workdir`` (``runs/``, ``start.json`` and
+    """The report of the runs recorded in ``records_of(args)`` (``runs/``, ``start.json`` and
     ``hard_start.json``): every run of the settings ``start.json`` names; nothing runs. The
     table's sizes come from the options given, as when the runs were made."""
-    workdir = Path(args.workdir)
-    path = workdir / "start.json"
-    if not path.exists():
-        raise FileNotFoundError(f"--summarise-only: no {path}; run the benchmark with --workdir "
-                                f"{workdir} first")
-    start = json.loads(path.read_text())
-    hard = workdir / "hard_start.json"
+    records = records_of(args)
+    path = records / "start.json"
+    if path.exists():
+        start = json.loads(path.read_text())
+    else:  # every recorded run's first evaluation is the start
+        sigs = {json.loads(p.read_text())["signature"] for p in (records / "runs").glob("*.json")}
+        if len(sigs) != 1:
+            raise FileNotFoundError(f"--summarise-only: no {path}, and records of {len(sigs)} "
+                                    f"settings in {records / 'runs'}")
+        sig = sigs.pop()
+        start = {"signature": sig, "accuracy": recorded_runs(records, sig)[0].accuracy[0]}
+    hard = records / "hard_start.json"
     hard_start = json.loads(hard.read_text())["accuracy"] if hard.exists() else None
-    return report(recorded_runs(workdir, start["signature"]), vars(args), start["accuracy"],
-                  workdir / "runs", hard_start=hard_start)
+    return report(recorded_runs(records, start["signature"]), vars(args), start["accuracy"],
+                  records, hard_start=hard_start)
 
 
 if __name__ == "__main__":

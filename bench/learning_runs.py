@@ -262,7 +262,7 @@ def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any
 
 def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
              eval_steps: Sequence[int], start: float, ev: dict[str, Any], sig: str,
-             hard: dict[str, Any] | None = None) -> RunResult:
+             hard: dict[str, Any] | None = None, records: str | None = None) -> RunResult:
     """One (method, seed) run in a worker process, in a work dir of its own: a DuckDB file has
     one writer process, and each worker runs its own flows (and temporary Prefect server)."""
     from tasks.runtime import configure_threads
@@ -271,22 +271,25 @@ def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: s
     method, seed = job
     r = run_one(method, seed, base, policy, Path(workdir) / f"job-{method}-s{seed}", eval_steps,
                 start_accuracy=start, hard=hard, **ev)
-    save_run(Path(workdir), sig, r)
+    save_run(Path(records or workdir), sig, r)
     return r
 
 
 def run_parallel(jobs: Sequence[tuple[str, int]], workers: int, base: dict[str, Any], policy: str,
                  workdir: Path, eval_steps: Sequence[int], start: float,
                  ev: dict[str, Any], sig: str,
-                 hard: dict[str, Any] | None = None) -> list[RunResult]:
+                 hard: dict[str, Any] | None = None,
+                 records: Path | None = None) -> list[RunResult]:
     """The (method, seed) runs on ``workers`` processes (each one torch thread), results in job
     order, each saved as it ends (``save_run``). Every run is still the same train flow from the
-    same policy; only the work dir differs (``<workdir>/job-<method>-s<seed>``)."""
+    same policy; only the work dir differs (``<workdir>/job-<method>-s<seed>``); the records go
+    to ``records`` (default ``workdir``)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")  # no forked torch / Prefect state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = [pool.submit(_run_job, job, base, str(Path(policy).resolve()), str(workdir),
-                               list(eval_steps), start, ev, sig, hard) for job in jobs]
+                               list(eval_steps), start, ev, sig, hard,
+                               str(records or workdir)) for job in jobs]
         return [f.result() for f in futures]

@@ -52,7 +52,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning import _policy_and_base, _start_accuracy
+from bench.learning import _check_signatures, _policy_and_base, _start_accuracy
 from bench.learning_report import accuracy_at_tokens, token_budget
 from bench.learning_runs import (RunResult, _eval, eval_run_id, load_run, parse_seeds, run_one,
                                  save_run, signature, tokens_at_evals)
@@ -455,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
               eval_temperature=args.eval_temperature)
     sig = signature({**base, "bench": "peers"}, eval_steps, ev, policy)
+    _check_signatures(results, sig)
     start = _start_accuracy(base, policy, workdir, sig, args.eval_items, skip, args.eval_samples,
                             args.eval_temperature)
     meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",

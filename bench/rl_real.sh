@@ -2,9 +2,9 @@
 # 20 RL steps on a real family's warm start, TRACE and GRPO, paired seeds.
 #   SEEDS=0-2 bash bench/rl_real.sh hotpotqa     # or bfcl; METHODS=trace,grpo by default
 # Self-contained: builds the warm start where the committed records expect it (the benchmark's
-# run signature names the starting policy by its path), copies the committed records of
-# results/rl_<family>/ into the work dir's runs/ (finished (method, seed) runs are skipped
-# and the report pairs every seed), and copies new records back there as each run finishes.
+# run signature names the starting policy by its path); the records are results/rl_<family>/runs/
+# (finished (method, seed) runs are skipped, a new one is written there as it ends, and the report
+# pairs every seed).
 # Work dir: $RL_DIR, default /work/exp25b for bfcl (where its records were made), else
 # /work/rl_<family>.
 set -euo pipefail
@@ -35,16 +35,10 @@ esac
 .venv/bin/python -c 'import sys; from bench.learning_runs import parse_seeds
 try: print("bench/rl_real.sh: seeds", *parse_seeds(sys.argv[1]))
 except ValueError as e: sys.exit(f"bench/rl_real.sh: SEEDS: {e}")' "${SEEDS:?set SEEDS, e.g. 0-2}"
-here=results/rl_$family
 WS=${WS:-$root/ws/policies/warmstart-$family-smollm2-s0}
 [ -f "$WS/warmstart.json" ] || .venv/bin/trace warmstart "family=$family" "${ws_args[@]}" --workdir "$root/ws"
-mkdir -p "$rl/runs" "$here"
-cp -n "$here"/*-s*.json "$rl/runs/" 2>/dev/null || true
-( while sleep 120; do cp -n "$rl/runs/"*.json "$here/" 2>/dev/null || true; done ) &
-copier=$!
-trap 'kill $copier 2>/dev/null || true; cp -n "$rl/runs/"*.json "$here/" 2>/dev/null || true' EXIT
 .venv/bin/python -m bench.learning --family "$family" --policy "$WS" \
   --methods "${METHODS:-trace,grpo}" --seeds "${SEEDS:?set SEEDS, e.g. 0-2}" --steps 20 \
   --eval-every 10 --eval-items 100 --eval-samples 2 \
   --root-budget 16 --multiplier 1 --pool-size 32 --jobs 1 --learning-rate 2e-5 \
-  --workdir "$rl" --plot "$rl/learning.png" "${learn[@]}"
+  --workdir "$rl" --records "results/rl_$family" --plot "$rl/learning.png" "${learn[@]}"

@@ -98,13 +98,13 @@ def learning_lm(root: Path = RECORDS) -> str:
     return "\n".join(lines)
 
 
-def learning_chain(root: Path = RECORDS) -> str:
+def learning_synth_chain(root: Path = RECORDS) -> str:
     """The tiny LM on synth_chain at equal leaves: TRACE and its variants minus each method at
     equal generated tokens, paired by seed (``bench.learning_report.paired_tests``)."""
     from bench.learning_report import paired_tests, summarise
     from bench.learning_runs import VARIANTS, recorded_runs
 
-    folder = root / "learning_chain"
+    folder = root / "learning_synth_chain"
     runs = recorded_runs(folder, json.loads((folder / "start.json").read_text())["signature"])
     tests = paired_tests(runs, key="at_tokens")
     baselines = [m for m in tests if m not in VARIANTS]
@@ -148,7 +148,7 @@ def peers(root: Path = RECORDS) -> str:
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,
-                                           "learning_chain": learning_chain, "peers": peers}
+                                           "learning_synth_chain": learning_synth_chain, "peers": peers}
 """Every generated table, by the name its block carries in the page."""
 
 

@@ -13,9 +13,9 @@ LAYOUT = [re.compile(p) for p in (
     r"learning_sim/pilot/(paper|default)/(chain|control)/\w+/seed\d+\.json",
     r"learning_sim/diag/\w+/chain/\w+/seed\d+\.json",
     r"learning_lm/\w+/(main|control)/runs/\w+-s\d+\.json",
-    r"learning_chain/(runs/\w+-s\d+|start|hard_start)\.json",
+    r"learning_\w+/(runs/\w+-s\d+|start|hard_start)\.json",
     r"peers/runs/\w+-s\d+\.json",
-    r"rl_(bfcl|hotpotqa)/\w+-s\d+\.json",
+    r"rl_(bfcl|hotpotqa)/runs/\w+-s\d+\.json",
     r"warmstart_hotpotqa/[\w-]+\.json",
 )]
 """The folders of results/README.md's table, as patterns."""
@@ -64,3 +64,24 @@ def test_the_records_folder_is_not_a_package_and_not_shipped():
     shipped = re.findall(r'"([^"*]+)\*?"', include.group(1))
     assert "results" not in shipped and "studies" not in shipped
     assert not (REPO / "results" / "__init__.py").exists()
+
+
+def test_the_equal_leaf_benchmark_keeps_its_records_here_and_refuses_other_settings(tmp_path):
+    import json
+
+    import pytest
+
+    from bench import RECORDS
+    from bench.learning import _check_signatures, _parser, records_of
+
+    args = _parser().parse_args(["--family", "synth_chain", "--workdir", str(tmp_path)])
+    assert records_of(args) == RECORDS / "learning_synth_chain"
+    assert records_of(_parser().parse_args(["--quick", "--workdir", str(tmp_path)])) == tmp_path
+    given = _parser().parse_args(["--records", str(tmp_path / "r"), "--workdir", str(tmp_path)])
+    assert records_of(given) == tmp_path / "r"
+    runs = tmp_path / "r" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "grpo-s0.json").write_text(json.dumps({"signature": "aaa", "result": {}}))
+    _check_signatures(tmp_path / "r", "aaa")  # the same settings: seeds accumulate
+    with pytest.raises(SystemExit, match="records of other settings"):
+        _check_signatures(tmp_path / "r", "bbb")
