@@ -41,6 +41,7 @@ measurement at the config edge (``ESTIMATORS`` is the registry).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -195,3 +196,43 @@ def advantages(trees: TreeBatch, estimator: str, *, centre: bool = False,
     if turns_once:
         a = per_node(trees, a)
     return a
+
+
+@dataclass(frozen=True)
+class PathAdvantages:
+    """The policy update's view of a step: every root-to-leaf path of its trees that has a turn,
+    as rows of the step's ``TreeBatch``, with the advantage of each of its turns."""
+
+    rows: np.ndarray
+    """every path's rows, root first, path after path"""
+    ends: np.ndarray
+    """[L] where each path's rows end in ``rows``"""
+    turn_advantages: np.ndarray
+    """every path's turn advantages (one per row after the root), path after path"""
+    turn_ends: np.ndarray
+    """[L] where each path's advantages end in ``turn_advantages``"""
+    nodes: np.ndarray
+    """rows that at least one path takes as a turn"""
+    node_mean: np.ndarray
+    """the mean advantage of each of ``nodes`` over the paths through it"""
+
+
+def path_advantages(trees: TreeBatch, estimator: str, *, centre: bool = False,
+                    turns_once: bool = False) -> PathAdvantages:
+    """``advantages`` of the trees of ``trees`` that have a turn (a root alone has nothing to
+    train), flattened path by path onto the rows of ``trees``, with each node's mean advantage
+    over the paths through it."""
+    turned = np.flatnonzero(trees.sizes >= 2)
+    mine = trees.select(turned)
+    a = advantages(mine, estimator, centre=centre, turns_once=turns_once)  # [L, D]
+    paths = mine.paths()  # [L, D+1] rows of ``mine``
+    back = trees.rows_of(turned)  # the batch's row of each row of ``mine``
+    on = paths >= 0
+    turns = on[:, 1:]
+    turn_rows = back[paths[:, 1:][turns]]
+    node_sum = np.bincount(turn_rows, weights=a[turns], minlength=trees.num_rows)
+    node_cnt = np.bincount(turn_rows, minlength=trees.num_rows)
+    nodes = np.flatnonzero(node_cnt)
+    return PathAdvantages(rows=back[paths[on]], ends=np.cumsum(on.sum(axis=1)),
+                          turn_advantages=a[turns], turn_ends=np.cumsum(turns.sum(axis=1)),
+                          nodes=nodes, node_mean=node_sum[nodes] / node_cnt[nodes])

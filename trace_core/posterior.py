@@ -121,3 +121,38 @@ class PromptPosterior:
         self.strength = fresh.strength
         self._successes = fresh._successes
         self._counts = fresh._counts
+
+
+def oracle_values(text: np.ndarray, oracle: np.ndarray, seen_oracle: np.ndarray,
+                  successes: np.ndarray, rollouts: np.ndarray) -> np.ndarray:
+    """c o_i for each candidate, o_i its oracle success rate and c the policy's success relative
+    to the oracle: ``successes`` over the o-weighted ``rollouts`` of the prompts seen so far
+    (``seen_oracle``, one per seen prompt); before any, the text predictions' mean ``text``
+    against the candidates' mean o. Clipped to [0, 1]."""
+    o = np.asarray(oracle, dtype=np.float64)
+    if len(seen_oracle):
+        mass = float(np.dot(seen_oracle, rollouts))
+        c = float(np.sum(successes)) / mass if mass > 0 else 0.0
+    else:
+        c = float(np.mean(text)) / float(np.mean(o)) if np.mean(o) > 0 else 0.0
+    return np.clip(c * o, 0.0, 1.0)
+
+
+def root_values(text: np.ndarray, item_ids: Sequence[str], seen_ids: Sequence[str],
+                successes: np.ndarray, rollouts: np.ndarray, *, strength: float = 0.0,
+                oracle: np.ndarray | None = None, seen_oracle: np.ndarray | None = None
+                ) -> np.ndarray:
+    """Stage 1's V~ of the candidates ``item_ids``: the text predictor's ``text``; with
+    ``oracle`` (and ``seen_oracle``), ``oracle_values``; else with ``strength`` > 0 the
+    per-prompt posterior of the bare rollouts so far (``seen_ids``: ``successes`` of
+    ``rollouts`` each) shrunk towards ``text``."""
+    text = np.asarray(text, dtype=np.float64)
+    if oracle is not None:
+        return oracle_values(text, oracle, np.asarray(seen_oracle, np.float64), successes,
+                             rollouts)
+    if strength > 0:
+        posterior = PromptPosterior(strength)
+        posterior.update(list(seen_ids), np.asarray(successes, np.float64),
+                         np.asarray(rollouts, np.float64))
+        return posterior.predict(list(item_ids), text)
+    return text

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trace_core.allocators import Allocator, Budget, PrefixSet, RootPool
+from trace_core.allocators import Allocator, Budget, PrefixSet, RootPool, allocate_per_tree
 
 
 def outcome_counts(tree_id: Sequence[int], reward: Sequence[float], is_leaf: Sequence[bool],
@@ -72,3 +72,19 @@ def split_jointly(allocator: Allocator, prefixes: PrefixSet, pool: RootPool, cou
     m = np.zeros(pool.size, dtype=np.int64)
     m[fresh] = m_fresh
     return m, k
+
+
+def continuations(allocator: Allocator, prefixes: PrefixSet, tree: np.ndarray, depth: np.ndarray,
+                  bare: np.ndarray, pool: RootPool, counts: np.ndarray, budget: Budget,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 2 of a step, whatever the allocator: ([K] continuations per candidate prefix, [P]
+    bare rollouts per fresh candidate of ``pool``). ``prefixes`` [K] with ``tree``, ``depth`` and
+    ``bare`` [K] (each one's tree, depth and the tree's bare rollouts m_i); ``counts`` [P] the
+    candidates' bare rollouts so far. An allocator that splits jointly spends what the root stage
+    left of ``budget.total`` across the step (``split_jointly``); any other spends each tree's
+    continuation budget on its own prefixes (``allocate_per_tree``) and asks for no fresh roots."""
+    if allocator.splits_jointly:
+        return split_jointly(allocator, prefixes, pool, counts,
+                             budget.total - int(np.sum(counts)), rng)[::-1]
+    k = allocate_per_tree(allocator, tree, prefixes, depth, bare, budget, rng)
+    return k, np.zeros(pool.size, dtype=np.int64)
