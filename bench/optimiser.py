@@ -32,6 +32,8 @@ from typing import Any, Sequence
 
 import torch
 
+from trace_core.seeds import update_seed
+
 
 def step_samples(workdir: str, run_id: str, step: int) -> tuple[Any, list[Any]]:
     """(the run's config, the step's paths as the policy update saw them)."""
@@ -41,8 +43,9 @@ def step_samples(workdir: str, run_id: str, step: int) -> tuple[Any, list[Any]]:
 
     store = TreeStore(Path(workdir) / "trace.duckdb", create=False)
     cfg = config_from_mapping(store.get_run(run_id)["config"])
-    trees = runtime.step_trees(workdir, run_id, step, None)
-    paths = learn.tree_advantages.fn(cfg, workdir, run_id, step, trees)  # the stored values again
+    at = runtime.StepRef(str(workdir), run_id, step)
+    trees = runtime.step_trees(at)
+    paths = learn.tree_advantages.fn(cfg, at, trees)  # the stored values again
     return cfg, learn._samples(trees.table, paths)
 
 
@@ -96,7 +99,7 @@ def measure(workdir: str, run_id: str, step: int, repeats: int = 2) -> dict[str,
     cfg, samples = step_samples(workdir, run_id, step)
     start = runtime.Paths(Path(workdir)).policy_dir(run_id, step - 1) if step else None
     policy = str(start) if start is not None and start.is_dir() else cfg.policy
-    seed = cfg.seed * 7919 + step  # the step's own update generator
+    seed = update_seed(cfg.seed, step)  # the step's own update generator
     runs: dict[str, list[dict[str, Any]]] = {"padded": [], "packed": []}
     weights: dict[str, torch.Tensor] = {}
     for _ in range(repeats):

@@ -108,6 +108,32 @@ def bind(task: Task, workdir: str) -> Task:
                              cache_policy=policy.configure(key_storage=str(results / "keys")))
 
 
+class Phases:
+    """A flow's tasks, looked up by name in the task modules (``phases.score_roots``), each bound
+    to the work dir on first use (``bind``: results and cache records kept there, so a re-run
+    finds its finished phases) and its runs named by step, level and wave (``tasks.track.named``).
+    With a watch, each call first names its phase there (after ``where``), so a phase that runs
+    long (an update on a busy machine) is reported while it runs."""
+
+    def __init__(self, workdir: str, watch: Any = None, where: str = ""):
+        self._workdir, self._watch, self._where = workdir, watch, where
+
+    def __getattr__(self, name: str) -> Any:
+        from tasks import evaluate, expand, learn, prefixes, roots, track
+
+        task = next(getattr(m, name) for m in (roots, prefixes, expand, learn, track, evaluate)
+                    if isinstance(getattr(m, name, None), Task))
+        bound = bind(track.named(task), self._workdir)
+        if self._watch is not None:
+            run, watch, phase = bound, self._watch, f"{self._where}{task.name}"
+
+            def bound(*args: Any, **kwargs: Any) -> Any:
+                watch.note(phase)
+                return run(*args, **kwargs)
+        setattr(self, name, bound)  # looked up once
+        return bound
+
+
 def announced(name_of: Callable[[], str]) -> Callable[[], str]:
     """A flow's ``flow_run_name`` function that says in the flow run's log what it renames, so
     that a name typed in the UI's Run Name field is not replaced silently."""

@@ -1,6 +1,8 @@
 """The run around the steps of the ``train`` flow: what a run does once, before, between and after
 its steps, apart from the algorithm (``flows/train.py``, ``run_step``).
 
+* ``Run``: the work-dir lock, the checked config, the run's records in DuckDB and MLflow, the
+  steps still to run, each step marked running and complete, and the run's end;
 * registering the run in DuckDB and MLflow, and the disk reserve that lets a run that fills its
   disk still record its failure;
 * the starting policy (the tiny policy's bootstrap subflow, or a named policy);
@@ -12,18 +14,110 @@ its steps, apart from the algorithm (``flows/train.py``, ``run_step``).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from prefect import get_run_logger
 from prefect.runtime import flow_run
 
 from tasks import runtime, track
-from trace_rl.config import TrainConfig
-from trace_rl.config import NEVER_HASHED
+from tasks.runtime import StepRef
+from trace_rl.config import NEVER_HASHED, TrainConfig, check_inputs
+from trace_rl.storage.locks import train_lock
 from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
 from trace_rl.storage.tracking import Tracker
 from trace_rl.view.server import page_url
+
+
+class Run:
+    """One ``train`` run while it holds its work dir: ``with Run(config, workdir, wait) as run``
+    takes the work-dir lock (before MLflow or DuckDB are set up), checks the config's inputs,
+    registers the run (``register_run``); any failure from then on (the bootstrap included)
+    marks the running step and the run failed in DuckDB and MLflow and re-raises the original
+    error (``record_failure``). ``steps()`` are the steps still to run, each marked running;
+    ``complete`` marks one complete and prunes checkpoints; ``finish`` ends the run."""
+
+    def __init__(self, config: TrainConfig, workdir: str | None, wait: bool):
+        from flows.common import resolve_workdir
+
+        self.workdir = resolve_workdir(workdir)
+        self.run_id = config.resolved_run_id
+        self._lock = train_lock(self.workdir, self.run_id, wait=wait)
+        self._wanted = config
+        self.running: int | None = None  # the step marked running, if any
+        # A phase silent for 15 s gets a line while it runs: the README promises one every 30 s.
+        self.watch = Progress("train", 0, every_s=15, quiet=True)
+
+    def __enter__(self) -> "Run":
+        self._lock.__enter__()
+        try:
+            self.logger = get_run_logger()
+            runtime.configure_threads()
+            self.cfg = check_inputs(self._wanted)
+            self.store = runtime.store(self.workdir)
+            self.tracker = Tracker(self.workdir)
+            known = self.store.get_run(self.run_id)
+            self.mlflow_run_id = self.tracker.start_or_resume(
+                self.run_id, run_name=track.mlflow_run_name(self.cfg),
+                mlflow_run_id=(known or {}).get("mlflow_run_id"), tags=track.run_tags(self.cfg))
+        except BaseException:
+            self.watch.close()
+            self._lock.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc is not None and hasattr(self, "mlflow_run_id"):
+                record_failure(self.logger, self.store, self.tracker, self.run_id, self.workdir,
+                               self.running, exc)
+        finally:
+            self.watch.close()
+            self._lock.__exit__(kind, exc, tb)
+
+    def at(self, step: int) -> StepRef:
+        return StepRef(self.workdir, self.run_id, step)
+
+    def start(self) -> tuple[str, str, int]:
+        """Register the run; (its starting policy, the policy to continue from, the first step
+        to run)."""
+        register_run(self.cfg, self.workdir, self.store, self.tracker, self.mlflow_run_id)
+        done = self.store.last_complete_step(self.run_id)
+        initial = initial_policy(self.cfg, self.workdir, self.watch)
+        if done is not None and done + 1 >= self.cfg.steps:
+            self.logger.info("run %s already has %d complete steps; nothing to do", self.run_id,
+                             self.cfg.steps)
+        return initial, initial if done is None else self.at(done).policy_dir, \
+            0 if done is None else done + 1
+
+    def steps(self, first: int) -> Any:
+        """The steps from ``first`` to the last, each marked running before it is yielded.
+        (Named running before the mark: a mark that is written but then fails to publish, a
+        full disk, still gets the step marked failed, never left "running".)"""
+        for step in range(first, self.cfg.steps):
+            self.running = step
+            self.store.mark_step(self.run_id, step, "running")
+            yield step
+
+    def complete(self, step: int, metrics: dict[str, float]) -> None:
+        """Mark ``step`` complete, prune the checkpoints it outdates, log its line."""
+        self.store.mark_step(self.run_id, step, "complete", metrics)
+        self.running = None
+        prune_checkpoints(self.cfg, self.workdir, self.run_id, step)
+        self.logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
+                         metrics["rollout/reward_mean"], metrics["tree/effective_ratio"],
+                         metrics["rollout/leaves"], metrics["time/step_s"])
+
+    def finish(self, log_summary: Any) -> tuple[dict[str, Any], dict[str, str]]:
+        """The run's summary (``log_summary``, the bound task) and where to look; the run marked
+        complete in DuckDB and MLflow."""
+        where = where_to_look(self.workdir, self.run_id, self.tracker)
+        summary = log_summary(self.workdir, self.mlflow_run_id, self.run_id, where)
+        self.store.set_run(self.run_id, status="complete")
+        self.tracker.end("FINISHED")
+        return summary, where
 
 
 def registered(cfg: TrainConfig, step: int) -> bool:

@@ -1,6 +1,6 @@
 """Expansion phases: roll out a tree level on the engine (rewards come from the verifier as each
-episode ends, where the environment state a stateful verifier needs still lives), then persist it
-in one DuckDB transaction."""
+episode ends, where the environment state a stateful verifier needs still lives) and persist it
+in one DuckDB transaction, in the same task (a retry re-runs both: the write is idempotent)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
+from tasks.runtime import StepRef
+from trace_core.seeds import rollout_seed
+from trace_core.waves import outcome_counts
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.react import Start, run_episodes
 from trace_rl.rollout.treeio import LevelBatch, StepTrees
@@ -51,11 +54,11 @@ def _allocations(cfg: TrainConfig, tree_id: list[int], local_index: list[int], k
                      "predicted_v": pa.array(predicted_v, pa.float64())})
 
 
-@task(name="expand-roots", cache_policy=runtime.PHASE_KEY, retries=1)
-def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_dir: str,
-                 allocation: pa.Table, wave: int = 0) -> dict[str, Any]:
-    """Bare rollouts: m_i complete episodes for every candidate with m_i > 0 (one tree each).
-    Trees of refill wave ``wave`` (DAPO) are numbered after the earlier waves' trees."""
+def roots_level(cfg: TrainConfig, at: StepRef, policy_dir: str, allocation: pa.Table,
+                wave: int = 0) -> dict[str, Any]:
+    """Bare rollouts: m_i complete episodes for every candidate with m_i > 0 (one tree each),
+    as the level's nodes, allocation decisions and ledger. Trees of level-0 wave ``wave``
+    (refills, fresh prompts) are numbered after the earlier waves' trees."""
     tree_offset = wave * cfg.pool_size
     items = runtime.items_for(cfg, cfg.train_split)
     item_id = allocation.column("item_id").to_pylist()
@@ -64,18 +67,17 @@ def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_di
     active = [t for t in range(len(m)) if m[t] > 0]
     starts = [Start(items[item_id[t]], (), int(m[t])) for t in active]
     episodes, ledger = _rollout(cfg, policy_dir, starts,
-                                seed=cfg.seed * 100_003 + step * 17 + level + 7919 * wave)
+                                seed=rollout_seed(cfg.seed, at.step, 0, wave))
     batch = LevelBatch(cfg.family, cfg.allocator)
     pos = 0
     for t in active:
-        tree_id = tree_offset + t
         eps = episodes[pos:pos + m[t]]
         pos += m[t]
-        batch.open_tree(tree_id, item_id[t])
-        batch.add_root(tree_id, eps[0].prompt_ids, items[item_id[t]].question, predicted[t],
-                       int(m[t]))
+        batch.open_tree(tree_offset + t, item_id[t])
+        batch.add_root(tree_offset + t, eps[0].prompt_ids, items[item_id[t]].question,
+                       predicted[t], int(m[t]))
         for ep in eps:
-            batch.add_episode(tree_id, 0, 0, ep)
+            batch.add_episode(tree_offset + t, 0, 0, ep)
     # Wave 0 stores the filtered candidates too (k = 0): the whole Stage 1 decision is stored.
     decided = active + ([t for t in range(len(m)) if m[t] <= 0] if wave == 0 else [])
     allocs = _allocations(cfg, [tree_offset + t for t in decided],
@@ -86,14 +88,26 @@ def expand_roots(cfg: TrainConfig, run_id: str, step: int, level: int, policy_di
     return {"nodes": batch.table(), "allocations": allocs, "ledger": _ledger_dict(method, ledger)}
 
 
-@task(name="expand-prefixes", cache_policy=runtime.PHASE_KEY, retries=1)
-def expand_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int, level: int,
-                    policy_dir: str, chosen: pa.Table, trees: StepTrees | None = None
-                    ) -> dict[str, Any]:
-    """Continuations: K_ijt episodes from each chosen stored prefix, appended to its tree.
-    ``trees``: the step's stored trees as the flow read them (else read here)."""
+@task(name="expand-roots", cache_policy=runtime.PHASE_KEY, retries=1)
+def expand_roots(cfg: TrainConfig, at: StepRef, policy_dir: str, allocation: pa.Table,
+                 wave: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Level 0, one wave: the bare rollouts of ``allocation`` (``roots_level``), persisted;
+    returns ([P] rollouts, [P] mixed) per candidate (``trace_core.waves.outcome_counts``)."""
+    level = roots_level(cfg, at, policy_dir, allocation, wave)
+    persist(at, 0, level, wave)
+    nodes = level["nodes"]
+    return outcome_counts(nodes.column("tree_id").to_numpy(), nodes.column("reward").to_numpy(),
+                          nodes.column("is_leaf").to_numpy(), len(allocation),
+                          wave * cfg.pool_size)
+
+
+def prefixes_level(cfg: TrainConfig, at: StepRef, policy_dir: str, chosen: pa.Table,
+                   trees: StepTrees | None = None) -> dict[str, Any]:
+    """Continuations: K_ijt episodes from each chosen stored prefix, appended to its tree, as
+    the level's nodes, allocation decisions and ledger. ``trees``: the step's stored trees as
+    the flow read them (else read here)."""
     items = runtime.items_for(cfg, cfg.train_split)
-    trees = runtime.step_trees(workdir, run_id, step, trees)
+    trees = runtime.step_trees(at, trees)
     tree_id = chosen.column("tree_id").to_numpy()
     local = chosen.column("local_index").to_numpy()
     depth = chosen.column("depth").to_numpy()
@@ -101,9 +115,9 @@ def expand_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int, leve
     item_id = chosen.column("item_id").to_pylist()
     picks = np.flatnonzero(k > 0)
     position = trees.positions(tree_id[picks])  # each pick's tree among the step's
-    starts = [Start(items[item_id[p]], tuple(trees.turns(int(trees.offsets[at] + local[p]))),
-                    int(k[p])) for p, at in zip(picks, position)]
-    episodes, ledger = _rollout(cfg, policy_dir, starts, seed=cfg.seed * 100_003 + step * 17 + level)
+    starts = [Start(items[item_id[p]], tuple(trees.turns(int(trees.offsets[t] + local[p]))),
+                    int(k[p])) for p, t in zip(picks, position)]
+    episodes, ledger = _rollout(cfg, policy_dir, starts, seed=rollout_seed(cfg.seed, at.step, 1))
     batch = LevelBatch(cfg.family, cfg.allocator)
     for p in np.unique(position):  # trees continue after their stored rows
         rows = trees.rows(int(p))
@@ -119,19 +133,25 @@ def expand_prefixes(cfg: TrainConfig, workdir: str, run_id: str, step: int, leve
             "ledger": _ledger_dict(cfg.allocator, ledger)}
 
 
-@task(name="persist-level", cache_policy=runtime.PHASE_KEY, retries=2, retry_delay_seconds=2)
-def persist_level(workdir: str, run_id: str, step: int, level: int, expansion: dict[str, Any],
-                  wave: int = 0) -> int:
+@task(name="expand-prefixes", cache_policy=runtime.PHASE_KEY, retries=1)
+def expand_prefixes(cfg: TrainConfig, at: StepRef, policy_dir: str, chosen: pa.Table,
+                    trees: StepTrees | None = None) -> int:
+    """Level 1: the continuations of ``chosen`` (``prefixes_level``), persisted; returns the
+    nodes stored."""
+    return persist(at, 1, prefixes_level(cfg, at, policy_dir, chosen, trees))
+
+
+def persist(at: StepRef, level: int, expansion: dict[str, Any], wave: int = 0) -> int:
     """Write the level's nodes, allocation decisions and ledger in ONE transaction; idempotent
-    (deterministic node ids), so a retry after a crash leaves exactly one copy. ``wave`` tells
-    DAPO's refill waves of level 0 apart (part of the cache key)."""
+    (deterministic node ids), so a retry after a crash leaves exactly one copy."""
     allocs = expansion["allocations"]
     alloc_table = None
     if allocs.num_rows:
-        node_ids = [runtime.node_id(run_id, step, t, i) for t, i in
+        node_ids = [runtime.node_id(at.run_id, at.step, t, i) for t, i in
                     zip(allocs.column("tree_id").to_pylist(), allocs.column("local_index").to_pylist())]
         alloc_table = allocs.drop_columns(["tree_id", "local_index"]).add_column(
             0, "node_id", pa.array(node_ids, pa.string()))
-    result = runtime.store(workdir).write_level(run_id, step, level, expansion["nodes"],
-                                                allocations=alloc_table, ledger=expansion["ledger"])
+    result = runtime.store(at.workdir).write_level(at.run_id, at.step, level, expansion["nodes"],
+                                                   allocations=alloc_table,
+                                                   ledger=expansion["ledger"])
     return result.inserted_nodes

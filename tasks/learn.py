@@ -13,22 +13,24 @@ import torch
 from prefect import task
 
 from tasks import runtime
+from tasks.runtime import StepRef
 from trace_core import advantages as adv
+from trace_core.seeds import update_seed
 from trace_core.predictor import auc, brier
 from trace_rl.config import TrainConfig
 from trace_rl.policy.update import PathSample, PolicyTrainer, warmup_scale
 from trace_rl.rollout.treeio import StepTrees
 
+
 @task(name="backup", cache_policy=runtime.PHASE_KEY)
-def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None,
-           trees: StepTrees | None = None) -> dict[str, float]:
+def backup(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
     """V^ and n for every node (success rate of the leaves below), stored on the nodes.
     ``trees``: the step's trees as the flow read them (else read here)."""
-    trees = runtime.step_trees(workdir, run_id, step, trees)
+    trees = runtime.step_trees(at, trees)
     values, counts = trees.batch.backup()
     roots = values[trees.batch.roots]
     mixed = int(np.count_nonzero((roots > 0.0) & (roots < 1.0)))
-    runtime.store(workdir).update_values(run_id, step, pa.table({
+    runtime.store(at.workdir).update_values(at.run_id, at.step, pa.table({
         "node_id": trees.table.column("node_id"), "value": pa.array(values, pa.float64()),
         "n_leaves": pa.array(counts, pa.int64())}))
     return {"tree/effective_ratio": mixed / len(trees) if len(trees) else 0.0,
@@ -36,13 +38,13 @@ def backup(workdir: str, run_id: str, step: int, cfg: TrainConfig | None = None,
 
 
 @task(name="fit-predictor", cache_policy=runtime.PHASE_KEY)
-def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int,
-                  trees: StepTrees | None = None) -> dict[str, float]:
+def fit_predictor(cfg: TrainConfig, at: StepRef, trees: StepTrees | None = None
+                  ) -> dict[str, float]:
     """Regress V~(H_y) onto V^(y) (weights n_y) on this step's roots and prefixes; the metrics
     are those of the predictions made BEFORE the fit (what allocation actually used)."""
-    trees = runtime.step_trees(workdir, run_id, step, trees)
+    trees = runtime.step_trees(at, trees)
     histories, y, weights = trees.predictor_examples(*trees.batch.backup())
-    predictor = runtime.load_predictor(cfg, workdir, run_id, step - 1)
+    predictor = runtime.load_predictor(cfg, at.workdir, at.run_id, at.step - 1)
     before = predictor.predict(histories)
     stats = {"predictor/brier": brier(before, y), "predictor/examples": float(len(y))}
     hard = (y == 0) | (y == 1)
@@ -50,45 +52,29 @@ def fit_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int,
         stats["predictor/auc"] = auc(before[hard], y[hard])
     fit = predictor.fit(histories, y, weights)
     stats.update({f"predictor/fit_{k}": float(v) for k, v in fit.items()})
-    runtime.save_predictor(predictor, workdir, run_id, step)
+    runtime.save_predictor(predictor, at.workdir, at.run_id, at.step)
     return stats
 
 
 @task(name="tree-advantages", cache_policy=runtime.PHASE_KEY)
-def tree_advantages(cfg: TrainConfig, workdir: str, run_id: str, step: int,
-                    trees: StepTrees | None = None) -> pa.Table:
-    """Per root-to-leaf path: its node ids and the advantage of each turn (estimator from the
-    config). Each node also stores the mean advantage over the paths through it."""
-    trees = runtime.step_trees(workdir, run_id, step, trees)
-    batch = trees.batch
-    turned = np.flatnonzero(batch.sizes >= 2)  # a root alone has no turn to train
-    mine = batch.select(turned)
-    a = adv.advantages(mine, cfg.advantage, centre=cfg.centre_advantages,
-                       turns_once=cfg.count_turns_once)  # [L, D]
-    paths = mine.paths()  # [L, D+1] rows of ``mine``
-    back = batch.rows_of(turned)  # the step's row of each row of ``mine``
-    on = paths >= 0
-    rows = back[paths[on]]  # every path's rows, root first, path after path
-    ends = np.cumsum(on.sum(axis=1))  # [L]
-    turns = on[:, 1:]
-    node_sum = np.zeros(batch.num_rows, dtype=np.float64)  # per row: advantages summed
-    node_cnt = np.zeros(batch.num_rows, dtype=np.int64)  # per row: paths through it
-    turn_rows = back[paths[:, 1:][turns]]
-    np.add.at(node_sum, turn_rows, a[turns])
-    np.add.at(node_cnt, turn_rows, 1)
+def tree_advantages(cfg: TrainConfig, at: StepRef, trees: StepTrees | None = None) -> pa.Table:
+    """Per root-to-leaf path: its node ids and the advantage of each turn
+    (``trace_core.advantages.path_advantages``, estimator from the config). Each node also
+    stores the mean advantage over the paths through it."""
+    trees = runtime.step_trees(at, trees)
+    a = adv.path_advantages(trees.batch, cfg.advantage, centre=cfg.centre_advantages,
+                            turns_once=cfg.count_turns_once)
     node_id = trees.table.column("node_id")
-    leaf_ids = node_id.take(rows[ends - 1]) if len(ends) else pa.array([], pa.string())
-    path_nodes = pa.ListArray.from_arrays(pa.array(np.r_[0, ends], pa.int32()),
-                                          node_id.take(rows).combine_chunks()
-                                          if len(rows) else pa.array([], pa.string()))
-    path_adv = pa.ListArray.from_arrays(pa.array(np.r_[0, np.cumsum(turns.sum(axis=1))],
-                                                 pa.int32()), pa.array(a[turns], pa.float64()))
-    through = np.flatnonzero(node_cnt)
-    if through.size:
-        runtime.store(workdir).update_values(run_id, step, pa.table({
-            "node_id": trees.table.column("node_id").take(through),
-            "advantage": pa.array(node_sum[through] / node_cnt[through], pa.float64())}))
-    return pa.table({"leaf_id": leaf_ids, "path": path_nodes, "advantages": path_adv})
+    if a.nodes.size:
+        runtime.store(at.workdir).update_values(at.run_id, at.step, pa.table({
+            "node_id": node_id.take(a.nodes), "advantage": pa.array(a.node_mean, pa.float64())}))
+    return pa.table({
+        "leaf_id": node_id.take(a.rows[a.ends - 1]) if len(a.ends) else pa.array([], pa.string()),
+        "path": pa.ListArray.from_arrays(pa.array(np.r_[0, a.ends], pa.int32()),
+                                         node_id.take(a.rows).combine_chunks() if len(a.rows)
+                                         else pa.array([], pa.string())),
+        "advantages": pa.ListArray.from_arrays(pa.array(np.r_[0, a.turn_ends], pa.int32()),
+                                               pa.array(a.turn_advantages, pa.float64()))})
 
 
 _LIVE: dict[str, PolicyTrainer] = {}
@@ -128,27 +114,25 @@ def _samples(nodes: pa.Table, paths: pa.Table) -> list[PathSample]:
 
 
 @task(name="policy-update", cache_policy=runtime.PHASE_KEY)
-def policy_update(cfg: TrainConfig, workdir: str, run_id: str, step: int, policy_dir: str,
-                  paths: pa.Table, trees: StepTrees | None = None) -> dict[str, Any]:
+def policy_update(cfg: TrainConfig, at: StepRef, policy_dir: str, paths: pa.Table,
+                  trees: StepTrees | None = None) -> dict[str, Any]:
     """Clipped tree-aware PG on every root-to-leaf path; saves the new policy checkpoint.
     ``trees``: the step's trees as the flow read them (else read here)."""
-    nodes = runtime.step_trees(workdir, run_id, step, trees).table
-    settings = cfg.update_settings
-    out = runtime.Paths(Path(workdir)).policy_dir(run_id, step)
-    lr_scale = warmup_scale(cfg.lr_warmup_steps, step)
+    samples = _samples(runtime.step_trees(at, trees).table, paths)
+    lr_scale = warmup_scale(cfg.lr_warmup_steps, at.step)
+    seed = update_seed(cfg.seed, at.step)
     if cfg.cluster:  # the trainer ranks on Ray; rank 0 writes the checkpoint (docs/cluster.md)
-        stats = runtime.cluster_for(cfg).update(settings, cfg.seed, policy_dir,
-                                                _samples(nodes, paths),
-                                                cfg.seed * 7919 + step, lr_scale, out)
-        return {"policy_dir": str(out), "stats": {f"loss/{k}": v for k, v in stats.items()}}
+        stats = runtime.cluster_for(cfg).update(cfg.update_settings, cfg.seed, policy_dir,
+                                                samples, seed, lr_scale, Path(at.policy_dir))
+        return {"policy_dir": at.policy_dir, "stats": {f"loss/{k}": v for k, v in stats.items()}}
     # The trainer stays in memory across steps of one process (keyed by the directory it last
     # saved), so the optimiser state is not reloaded each step; a resumed process reloads it.
-    trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, settings, seed=cfg.seed)
-    rng = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    stats = trainer.update(_samples(nodes, paths), rng, lr_scale=lr_scale)
-    trainer.save(out)
-    _LIVE[str(out)] = trainer
-    return {"policy_dir": str(out), "stats": {f"loss/{k}": v for k, v in stats.items()}}
+    trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, cfg.update_settings,
+                                                           seed=cfg.seed)
+    stats = trainer.update(samples, torch.Generator().manual_seed(seed), lr_scale=lr_scale)
+    trainer.save(Path(at.policy_dir))
+    _LIVE[at.policy_dir] = trainer
+    return {"policy_dir": at.policy_dir, "stats": {f"loss/{k}": v for k, v in stats.items()}}
 
 
 @task(name="sync-weights")

@@ -8,9 +8,10 @@ from prefect import task
 
 from tasks import runtime
 from tasks.correlation import outcome_correlation
-from tasks.runtime import load_predictor
+from tasks.runtime import StepRef, load_predictor
 from trace_core.allocators import Allocator, RootPool
-from trace_core.posterior import PromptPosterior
+from trace_core.posterior import PromptPosterior, root_values
+from trace_core.seeds import Phase, phase_rng
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import history_text
 
@@ -23,14 +24,14 @@ def candidate_pool(cfg: TrainConfig, step: int, ids: list[str] | None = None) ->
     if len(ids) < cfg.pool_size:
         raise ValueError(f"{cfg.family}/{cfg.train_split} has {len(ids)} items; pool_size="
                          f"{cfg.pool_size} needs at least that many")
-    rng = np.random.default_rng([cfg.seed, step, 1])
+    rng = phase_rng(cfg.seed, step, Phase.POOL)
     return [ids[i] for i in rng.choice(len(ids), size=cfg.pool_size, replace=False)]
 
 
 @task(name="sample-roots", cache_policy=runtime.PHASE_KEY, retries=1)
-def sample_roots(cfg: TrainConfig, run_id: str, step: int) -> list[str]:
+def sample_roots(cfg: TrainConfig, at: StepRef) -> list[str]:
     """``candidate_pool(cfg, step)``."""
-    return candidate_pool(cfg, step)
+    return candidate_pool(cfg, at.step)
 
 
 def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
@@ -59,73 +60,57 @@ def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
 
 
 def bare_counts(workdir: str, run_id: str, step: int) -> list[dict]:
-    """Per prompt: successes ``s`` and rollouts ``n`` of its bare rollouts (level-0 leaves,
-    refill waves included) in the stored steps before ``step``."""
+    """Per prompt rolled out before ``step``: successes ``s`` and rollouts ``n`` of its bare
+    rollouts (level-0 leaves, refill waves included) and ``last``, the last step it was rolled
+    out in, from the stored steps before ``step``."""
     return runtime.store(workdir).query(
-        "SELECT item_id, sum(reward) AS s, count(*) AS n FROM nodes WHERE run_id = $r "
-        "AND step < $s AND is_leaf AND level = 0 GROUP BY item_id ORDER BY item_id",
-        {"r": run_id, "s": step}).to_pylist()
+        "SELECT item_id, coalesce(sum(reward) FILTER (WHERE is_leaf AND level = 0), 0) AS s, "
+        "count(*) FILTER (WHERE is_leaf AND level = 0) AS n, max(step) AS last FROM nodes "
+        "WHERE run_id = $r AND step < $s AND (depth = 0 OR is_leaf AND level = 0) "
+        "GROUP BY item_id ORDER BY item_id", {"r": run_id, "s": step}).to_pylist()
 
 
 def prompt_posterior(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> PromptPosterior:
-    """The per-prompt posterior of ``TrainConfig.root_posterior`` as of the start of ``step``:
-    successes and rollouts of every prompt's bare rollouts (level-0 leaves, refill waves
-    included) in the stored trees of the earlier steps. Continuations are left out: they start
-    from prefixes Stage 2 chose for being uncertain, so they are no sample of the prompt's
-    success rate. Rebuilt from DuckDB, so a resumed run has the same counts and there is no state
-    of its own to keep."""
-    rows = bare_counts(workdir, run_id, step)
+    """The per-prompt posterior of ``TrainConfig.root_posterior`` as of the start of ``step``,
+    rebuilt from the bare rollouts stored before it (``bare_counts``), so a resumed run has the
+    same counts and there is no state of its own to keep."""
+    rows = [r for r in bare_counts(workdir, run_id, step) if r["n"]]
     posterior = PromptPosterior(cfg.root_posterior)
     posterior.update([r["item_id"] for r in rows], np.asarray([r["s"] for r in rows], np.float64),
                      np.asarray([r["n"] for r in rows], np.float64))
     return posterior
 
 
-def oracle_roots(cfg: TrainConfig, workdir: str, run_id: str, step: int, item_ids: list[str],
-                 text: np.ndarray) -> np.ndarray:
-    """``TrainConfig.root_oracle``: c o_i for each candidate, o_i the family's oracle
-    (``Environment.oracle_success``) and c the policy's success relative to it: successes over
-    the o-weighted count of the earlier steps' bare rollouts (before any, the text predictor's
-    mean over the pool against the pool's mean o), clipped to [0, 1]."""
+def _oracle(cfg: TrainConfig, ids: list[str]) -> np.ndarray:
+    """The family's oracle success rate of each item (``Environment.oracle_success``)."""
     env, items = runtime.env_for(cfg), runtime.items_for(cfg, cfg.train_split)
-
-    def oracle(ids: list[str]) -> np.ndarray:
-        o = [env.oracle_success(items[i]) for i in ids]
-        if any(x is None for x in o):
-            raise ValueError(f"root_oracle: family {cfg.family!r} has no oracle_success")
-        return np.asarray(o, dtype=np.float64)
-
-    rows = bare_counts(workdir, run_id, step)
-    o = oracle(item_ids)
-    if rows:
-        seen = oracle([r["item_id"] for r in rows])
-        mass = float(np.dot(seen, [r["n"] for r in rows]))
-        c = sum(r["s"] for r in rows) / mass if mass > 0 else 0.0
-    else:
-        c = float(np.mean(text)) / float(np.mean(o)) if np.mean(o) > 0 else 0.0
-    return np.clip(c * o, 0.0, 1.0)
+    o = [env.oracle_success(items[i]) for i in ids]
+    if any(x is None for x in o):
+        raise ValueError(f"root_oracle: family {cfg.family!r} has no oracle_success")
+    return np.asarray(o, dtype=np.float64)
 
 
 @task(name="score-roots", cache_policy=runtime.PHASE_KEY)
-def score_roots(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str, step: int,
-                item_ids: list[str]) -> pa.Table:
-    """V~(x_i) for the pool (the text predictor's, or with ``root_posterior`` > 0 the per-prompt
-    posterior shrunk towards it: ``prompt_posterior``), each prompt's staleness (steps since it was last rolled out) and
-    the roots' outcome correlation rho (``tasks.correlation.outcome_correlation``)."""
+def score_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids: list[str]
+                ) -> pa.Table:
+    """V~(x_i) for the pool (``trace_core.posterior.root_values``: the text predictor's, the
+    per-prompt posterior's or the oracle's), each prompt's staleness and the roots' outcome
+    correlation rho (``tasks.correlation.outcome_correlation``), from one read of the earlier
+    steps' bare rollouts."""
     items = runtime.items_for(cfg, cfg.train_split)
-    predictor = load_predictor(cfg, workdir, run_id, step - 1)
-    v = predictor.predict([history_text(items[i].question, []) for i in item_ids])
-    if cfg.root_oracle:
-        v = oracle_roots(cfg, workdir, run_id, step, item_ids, np.asarray(v))
-    elif cfg.root_posterior > 0:
-        v = prompt_posterior(cfg, workdir, run_id, step).predict(item_ids, np.asarray(v))
-    last = runtime.store(workdir).query(
-        "SELECT item_id, max(step) AS last FROM nodes WHERE run_id = $r AND step < $s AND depth = 0 "
-        "GROUP BY item_id", {"r": run_id, "s": step}).to_pylist()
-    seen = {r["item_id"]: r["last"] for r in last}
-    rho = outcome_correlation(cfg, allocator, workdir, run_id, step).at(0)
+    text = load_predictor(cfg, at.workdir, at.run_id, at.step - 1).predict(
+        [history_text(items[i].question, []) for i in item_ids])
+    past = bare_counts(at.workdir, at.run_id, at.step)
+    rolled = [r for r in past if r["n"]]
+    seen = [r["item_id"] for r in rolled]
+    v = root_values(text, item_ids, seen, np.asarray([r["s"] for r in rolled], np.float64),
+                    np.asarray([r["n"] for r in rolled], np.float64), strength=cfg.root_posterior,
+                    oracle=_oracle(cfg, item_ids) if cfg.root_oracle else None,
+                    seen_oracle=_oracle(cfg, seen) if cfg.root_oracle else None)
+    rho = outcome_correlation(cfg, allocator, at.workdir, at.run_id, at.step).at(0)
     return pa.table({"item_id": item_ids, "predicted_v": np.asarray(v, dtype=np.float64),
-                     "staleness": staleness(cfg, step, item_ids, seen),
+                     "staleness": staleness(cfg, at.step, item_ids,
+                                            {r["item_id"]: r["last"] for r in past}),
                      "correlation": pa.array([rho] * len(item_ids), pa.float64())})
 
 
@@ -143,9 +128,10 @@ def with_counts(scored: pa.Table, m: np.ndarray) -> pa.Table:
 
 
 @task(name="allocate-roots", cache_policy=runtime.PHASE_KEY)
-def allocate_roots(cfg: TrainConfig, allocator: Allocator, run_id: str, step: int,
-                   scored: pa.Table, pool: RootPool) -> pa.Table:
-    """m_i per candidate of ``pool`` (``root_pool(scored)``) by the step's allocator (Stage 1 for
+def allocate_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef,
+                   scored: pa.Table) -> pa.Table:
+    """m_i per candidate of ``scored`` (``score_roots``) by the step's allocator (Stage 1 for
     trace / prompt_only); ``scored`` with the column ``m``."""
-    rng = np.random.default_rng([cfg.seed, step, 2])
+    rng = phase_rng(cfg.seed, at.step, Phase.ROOTS)
+    pool = root_pool(scored)
     return with_counts(scored, allocator.allocate_roots(pool, allocator.root_leaves(cfg.budget), rng))

@@ -56,6 +56,34 @@ class Paths:
         return self.workdir / "plots" / run_id
 
 
+@dataclass(frozen=True)
+class StepRef:
+    """Which step a phase works on: the work dir holding the run, the run id, the step. Phases
+    take it instead of the three values; their cache key reads its fields as if they had been
+    passed one by one (``PhaseKey``)."""
+
+    workdir: str
+    run_id: str
+    step: int
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(Path(self.workdir))
+
+    @property
+    def policy_dir(self) -> str:
+        """Where the step's policy checkpoint goes."""
+        return str(self.paths.policy_dir(self.run_id, self.step))
+
+    @property
+    def predictor_file(self) -> str:
+        """Where the predictor fitted in this step goes."""
+        return str(self.paths.predictor_file(self.run_id, self.step))
+
+    def refs(self) -> dict[str, Any]:
+        return {"workdir": self.workdir, "run_id": self.run_id, "step": self.step}
+
+
 def _source_hash(fn: Any) -> str:
     try:
         src = inspect.getsource(fn)
@@ -80,7 +108,7 @@ def code_version() -> str:
 @dataclass
 class PhaseKey(CachePolicy):
     """Cache key = task name + config hash + task source + code version + the scalar references
-    among the inputs (run id, step, level, work dir, checkpoint paths).
+    among the inputs (run id, step, level, work dir, checkpoint paths; a ``StepRef``'s fields).
 
     Built only from those references, never from model objects or tables, so a re-run of a killed
     flow finds the finished phases of its step as cache hits, and any code or config change
@@ -100,7 +128,11 @@ class PhaseKey(CachePolicy):
     def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any],
                     flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
         cfg = inputs.get("cfg")
-        refs = sorted(f"{k}={self._ref(v)}" for k, v in inputs.items()
+        flat = {k: v for k, v in inputs.items() if not isinstance(v, StepRef)}
+        for v in inputs.values():
+            if isinstance(v, StepRef):
+                flat.update(v.refs())
+        refs = sorted(f"{k}={self._ref(v)}" for k, v in flat.items()
                       if isinstance(v, (str, int, float, bool)) and k != "cfg")
         parts = [task_ctx.task.name, cfg.config_hash if isinstance(cfg, TrainConfig) else "-",
                  _source_hash(task_ctx.task.fn), code_version(), *refs]
@@ -115,10 +147,10 @@ def store(workdir: str) -> TreeStore:
     return TreeStore(Paths(Path(workdir)).db)
 
 
-def step_trees(workdir: str, run_id: str, step: int, trees: StepTrees | None = None) -> StepTrees:
+def step_trees(at: StepRef, trees: StepTrees | None = None) -> StepTrees:
     """The step's stored trees: ``trees`` when the flow read them and handed them on, else one
     read of the store (a task called on its own)."""
-    return trees if trees is not None else StepTrees(store(workdir).read_step(run_id, step))
+    return trees if trees is not None else StepTrees(store(at.workdir).read_step(at.run_id, at.step))
 
 
 @lru_cache(maxsize=8)

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
+from tasks.runtime import StepRef
 from tasks.reports import (artifact_key, complete_steps, fmt_value, promotion_line,  # noqa: F401
                            run_summary, step_markdown, summary_markdown)
 from tasks.reports import slug as _slug  # re-exported under its old name
@@ -25,12 +27,15 @@ from trace_rl.view.page import step_page
 
 
 @task(name="tree-metrics", cache_policy=runtime.PHASE_KEY)
-def tree_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
+def tree_metrics(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
     """Contrast and cost figures of a finished step, read with the same SQL users run, on one
-    read-only snapshot (one connection instead of one per figure)."""
-    with runtime.store(workdir).snapshot() as con:
-        return _tree_metrics(lambda sql: con.sql(sql, params={"r": run_id, "s": step})
-                             .to_arrow_table().to_pylist()[0])
+    read-only snapshot (one connection instead of one per figure), and how well its allocation
+    inputs predicted its outcomes (``prediction_metrics``). ``trees``: the step's trees as the
+    flow read them (else read here)."""
+    with runtime.store(at.workdir).snapshot() as con:
+        figures = _tree_metrics(lambda sql: con.sql(sql, params={"r": at.run_id, "s": at.step})
+                                .to_arrow_table().to_pylist()[0])
+    return {**figures, **prediction_metrics(at, trees)}
 
 
 def _tree_metrics(one: Any) -> dict[str, float]:
@@ -60,18 +65,17 @@ def _tree_metrics(one: Any) -> dict[str, float]:
     return out
 
 
-@task(name="prediction-metrics", cache_policy=runtime.PHASE_KEY)
-def prediction_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]:
+def prediction_metrics(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
     """How well the step's allocation inputs predicted its outcomes (``trace_core.calibration.
     batch_pairs``, ``batch_terms``): Stage 1's root predictions against the bare rollouts'
     rewards, Stage 2's prefix predictions against the reward of the bare rollout each prefix lies
     on (AUC where both outcomes occur, Brier), and the continuations' flip rate: predicted (a
     continuation of a prefix whose bare rollout ended in r flips with probability 1 - q, q the
     predicted chance of r, as independent draws) against realised. Read from the store."""
-    store = runtime.store(workdir)
-    scores = store.query("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND "
-                         "step = $s AND level = 1", {"r": run_id, "s": step})
-    trees = StepTrees(store.read_step(run_id, step))
+    scores = runtime.store(at.workdir).query(
+        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step = $s AND "
+        "level = 1", {"r": at.run_id, "s": at.step})
+    trees = runtime.step_trees(at, trees)
     predicted = trees.allocation_scores(scores)
     pairs = calibration.batch_pairs(trees.batch, predicted)
     flips = [t for t in calibration.batch_terms(trees.batch, predicted) if t.depth >= 1]
@@ -86,6 +90,19 @@ def prediction_metrics(workdir: str, run_id: str, step: int) -> dict[str, float]
         out["predictor/flip_predicted"] = sum(t.expected for t in flips) / units
         out["predictor/flip_realised"] = sum(t.observed for t in flips) / units
     return out
+
+
+def allocation_metrics(roots: pa.Table, prefixes: pa.Table, waves: int) -> dict[str, float]:
+    """``alloc/`` metrics of a step from its allocations (``roots`` with ``m`` of the joint
+    split's fresh prompts, ``prefixes`` with ``k``): the outcome correlations they used, prefixes
+    continued, level-0 waves after the first (refills and fresh prompts) and fresh leaves."""
+    depth = prefixes.column("depth").to_numpy()
+    rho_prefix = prefixes.column("correlation").to_numpy()[depth >= 1]
+    return {"alloc/rho_root": float(roots.column("correlation")[0].as_py() if len(roots) else 0.0),
+            "alloc/rho_prefix": float(np.mean(rho_prefix)) if rho_prefix.size else 0.0,
+            "alloc/prefixes_expanded": float(np.count_nonzero(prefixes.column("k").to_numpy())),
+            "alloc/refill_waves": float(waves - 1),
+            "alloc/fresh_leaves": float(np.sum(roots.column("m").to_numpy()))}
 
 
 def mlflow_run_name(cfg: Any) -> str:
@@ -137,21 +154,21 @@ _QUEUED: set[Path] = set()
 
 
 @task(name="log-step")
-def log_step(workdir: str, mlflow_run_id: str, run_id: str, step: int,
-             metrics: Mapping[str, float], policy_dir: str, predictor_file: str,
-             plot: bool, register_policy: bool = True) -> None:
+def log_step(at: StepRef, mlflow_run_id: str, metrics: Mapping[str, float], plot: bool,
+             register_policy: bool = True) -> None:
     """Hand one step's MLflow logging (``log_step_now``) to the work dir's logging thread
     (``trace_rl.storage.background``) and return, so the next step does not wait for it. Never
     lost: the job is first written to the work dir's journal (``PENDING``) and removed from it
     once it has run; a journal entry a killed or failed process left is run before the next
     step's logging and before the run's summary (``replay_pending``). The run's ``Tracker.end``
     (finished or failed) waits for the thread, and a job's error fails the run."""
-    job = {"workdir": workdir, "mlflow_run_id": mlflow_run_id, "run_id": run_id, "step": step,
-           "metrics": {k: float(v) for k, v in metrics.items()}, "policy_dir": policy_dir,
-           "predictor_file": predictor_file, "plot": bool(plot),
+    workdir, run_id = at.workdir, at.run_id
+    job = {"workdir": workdir, "mlflow_run_id": mlflow_run_id, "run_id": run_id, "step": at.step,
+           "metrics": {k: float(v) for k, v in metrics.items()}, "policy_dir": at.policy_dir,
+           "predictor_file": at.predictor_file, "plot": bool(plot),
            "register_policy": bool(register_policy)}
     replay_pending(workdir, run_id)
-    entry = Path(workdir) / PENDING / f"{_slug(run_id)}-step-{step:06d}.json"
+    entry = Path(workdir) / PENDING / f"{_slug(run_id)}-step-{at.step:06d}.json"
     entry.parent.mkdir(exist_ok=True)
     tmp = entry.with_suffix(".tmp")
     tmp.write_text(json.dumps(job))
@@ -268,17 +285,20 @@ TASK_RUN_FIELDS = ("step", "level", "wave")
 
 
 def named(task: Any) -> Any:
-    """The task with task-run names from its step, level and wave parameters (e.g.
-    ``expand-roots step 3 level 0 wave 1``) instead of Prefect's ``expand-roots-718``."""
+    """The task with task-run names from its step (or its ``StepRef``'s), level and wave
+    parameters (e.g. ``expand-roots step 3 wave 1``) instead of Prefect's ``expand-roots-718``."""
     import inspect
 
-    fields = [f for f in TASK_RUN_FIELDS if f in inspect.signature(task.fn).parameters]
+    params = inspect.signature(task.fn).parameters
+    fields = [f for f in TASK_RUN_FIELDS if f in params or f == "step" and "at" in params]
     if not fields:
         return task
 
     def task_run_name(parameters: dict[str, Any]) -> str:
-        return " ".join([task.name] + [f"{f} {parameters[f]}" for f in fields
-                                       if parameters.get(f) is not None])
+        at = parameters.get("at")
+        given = {**({"step": at.step} if isinstance(at, StepRef) else {}), **parameters}
+        return " ".join([task.name] + [f"{f} {given[f]}" for f in fields
+                                       if given.get(f) is not None])
 
     return task.with_options(task_run_name=task_run_name)
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from tasks import expand, runtime
+from tasks.runtime import StepRef
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import StepTrees
 
@@ -28,8 +29,8 @@ def level0(cfg, tmp_path_factory):
     """Step 0's bare rollouts: candidates 0 and 2 get 2 and 3 rollouts, candidate 1 none."""
     items = sorted(runtime.items_for(cfg, cfg.train_split))[:3]
     allocation = pa.table({"item_id": items, "m": [2, 0, 3], "predicted_v": [0.5, 0.1, 0.9]})
-    out = expand.expand_roots.fn(cfg, RUN, 0, 0, cfg.policy, allocation)
     workdir = str(tmp_path_factory.mktemp("expand"))
+    out = expand.roots_level(cfg, StepRef(workdir, RUN, 0), cfg.policy, allocation)
     runtime.store(workdir).init_run(RUN, {})
     return workdir, items, out
 
@@ -58,9 +59,9 @@ def test_bare_rollouts_grow_one_tree_of_m_leaves_per_candidate(cfg, level0):
 
 
 def test_a_refill_wave_numbers_its_trees_after_the_pool(cfg, level0):
-    _, items, _ = level0
+    workdir, items, _ = level0
     allocation = pa.table({"item_id": items[:2], "m": [0, 2], "predicted_v": [0.5, None]})
-    out = expand.expand_roots.fn(cfg, RUN, 0, 0, cfg.policy, allocation, wave=1)
+    out = expand.roots_level(cfg, StepRef(workdir, RUN, 0), cfg.policy, allocation, wave=1)
     assert set(out["nodes"].column("tree_id").to_pylist()) == {cfg.pool_size + 1}
     assert out["allocations"].column("tree_id").to_pylist() == [cfg.pool_size + 1]
     assert out["ledger"]["method"] == "trace:refill1" and out["ledger"]["trajectories"] == 2
@@ -68,8 +69,8 @@ def test_a_refill_wave_numbers_its_trees_after_the_pool(cfg, level0):
 
 def test_persist_then_continue_from_stored_prefixes(cfg, level0):
     workdir, _, out = level0
-    assert expand.persist_level.fn(workdir, RUN, 0, 0, out) == out["nodes"].num_rows
-    assert expand.persist_level.fn(workdir, RUN, 0, 0, out) == 0  # a retry adds nothing
+    assert expand.persist(StepRef(workdir, RUN, 0), 0, out) == out["nodes"].num_rows
+    assert expand.persist(StepRef(workdir, RUN, 0), 0, out) == 0  # a retry adds nothing
     store = runtime.store(workdir)
     stored = store.query("SELECT node_id, k FROM allocations WHERE run_id = $r ORDER BY node_id",
                          {"r": RUN}).to_pylist()
@@ -83,13 +84,13 @@ def test_persist_then_continue_from_stored_prefixes(cfg, level0):
                        "depth": [p[2] for p in picks], "item_id": [trees.column("item_id")[
                            trees.offsets[0 if p[0] == 0 else 1]] for p in picks],
                        "predicted_v": [0.4] * len(picks), "k": [p[3] for p in picks]})
-    level1 = expand.expand_prefixes.fn(cfg, workdir, RUN, 0, 1, cfg.policy, chosen)
+    level1 = expand.prefixes_level(cfg, StepRef(workdir, RUN, 0), cfg.policy, chosen)
     new = level1["nodes"]
     size = len(trees.rows(1))
     assert set(new.column("tree_id").to_pylist()) == {2}
     assert new.column("local_index").to_pylist() == list(range(size, size + new.num_rows))
     assert level1["ledger"]["trajectories"] == sum(p[3] for p in picks)
-    expand.persist_level.fn(workdir, RUN, 0, 1, level1)
+    expand.persist(StepRef(workdir, RUN, 0), 1, level1)
     grown = StepTrees(store.read_step(RUN, 0))
     tree = grown.batch.select([1])
     below = np.zeros(len(tree.parent), dtype=np.int64)  # new leaves under each chosen node
@@ -104,5 +105,5 @@ def test_persist_then_continue_from_stored_prefixes(cfg, level0):
     assert below[0] == sum(p[3] for p in picks) and (len(picks) == 2 or below[1] == 1)
     assert len(grown.rows(0)) == len(trees.rows(0))  # K = 0: tree 0 is untouched
     with pytest.raises(ValueError, match=r"no stored tree has id \[3\]"):
-        expand.expand_prefixes.fn(cfg, workdir, RUN, 0, 1, cfg.policy,
-                                  chosen.set_column(0, "tree_id", pa.array([3] * len(picks))))
+        expand.prefixes_level(cfg, StepRef(workdir, RUN, 0), cfg.policy,
+                              chosen.set_column(0, "tree_id", pa.array([3] * len(picks))))

@@ -106,10 +106,10 @@ def test_original_error_wins_over_a_failing_handler(tiny_model_dir, tmp_path, mo
 
     real_step, real_set_run = train_mod.run_step, TreeStore.set_run
 
-    def step_fails(cfg, workdir, run_id, step, *args):
-        if step == 1:
+    def step_fails(cfg, at, *args):
+        if at.step == 1:
             raise OSError(errno.ENOSPC, "No space left on device", "checkpoints/policy-step0001")
-        return real_step(cfg, workdir, run_id, step, *args)
+        return real_step(cfg, at, *args)
 
     def set_run_fails(self, run_id, **kwargs):
         if kwargs.get("status") == "failed":

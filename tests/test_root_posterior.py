@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from tasks import roots, runtime, track
-from tasks.runtime import Paths
+from tasks.runtime import Paths, StepRef
 from test_prefix_stage import node
 from trace_rl.config import config_from_mapping
 from trace_rl.storage import TreeStore
@@ -61,7 +61,7 @@ def test_prompt_posterior_counts_the_bare_rollouts_of_earlier_steps(workdir):
 
 
 def test_prediction_metrics_of_a_stored_step(workdir):
-    m = track.prediction_metrics.fn(workdir, RUN, 0)
+    m = track.prediction_metrics(StepRef(workdir, RUN, 0))
     # roots, one pair per bare rollout: (0.7, 1), (0.7, 0), (0.2, 0) x 2, (0.4, 0) x 2
     assert m["predictor/root_auc"] == pytest.approx(4.5 / 5)
     assert m["predictor/root_brier"] == pytest.approx((0.09 + 0.49 + 2 * 0.04 + 2 * 0.16) / 6)
@@ -112,10 +112,10 @@ def test_chain_flow_scores_roots_by_the_posterior_and_logs_prediction_metrics(ti
     assert sorted(h.step for h in history) == [0, 1]
     # what was logged is what the stored step says
     for step in (0, 1):
-        expect = track.prediction_metrics.fn(workdir, run_id, step)
+        expect = track.prediction_metrics(StepRef(workdir, run_id, step))
         got = {h.step: h.value for h in history}[step]
         assert got == pytest.approx(expect["predictor/root_brier"])
-    assert set(track.prediction_metrics.fn(workdir, run_id, 1)) <= set(logged)
+    assert set(track.prediction_metrics(StepRef(workdir, run_id, 1))) <= set(logged)
     # studies.roots reads the same run: the stored ranker's AUC is the logged one, and the
     # posterior ranker over the text predictor (strength 4) is what Stage 1 used
     from studies.roots import root_aucs
@@ -124,7 +124,7 @@ def test_chain_flow_scores_roots_by_the_posterior_and_logs_prediction_metrics(ti
     assert [r["step"] for r in rows] == [0, 1] and [r["rollouts"] for r in rows] == [8, 8]
     assert rows[1]["recurring"] == 4
     for r in rows:
-        expect = track.prediction_metrics.fn(workdir, run_id, r["step"]).get("predictor/root_auc")
+        expect = track.prediction_metrics(StepRef(workdir, run_id, r["step"])).get("predictor/root_auc")
         assert (np.isnan(r["stored"]) and expect is None) or r["stored"] == pytest.approx(expect)
         assert (np.isnan(r["stored"]) and np.isnan(r["posterior 4"])) or \
             r["posterior 4"] == pytest.approx(r["stored"])

@@ -10,6 +10,7 @@ import pytest
 
 from trace_rl.config import TrainConfig
 from tasks import learn, runtime, track
+from tasks.runtime import StepRef
 from trace_core.stats import paired_gain
 from trace_rl.rollout.treeio import LevelBatch
 from trace_rl.rollout.types import Action, Episode, Turn
@@ -45,12 +46,12 @@ def workdir(tmp_path):
     store.write_level(RUN, 0, 0, batch.table(), ledger=dict(
         method="trace", trajectories=4, prompt_tokens=8, generated_tokens=30, tool_calls=3,
         wall_seconds=1.5))
-    learn.backup.fn(str(tmp_path), RUN, 0)
+    learn.backup.fn(StepRef(str(tmp_path), RUN, 0))
     return str(tmp_path)
 
 
 def test_tree_metrics_of_a_hand_worked_step(workdir):
-    m = track.tree_metrics.fn(workdir, RUN, 0)
+    m = track.tree_metrics.fn(StepRef(workdir, RUN, 0))
     assert m["rollout/leaves"] == 4 and m["alloc/active_roots"] == 2
     assert m["rollout/reward_mean"] == pytest.approx(0.25)
     assert m["rollout/depth_mean"] == pytest.approx((2 + 2 + 2 + 1) / 4)

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from tasks import track
+from tasks.runtime import StepRef
 from trace_rl.storage import background
 
 
@@ -57,8 +58,8 @@ def test_a_failed_job_fails_the_next_drain_or_submit_once(tmp_path):
     assert ran == [3]
 
 
-ARGS = dict(mlflow_run_id="m1", run_id="run-a", metrics={"rollout/reward_mean": 0.5},
-            policy_dir="p", predictor_file="q", plot=False, register_policy=True)
+ARGS = dict(mlflow_run_id="m1", metrics={"rollout/reward_mean": 0.5}, plot=False,
+            register_policy=True)
 
 
 def test_log_step_journals_each_job_until_it_has_run(tmp_path, monkeypatch):
@@ -77,7 +78,7 @@ def test_log_step_journals_each_job_until_it_has_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(track, "log_step_now", fake)
     workdir = str(tmp_path)
-    track.log_step.fn(workdir, step=0, **ARGS)
+    track.log_step.fn(StepRef(workdir, "run-a", 0), **ARGS)
     journal = tmp_path / track.PENDING
     assert [p.name for p in journal.iterdir()] == ["run-a-step-000000.json"]
     assert calls == []  # handed over, not run
@@ -86,11 +87,11 @@ def test_log_step_journals_each_job_until_it_has_run(tmp_path, monkeypatch):
     assert [c["step"] for c in calls] == [0] and not list(journal.iterdir())
     assert calls[0]["metrics"] == {"rollout/reward_mean": 0.5} and calls[0]["workdir"] == workdir
 
-    track.log_step.fn(workdir, step=1, **ARGS)
+    track.log_step.fn(StepRef(workdir, "run-a", 1), **ARGS)
     with pytest.raises(OSError, match="unreachable"):
         background.drain(workdir)
     assert [p.name for p in journal.iterdir()] == ["run-a-step-000001.json"]
-    track.log_step.fn(workdir, step=2, **ARGS)  # step 1's job is replayed first, in this thread
+    track.log_step.fn(StepRef(workdir, "run-a", 2), **ARGS)  # step 1's job is replayed first, in this thread
     background.drain(workdir)
     assert [c["step"] for c in calls] == [0, 1, 1, 2] and not list(journal.iterdir())
 
@@ -102,7 +103,8 @@ def test_a_journal_entry_a_killed_process_left_is_run_once(tmp_path, monkeypatch
     journal.mkdir()
     for step in (4, 3):
         (journal / f"run-a-step-{step:06d}.json").write_text(
-            json.dumps({"workdir": str(tmp_path), "step": step, **ARGS}))
+            json.dumps({"workdir": str(tmp_path), "run_id": "run-a", "step": step,
+                        "policy_dir": "p", "predictor_file": "q", **ARGS}))
     (journal / "run-b-step-000001.json").write_text("{}")  # another run's: not this one's
     assert track.replay_pending(str(tmp_path), "run-a") == [3, 4]
     assert calls == [3, 4] and [p.name for p in journal.iterdir()] == ["run-b-step-000001.json"]
