@@ -124,7 +124,9 @@ def test_a_model_that_packs_wrong_is_run_padded(tiny_model_dir, monkeypatch):
     """Where the packed row does not reproduce the padded batch (here: every row position may
     see every other), the trainer warns once, packs no more, and updates as the padded one."""
     import trace_rl.policy.logprobs as logprobs
+    from trace_rl.policy import packing
 
+    monkeypatch.setattr(packing, "VERDICTS", {})  # this process has not checked the shape yet
     monkeypatch.setattr(logprobs, "model_mask",
                         lambda model, p: torch.ones_like(p.mask))
     samples = _tree(PolicyTrainer(tiny_model_dir, _settings()).tokenizer)
@@ -133,6 +135,32 @@ def test_a_model_that_packs_wrong_is_run_padded(tiny_model_dir, monkeypatch):
     assert not broken.pack
     _, _, qw = _update(tiny_model_dir, samples, pack=False)
     assert torch.equal(bw, qw)
+    again, _, aw = _update(tiny_model_dir, samples)  # the process's verdict: no check, no warning
+    assert not again.pack and torch.equal(aw, qw)
+
+
+def test_the_packing_check_runs_once_per_process_and_shape(tiny_model_dir, monkeypatch):
+    """A second trainer of the same model shape (the next step's, a benchmark's) reuses the
+    first one's check instead of running the padded micro-batch again."""
+    from trace_rl.policy import packing
+
+    monkeypatch.setattr(packing, "VERDICTS", {})
+    calls = []
+    real = packing.packing_agrees
+
+    def counted(model, gap, tol=1e-4):
+        agrees, measured = real(model, gap, tol)
+        calls.append(measured)
+        return agrees, measured
+
+    import trace_rl.policy.update as update
+
+    monkeypatch.setattr(update, "packing_agrees", counted)
+    samples = _tree(PolicyTrainer(tiny_model_dir, _settings()).tokenizer)
+    first, _, w1 = _update(tiny_model_dir, samples)
+    second, _, w2 = _update(tiny_model_dir, samples)
+    assert first.pack and second.pack and torch.equal(w1, w2)
+    assert len(calls) == 2 and calls[0] is not None and calls[0] <= 1e-4 and calls[1] is None
 
 
 def test_pack_is_an_update_setting_not_a_run_parameter():

@@ -100,3 +100,31 @@ def model_mask(model: Any, packed: Packed) -> torch.Tensor:
         return torch.zeros(packed.mask.shape, dtype=dtype).masked_fill(
             ~packed.mask, torch.finfo(dtype).min)
     return packed.mask
+
+
+VERDICTS: dict[str, bool] = {}
+"""Per model shape (``shape_key``): whether a packed micro-batch gave the padded batch's
+log-probs when this process first checked (``packing_agrees``). Whether it does depends on the
+architecture and its attention code, not on the weights, so every trainer of a process (one per
+step in a benchmark, one per resumed run) shares the one check."""
+
+
+def shape_key(model: Any) -> str:
+    """What decides whether packing reproduces the padded batch: the model's class, dtype and
+    configuration (without the directory it was loaded from)."""
+    import json
+
+    config = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}
+    return f"{type(model).__name__}:{model.dtype}:{json.dumps(config, sort_keys=True, default=str)}"
+
+
+def packing_agrees(model: Any, gap: Any, tol: float = 1e-4) -> tuple[bool, float | None]:
+    """(whether ``model``'s shape packs right, the gap measured now or None when an earlier
+    check of this process decided): ``gap()`` gives the largest |packed - padded| log-prob of a
+    micro-batch and runs once per process and shape (``VERDICTS``)."""
+    key = shape_key(model)
+    if key in VERDICTS:
+        return VERDICTS[key], None
+    measured = float(gap())
+    VERDICTS[key] = measured <= tol
+    return VERDICTS[key], measured

@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trace_core.loss import engine_mismatch, policy_loss, tis_weights
 from trace_rl.policy.freeze import freeze_lower_layers
 from trace_rl.policy.logprobs import TOP_K, position_kl, token_logprobs, with_top  # noqa: F401 (re-exported)
-from trace_rl.policy.packing import Packed, pack, worth_packing
+from trace_rl.policy.packing import Packed, pack, packing_agrees, worth_packing
 from trace_rl.policy.trunk import FrozenTrunk
 
 OPTIMIZER_STATE = "optimizer.pt"
@@ -347,8 +347,9 @@ class PolicyTrainer:
 
     def _packing(self, part: Sequence[PathSample], b: dict[str, Any]) -> Packed | None:
         """The micro-batch ``part`` (padded as ``b``) packed, or None: packing off, or the
-        padded batch computes less. On the first micro-batch it packs, the packed log-probs are
-        compared with the padded batch's; where they differ, packing is turned off."""
+        padded batch computes less. On the first micro-batch this process packs for the model's
+        shape, the packed log-probs are compared with the padded batch's; where they differ,
+        packing is turned off (``packing_agrees``)."""
         if not self.pack:
             return None
         packed = pack([x.token_ids for x in part])
@@ -357,13 +358,17 @@ class PolicyTrainer:
             return None
         if not self._pack_checked:
             self._pack_checked = True
-            padded = token_logprobs(self.model, b["ids"], b["attn"])
-            gap = float(((token_logprobs(self.model, b["ids"], b["attn"], packed=packed) - padded)
-                         .abs() * b["attn"]).max())
-            if gap > 1e-4:
-                warnings.warn(f"pack: {type(self.model).__name__} on the packed micro-batch gives "
-                              f"log-probs {gap:.2g} away from the padded batch's; running padded "
-                              "micro-batches instead", stacklevel=3)
+            def measure() -> float:
+                padded = token_logprobs(self.model, b["ids"], b["attn"])
+                return float(((token_logprobs(self.model, b["ids"], b["attn"], packed=packed)
+                               - padded).abs() * b["attn"]).max())
+
+            agrees, gap = packing_agrees(self.model, measure)
+            if not agrees:
+                if gap is not None:
+                    warnings.warn(f"pack: {type(self.model).__name__} on the packed micro-batch "
+                                  f"gives log-probs {gap:.2g} away from the padded batch's; "
+                                  "running padded micro-batches instead", stacklevel=3)
                 self.pack = False
                 return None
         return packed
