@@ -28,6 +28,12 @@ not counted in step 0's overhead. Two cases:
 
     python -m bench.overhead --out bench_runs/overhead.json            # both cases
     python -m bench.overhead --case default --steps 4
+    python -m bench.overhead --case default --ref main   # the same case on main's code first
+
+``--ref REV`` compares code versions in one invocation: each case runs first on the code of git
+revision REV (checked out in a temporary worktree, run as its own ``python -m bench.overhead``
+process with a Prefect home of its own), then on this checkout's, and a last line puts the two
+overhead shares side by side.
     PREFECT_API_URL=http://127.0.0.1:PORT/api python -m bench.overhead --inspect WORKDIR/4096
 """
 
@@ -188,7 +194,8 @@ def run_case(name: str, steps: int, root: Path, optimiser_repeats: int = 0) -> d
 def report(result: dict[str, Any]) -> str:
     """The case as text: per step, then the overhead's phases of the last step."""
     lines = [f"case {result['case']} ({json.dumps(result['overrides'], sort_keys=True)}), "
-             f"run {result['run_s']:.1f} s"]
+             f"run {result['run_s']:.1f} s" + (f", code {result['code']}" if "code" in result
+                                                else "")]
     lines.append("  step  leaves   wall s  engine start s  generation s  optimiser s  overhead s"
                  "  share")
     for r in result["steps"]:
@@ -211,6 +218,31 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_ref(ref: str, name: str, steps: int, optimiser_repeats: int, root: Path
+            ) -> dict[str, Any]:
+    """``run_case`` on the code of git revision ``ref``: a worktree of it under ``root``, its own
+    ``python -m bench.overhead`` process (a new Prefect home); its figures, with the commit."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    tree = root / f"ref-{name}"
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), ref],
+                   check=True, capture_output=True)
+    try:
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                                check=True, capture_output=True, text=True).stdout.strip()
+        out = root / f"ref-{name}.json"
+        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+        subprocess.run([sys.executable, "-m", "bench.overhead", "--case", name, "--steps",
+                        str(steps), "--optimiser-repeats", str(optimiser_repeats), "--out",
+                        str(out)], cwd=tree, env={**env, "PYTHONPATH": str(tree)}, check=True)
+        result = json.loads(out.read_text())[0]
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)
+    return {**result, "code": f"{ref} ({commit})"}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--case", choices=sorted(CASES), action="append",
@@ -224,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
                                              "temporary one, removed at the end)")
     p.add_argument("--inspect", type=Path, help="only print the figures so far of the run in "
                                                 "this work dir (with PREFECT_API_URL its server)")
+    p.add_argument("--ref", help="also run each case on the code of this git revision, first "
+                                 "(before/after in one invocation)")
     args = p.parse_args(argv)
     if args.inspect:
         print(json.dumps(inspect(args.inspect), indent=1, default=str))
@@ -231,9 +265,18 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         for name in args.case or ["default", "4096"]:
-            results.append(run_case(name, args.steps, args.keep or Path(tmp),
-                                    args.optimiser_repeats))
+            if args.ref:
+                results.append(run_ref(args.ref, name, args.steps, args.optimiser_repeats,
+                                       args.keep or Path(tmp)))
+                print(report(results[-1]), flush=True)
+            results.append({**run_case(name, args.steps, args.keep or Path(tmp),
+                                       args.optimiser_repeats), "code": "this checkout"})
             print(report(results[-1]), flush=True)
+            if args.ref:
+                before, after = results[-2], results[-1]
+                print(f"case {name}: overhead share {100 * before['overhead_share']:.1f}% "
+                      f"({before['code']}) -> {100 * after['overhead_share']:.1f}% "
+                      f"({after['code']})", flush=True)
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(results, indent=1, default=str))
