@@ -47,11 +47,11 @@ class Run:
         self._lock = train_lock(self.workdir, self.run_id, wait=wait)
         self._wanted = config
         self.running: int | None = None  # the step marked running, if any
-        # A phase silent for 15 s gets a line while it runs: the README promises one every 30 s.
-        self.watch = Progress("train", 0, every_s=15, quiet=True)
 
     def __enter__(self) -> "Run":
         self._lock.__enter__()
+        # A phase silent for 15 s gets a line while it runs: the README promises one every 30 s.
+        self.watch = Progress("train", 0, every_s=15, quiet=True)
         try:
             self.logger = get_run_logger()
             runtime.configure_threads()

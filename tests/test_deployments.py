@@ -257,7 +257,7 @@ def _flow_run_processes_end(worker: subprocess.Popen, within: float = 60.0) -> l
 
 def _check_names_and_artifacts(run, run_id: str) -> None:
     """Read back from the server: the flow run is named by its run id and
-    step range, its task runs by phase, step, level and wave, and it left a Markdown artifact
+    step range, its task runs by phase, step and wave, and it left a Markdown artifact
     per step, a table of the root allocation and the run's summary."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -269,8 +269,7 @@ def _check_names_and_artifacts(run, run_id: str) -> None:
         tasks = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[run.id])))}
         artifacts = {a.key: a for a in client.read_artifacts() if a.flow_run_id == run.id and a.key}
-    for name in ("sample-roots step 0", "expand-roots step 0 level 0 wave 0",
-                 "expand-prefixes step 0 level 1", "persist-level step 0 level 1 wave 0",
+    for name in ("sample-roots step 0", "expand-roots step 0 wave 0", "expand-prefixes step 0",
                  "policy-update step 0", "log-step step 0"):
         assert any(t.startswith(name) for t in tasks), (name, sorted(tasks))
     slug = _slug(run_id)
