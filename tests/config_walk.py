@@ -31,9 +31,9 @@ from typing import Any, Callable
 @lru_cache(maxsize=1)
 def _root() -> Path:
     """The checkout whose packages are imported (``PYTHONPATH``), not necessarily this file's."""
-    import flows
+    import importlib
 
-    return Path(flows.__file__).resolve().parents[1]
+    return Path(importlib.import_module("flows").__file__).resolve().parents[1]
 PACKAGES = ("flows", "tasks", "trace_core", "trace_rl")
 
 

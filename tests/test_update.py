@@ -284,15 +284,19 @@ def _trunk_runs(reuse_trunk, model_dir, samples_of=None):
 
 
 def test_reusing_the_frozen_trunk_gives_the_whole_models_update_with_fewer_layers_run(
-        tiny_model_dir):
+        tiny_model_dir, monkeypatch):
     """``reuse_trunk``: the frozen layer runs once per micro-batch (the old log-probs), not in
     every epoch's forward and guard pass, and the update lands on the same weights and
     statistics as computing the whole model each time."""
+    from trace_rl.policy import packing
+
+    monkeypatch.setattr(packing, "VERDICTS", {})  # each run checks packing, as a new process
     reuse, rs, reuse_calls = _trunk_runs(True, tiny_model_dir)
+    monkeypatch.setattr(packing, "VERDICTS", {})
     whole, ws, whole_calls = _trunk_runs(False, tiny_model_dir)
     assert reuse.trunk is not None and whole.trunk is None
     assert rs["updates"] == ws["updates"] == 4.0  # 2 epochs x 2 mini-batches
-    # the trainer's one check of packing (a padded and a packed forward of its first
+    # the process's one check of packing (a padded and a packed forward of the first
     # micro-batch), then the two micro-batches' old log-probs
     assert reuse_calls == 2 + 2
     assert whole_calls == 2 + 2 + 2 * 2 + 2 * 2  # ... and each epoch's forward and guard pass
