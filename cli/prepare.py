@@ -4,7 +4,6 @@ with progress notes."""
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -13,13 +12,9 @@ import typer
 
 from cli.output import console
 
+from trace_rl.environ import resolve_workdir  # noqa: F401 (re-exported for the commands)
+
 WORKDIR_HELP = "Work dir holding trace.duckdb, the MLflow store and checkpoints."
-DEFAULT_WORKDIR = "trace_runs"
-
-
-def resolve_workdir(workdir: Optional[str]) -> str:
-    """``--workdir``, else $TRACE_WORKDIR, else ./trace_runs, as an absolute path."""
-    return str(Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve())
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.common import announced, resolve_workdir, run_config
+from flows.common import announced, prepare_workdir, run_config
 from flows.train import train
 from trace_rl.config import TrainConfig, config_from_mapping
 from trace_rl.storage.tracking import Tracker
@@ -85,7 +85,7 @@ def retrain_latest(config: TrainConfig = TrainConfig(), workdir: str | None = No
     if cfg.run_id:
         raise ValueError(f"retrain_latest: config sets run_id={cfg.run_id!r}, which would pin every "
                          f"firing to one run; leave run_id empty so each checkpoint starts a new run")
-    workdir = resolve_workdir(workdir)
+    workdir = prepare_workdir(workdir)
     found = champion_checkpoint(workdir)
     start = found[0] if found else cfg.policy
     said = (f"registry champion {Tracker(workdir).model_name('policy')} v{found[1]} ({found[0]})"

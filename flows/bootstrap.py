@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import NAMES_ITS_TASK_RUN, RELEASES_ENGINES, resolve_workdir
+from flows.common import NAMES_ITS_TASK_RUN, RELEASES_ENGINES, prepare_workdir
 from trace_rl.config import TrainConfig, options_model
 from trace_rl.environ import cache_dir
 from trace_rl.policy.bootstrap import BootstrapConfig, bootstrap_policy
@@ -49,7 +49,7 @@ def bootstrap(family: str = _DEFAULT.family, difficulty: int = _DEFAULT.difficul
     options = {k: v for k, v in (options or {}).items() if v != own[k].default}
     if options:
         tag += "-o" + hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
-    out = Path(resolve_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"
+    out = Path(prepare_workdir(workdir)) / "policies" / f"{preset}-{family}-d{difficulty}{tag}-s{seed}"
     return str(bootstrap_policy(family, out, difficulty=difficulty, preset=preset, seed=seed,
                                 mix=tuple(mix or ()), options=tuple(sorted((options or {}).items())),
                                 cache_dir=cache_dir(), show_progress=True))

@@ -6,16 +6,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 from prefect import Task
 
 from tasks.runtime import PHASE_KEY, Paths, PhaseKey
-
-DEFAULT_WORKDIR = "trace_runs"
-"""Where ``trace`` keeps the DuckDB file, the MLflow store and checkpoints unless told otherwise."""
+from trace_rl.environ import resolve_workdir
 
 
 def _release_engines(flow: Any, flow_run: Any, state: Any) -> None:
@@ -50,8 +47,10 @@ NAMES_ITS_TASK_RUN: dict[str, Any] = {"on_running": [_name_subflow_task_run]}
 for it in the parent's Task Runs list carries the subflow run's readable name."""
 
 
-def resolve_workdir(workdir: str | None) -> str:
-    path = Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve()
+def prepare_workdir(workdir: str | None) -> str:
+    """The work dir (``trace_rl.environ.resolve_workdir``), created, its result records pointed
+    at it (``relocate_results``): what a flow does before it writes there."""
+    path = Path(resolve_workdir(workdir))
     path.mkdir(parents=True, exist_ok=True)
     relocate_results(path)
     return str(path)
@@ -180,7 +179,7 @@ def train_run_name() -> str:
     if cfg is None:
         return "train (invalid config)"
     run_id, start = cfg.resolved_run_id, 0
-    workdir = Path(params.get("workdir") or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR))
+    workdir = Path(resolve_workdir(params.get("workdir")))
     if (workdir / DB_FILENAME).exists():
         try:
             done = TreeStore(workdir, create=False).last_complete_step(run_id)

@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.common import announced, RELEASES_ENGINES, resolve_workdir, run_config
+from flows.common import announced, RELEASES_ENGINES, prepare_workdir, run_config
 from tasks import runtime
 from tasks.evaluate import rollout_eval
 from trace_rl.config import TrainConfig
@@ -73,7 +73,7 @@ def evaluate(policy_dir: str, config: TrainConfig = TrainConfig(), split: str | 
         predictions: Where the per-item predictions go (JSONL); empty means
             <workdir>/predictions/<family>-<split>.jsonl.
     """
-    workdir = resolve_workdir(workdir)
+    workdir = prepare_workdir(workdir)
     runtime.configure_threads()
     policy_dir = resolve_policy(policy_dir)  # a named policy (smollm2) or a directory
     samples = config.eval_samples if samples is None else samples

@@ -18,7 +18,7 @@ import torch
 from prefect import flow, task
 from prefect.states import Completed
 
-from flows.common import RELEASES_ENGINES, resolve_workdir
+from flows.common import RELEASES_ENGINES, prepare_workdir
 from tasks import runtime
 from trace_core.predictor import auc, brier, ece
 from trace_rl.config import config_from_mapping
@@ -106,6 +106,6 @@ def retrain_predictor(run_id: str, workdir: str | None = None, epochs: int = 3) 
         workdir: The work dir that holds the run (default trace_runs).
         epochs: Passes over the run's steps.
     """
-    result = refit(run_id, resolve_workdir(workdir), epochs)
+    result = refit(run_id, prepare_workdir(workdir), epochs)
     print(result["verdict"])
     return Completed(message=result["verdict"], data=result)

@@ -40,9 +40,9 @@ class Run:
     ``complete`` marks one complete and prunes checkpoints; ``finish`` ends the run."""
 
     def __init__(self, config: TrainConfig, workdir: str | None, wait: bool):
-        from flows.common import resolve_workdir
+        from flows.common import prepare_workdir
 
-        self.workdir = resolve_workdir(workdir)
+        self.workdir = prepare_workdir(workdir)
         self.run_id = config.resolved_run_id
         self._lock = train_lock(self.workdir, self.run_id, wait=wait)
         self._wanted = config

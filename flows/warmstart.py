@@ -10,7 +10,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import announced, RELEASES_ENGINES, resolve_workdir
+from flows.common import announced, RELEASES_ENGINES, prepare_workdir
 from trace_rl.config import FIELDS
 from trace_rl.environ import cache_dir
 from trace_rl.policy.warmstart import WarmstartConfig, read_record, warmstart_policy
@@ -41,7 +41,7 @@ def warmstart(config: dict[str, Any] | None = None, workdir: str | None = None,
             config's).
     """
     cfg = WarmstartConfig.model_validate(config or {})
-    wd = resolve_workdir(workdir)
+    wd = prepare_workdir(workdir)
     out = Path(wd) / "policies" / f"warmstart-{cfg.family}-{Path(cfg.base).name}-s{cfg.seed}"
     policy = warmstart_policy(cfg, out, cache_dir=cache_dir(), workdir=wd, engine=engine,
                               show_progress=True)

@@ -27,6 +27,9 @@ from pathlib import Path
 PREFECT_STARTUP_TIMEOUT_S = 300
 """Seconds Prefect may take to start its temporary server (Prefect's own default is 20)."""
 
+DEFAULT_WORKDIR = "trace_runs"
+"""Where ``trace`` keeps the DuckDB file, the MLflow store and checkpoints unless told otherwise."""
+
 VLLM_STEP_TIMEOUT_S = 3600
 """Seconds one vLLM model step may take before the engine is declared dead (vLLM's default 300)."""
 
@@ -50,6 +53,12 @@ DEFAULTS = {
     # warnings and errors still reach stderr through Python's default handling.
     "VLLM_CONFIGURE_LOGGING": "0",
 }
+
+
+def resolve_workdir(workdir: str | None) -> str:
+    """The work dir every command and flow uses: ``workdir``, else $TRACE_WORKDIR, else
+    ./trace_runs, as an absolute path (nothing is created: ``flows.common.prepare_workdir``)."""
+    return str(Path(workdir or os.environ.get("TRACE_WORKDIR", DEFAULT_WORKDIR)).resolve())
 
 
 def cache_dir() -> Path:
