@@ -155,7 +155,8 @@ class Allocation(Section):
     root_oracle: bool = False
     """Whether Stage 1 (trace, prompt_only) scores prompts by the family's oracle
     (``Environment.oracle_success``, scaled to the policy's success so far by
-    ``trace_core.posterior.oracle_values``) instead of the predictor, the reference for a perfect ranking."""
+    ``trace_core.posterior.oracle_values``) instead of the predictor, the reference for a
+    perfect ranking."""
 
 
 class Update(Section):
