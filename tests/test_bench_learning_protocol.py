@@ -106,7 +106,7 @@ def test_report_statistics_on_hand_made_records(tmp_path, capsys):
     gain, ctl = out["gain"], out["control"]
     assert out["best"] == "grpo"
     assert gain.mean == pytest.approx(6.0) and gain.n == 3
-    half = 1.959964 * 2.0 / np.sqrt(3)  # normal interval, sd of (4, 6, 8) = 2
+    half = 4.302653 * 2.0 / np.sqrt(3)  # Student-t (2 df) interval, sd of (4, 6, 8) = 2
     assert (gain.low, gain.high) == pytest.approx((6.0 - half, 6.0 + half))
     assert ctl.mean == pytest.approx(0.0, abs=1e-9) and ctl.low < 0 < ctl.high
     assert printed.strip().splitlines()[-1] == (

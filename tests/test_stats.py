@@ -11,9 +11,10 @@ from trace_core.stats import Interval, mean_interval, median_ratio, paired_gain,
 
 
 def test_hand_worked_interval():
-    # values 0, 1, 1, 0: mean 0.5, sd (ddof 1) = sqrt(1/3), se = sqrt(1/3)/2
+    # values 0, 1, 1, 0: mean 0.5, sd (ddof 1) = sqrt(1/3), se = sqrt(1/3)/2, t_{0.975, 3} from
+    # a printed t table (3.182)
     iv = mean_interval([0.0, 1.0, 1.0, 0.0])
-    half = 1.959963984540054 * math.sqrt(1 / 3) / 2
+    half = 3.182446305284263 * math.sqrt(1 / 3) / 2
     assert iv.mean == 0.5 and iv.n == 4
     assert iv.low == pytest.approx(0.5 - half) and iv.high == pytest.approx(0.5 + half)
     assert not iv.excludes_zero
@@ -28,7 +29,18 @@ def test_paired_gain_matches_a_naive_loop():
     sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1))
     iv = paired_gain(before, after)
     assert iv.mean == pytest.approx(m)
-    assert iv.half_width == pytest.approx(1.959963984540054 * sd / math.sqrt(len(diffs)))
+    assert iv.half_width == pytest.approx(2.009575237129235 * sd / math.sqrt(len(diffs)))
+
+
+def test_few_paired_seeds_get_students_t_not_the_normal_quantile():
+    # Three seeds' differences 1, 2, 3: mean 2, sd 1, se 1/sqrt(3); t_{0.975, 2} = 4.303 (the
+    # normal 1.960 would claim an interval less than half as wide).
+    iv = mean_interval([1.0, 2.0, 3.0])
+    assert iv.half_width == pytest.approx(4.302652729911275 / math.sqrt(3))
+    assert iv.low < 0.0 < iv.mean  # 2 +- 2.48 holds zero; the normal quantile's +- 1.13 would not
+    # With many units t approaches the normal quantile.
+    x = np.tile([0.0, 1.0], 5000)
+    assert mean_interval(x).half_width == pytest.approx(1.96 * x.std(ddof=1) / 100, rel=1e-3)
 
 
 def test_pairing_removes_item_spread():

@@ -4,22 +4,23 @@ Held-out accuracy is the mean over items of each item's success rate over its sa
 samples, are the independent units (the samples of one item share its difficulty and are
 correlated), so the interval is taken over the item means:
 
-    acc = (1/n) sum_i a_i,    95% CI = acc +- z_{0.975} * sd(a) / sqrt(n)
+    acc = (1/n) sum_i a_i,    95% CI = acc +- t_{0.975, n-1} * sd(a) / sqrt(n)
 
 The gain of a training run is paired by item: the same items (and sampling seeds) are evaluated
 before and after, and the interval is that of d_i = a_i^after - a_i^before, which removes the
-between-item spread from the comparison. The quantile is the normal one (stdlib ``NormalDist``):
-with the train flow's 200 items the Student-t interval is 0.5% wider; with fewer than 30 items it
-is too narrow by up to a few per cent, and ``n < 2`` has no interval at all.
+between-item spread from the comparison. The quantile is Student's t with n - 1 degrees of
+freedom (``scipy.stats.t``), so the same function serves 200 held-out items (t = 1.972, 0.6%
+wider than the normal 1.960) and a handful of paired seeds, where the normal quantile would be
+far too narrow (n = 3: t = 4.303; n = 10: 2.262); ``n < 2`` has no interval at all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
+from scipy.stats import t as student_t
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:
         raise ValueError("mean_interval: values must be finite")
     if not 0.0 < level < 1.0:
         raise ValueError(f"mean_interval: level={level} must lie in (0, 1)")
-    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    q = float(student_t.ppf(0.5 + level / 2.0, x.size - 1))
     mean = float(x.mean())
-    half = z * float(x.std(ddof=1)) / np.sqrt(x.size)
+    half = q * float(x.std(ddof=1)) / np.sqrt(x.size)
     return Interval(mean=mean, low=mean - half, high=mean + half, n=int(x.size), level=level)
 
 
