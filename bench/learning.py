@@ -40,13 +40,10 @@ from typing import Any, Sequence
 
 from bench import RECORDS
 from bench.learning_protocol import REGIMES
-from bench.learning_report import (accuracy_at_tokens, area_under_curve,  # noqa: F401 (re-exported)
-                                   paired_tests, plot, print_table, print_tests, report, summarise,
-                                   token_budget)
-from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval,  # noqa: F401 (re-exported)
-                                 eval_run_id, hard_setting, load_run, parse_seeds, recorded_runs,
-                                 run_one, run_parallel, run_record, save_run, signature,
-                                 tokens_at_evals)
+from bench.learning_report import report
+from bench.learning_runs import (METHODS, VARIANTS, _eval, check_signatures, eval_plan, eval_run_id,
+                                 hard_setting, load_run, parse_seeds, recorded_runs, run_one,
+                                 run_parallel, save_run, signature)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -69,11 +66,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds or "3", args.seed_start)
     policy, base, skip = _policy_and_base(args, workdir)
-    eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
-    ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
-              eval_temperature=args.eval_temperature)
+    eval_steps, ev = eval_plan(args, skip)
     sig = signature(base, eval_steps, ev, policy)
-    _check_signatures(records, sig)
+    check_signatures(records, sig)
     start = _start_accuracy(base, policy, records, sig, args.eval_items, skip, args.eval_samples,
                             args.eval_temperature)
     # The hard split's start first, so that a family without one fails before any run.
@@ -104,34 +99,28 @@ def records_of(args: argparse.Namespace) -> Path:
     return Path(args.workdir) if args.quick else RECORDS / f"learning_{args.family}"
 
 
-def _check_signatures(records: Path, sig: str) -> None:
-    """Refuse a records folder that holds runs of other settings: a run of these would overwrite
-    theirs (one file per method and seed)."""
-    other = {d["signature"] for p in sorted((records / "runs").glob("*.json"))
-             if (d := json.loads(p.read_text())).get("signature") != sig}
-    if other:
-        raise SystemExit(f"{records}: records of other settings ({sorted(other)[:3]}); give another "
-                         f"--records folder")
+def _kept(path: Path, key: str, value: Any, measure: Any) -> float:
+    """An accuracy measured once per settings (``{key: value}``) and kept in ``path``, so that a
+    later invocation adding seeds or methods does not measure it again."""
+    if path.exists() and (kept := json.loads(path.read_text())).get(key) == value:
+        return float(kept["accuracy"])
+    accuracy = measure()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({key: value, "accuracy": accuracy}, indent=1) + "\n")
+    return accuracy
 
 
 def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str, items: int,
                     skip: int, samples: int, temperature: float) -> float:
-    """The starting policy's held-out accuracy, measured once per settings (``signature``) and
-    kept in ``<folder>/start.json`` (or read from a recorded run of the same settings, whose
-    first accuracy it is), so that a later invocation adding seeds or methods does not measure it
-    again."""
-    path = folder / "start.json"
-    if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
-        return float(kept["accuracy"])
-    for record in sorted((folder / "runs").glob("*.json")):  # a run of these settings holds it
-        data = json.loads(record.read_text())
-        if data.get("signature") == sig:
-            return float(data["result"]["accuracy"][0])
-    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items, skip,
-                     samples, temperature)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"signature": sig, "accuracy": accuracy}, indent=1) + "\n")
-    return accuracy
+    """The starting policy's held-out accuracy for these settings (``signature``), kept in
+    ``<folder>/start.json``; a recorded run of the same settings holds it as its first accuracy."""
+    def measure() -> float:
+        for record in sorted((folder / "runs").glob("*.json")):
+            if (data := json.loads(record.read_text())).get("signature") == sig:
+                return float(data["result"]["accuracy"][0])
+        return _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items,
+                     skip, samples, temperature)
+    return _kept(folder / "start.json", "signature", sig, measure)
 
 
 def _hard_samples(args: argparse.Namespace) -> int:
@@ -144,14 +133,9 @@ def _hard_start(args: argparse.Namespace, base: dict[str, Any], policy: str, rec
     ``<records>/hard_start.json`` for these settings."""
     setting = {"signature": sig, **hard_setting(args.hard_items, _hard_samples(args),
                                                 args.eval_temperature)}
-    path = records / "hard_start.json"
-    if path.exists() and (kept := json.loads(path.read_text()))["setting"] == setting:
-        return float(kept["accuracy"])
-    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy), "eval_split": "hard"},
-                     policy, args.hard_items, 0, _hard_samples(args), args.eval_temperature)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"setting": setting, "accuracy": accuracy}, indent=1) + "\n")
-    return accuracy
+    return _kept(records / "hard_start.json", "setting", setting, lambda: _eval(
+        {**base, "policy": policy, "run_id": eval_run_id(policy), "eval_split": "hard"},
+        policy, args.hard_items, 0, _hard_samples(args), args.eval_temperature))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -38,7 +38,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning_runs import RunResult, load_run, run_one, run_record, save_run, signature
+from bench.learning_runs import (RunResult, check_signatures, eval_plan, load_run, run_one, run_record,
+                                 save_run, signature)
 from bench.protocol_report import conclude, print_table, rows_of
 
 REFERENCE = "trace_cover"
@@ -128,9 +129,7 @@ def run(args: argparse.Namespace, policy_and_base: Any, start_accuracy: Any) -> 
     if REFERENCE not in methods:
         raise SystemExit(f"--protocol tokens: the methods must include the reference {REFERENCE}")
     policy, base, skip = policy_and_base(args, workdir)
-    eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
-    ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
-              eval_temperature=args.eval_temperature)
+    eval_steps, ev = eval_plan(args, skip)
     control_args = argparse.Namespace(**{**vars(args), "policy": policy, "mix": "",
                                          "difficulty": args.control_difficulty})
     _, control_base, _ = policy_and_base(control_args, workdir)
@@ -144,7 +143,7 @@ def run(args: argparse.Namespace, policy_and_base: Any, start_accuracy: Any) -> 
             wd, records / name, ms)
     jobs = job_order(seeds, {name: st.methods for name, st in structures.items()})
     for st in structures.values():  # records of other settings are not silently mixed in
-        _check_signatures(st)
+        check_signatures(st.records, st.signature)
     jobs = [j for j in jobs if load_run(structures[j[0]].records, structures[j[0]].signature,
                                         j[1], j[2]) is None]
     run_jobs(jobs, structures, args.jobs, policy, eval_steps, ev)
@@ -164,13 +163,6 @@ def records_folder(args: argparse.Namespace) -> Path:
     if args.records:
         return Path(args.records)
     return RESULTS / args.regime if args.regime else Path(args.workdir) / "records"
-
-
-def _check_signatures(st: Structure) -> None:
-    for path in sorted((st.records / "runs").glob("*.json")):
-        if json.loads(path.read_text()).get("signature") != st.signature:
-            raise SystemExit(f"{path}: recorded under other settings than this invocation's; "
-                             "give another --records folder")
 
 
 def _budget(st: Structure, method: str, seed: int) -> dict[str, int] | None:

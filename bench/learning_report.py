@@ -160,7 +160,7 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
         seeds = sorted(set(mine) & set(theirs))
         d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
         d = d[np.isfinite(d)]
-        row: dict[str, Any] = {"seeds": seeds, "n": int(d.size),
+        row: dict[str, Any] = {"seeds": seeds, "n": int(d.size), "diffs": d.tolist(),
                                "mean": float(d.mean()) if d.size else float("nan"),
                                "low": float("nan"), "high": float("nan"), "p": float("nan"),
                                "sd": float("nan"), "detectable": float("nan")}

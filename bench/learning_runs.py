@@ -189,6 +189,24 @@ def parse_seeds(text: str, start: int = 0) -> list[int]:
     return seeds
 
 
+def eval_plan(args: Any, skip: int) -> tuple[list[int], dict[str, Any]]:
+    """The evaluated steps (every ``--eval-every`` and the last) and the evaluation settings of
+    ``run_one`` from a benchmark's command line (``skip``: the test items the bootstrap used)."""
+    ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
+              eval_temperature=args.eval_temperature)
+    return sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1}), ev
+
+
+def check_signatures(records: Path, sig: str) -> None:
+    """Refuse a records folder that holds runs of other settings: a run of these would overwrite
+    theirs (one file per method and seed)."""
+    other = {d["signature"] for p in sorted((records / "runs").glob("*.json"))
+             if (d := json.loads(p.read_text())).get("signature") != sig}
+    if other:
+        raise SystemExit(f"{records}: records of other settings ({sorted(other)[:3]}); give another "
+                         f"--records folder")
+
+
 def run_record(workdir: Path, method: str, seed: int) -> Path:
     """Where the result of one (method, seed) run is kept, so that seeds accumulate across
     invocations (``--seeds 3-5`` adds three to a benchmark of seeds 0-2)."""

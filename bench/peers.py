@@ -52,10 +52,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning import _check_signatures, _policy_and_base, _start_accuracy
-from bench.learning_report import accuracy_at_tokens, token_budget
-from bench.learning_runs import (RunResult, _eval, eval_run_id, load_run, parse_seeds, run_one,
-                                 save_run, signature, tokens_at_evals)
+from bench.learning import _policy_and_base, _start_accuracy
+from bench.learning_report import accuracy_at_tokens, paired_tests, token_budget
+from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, load_run,
+                                 parse_seeds, run_one, save_run, signature, tokens_at_evals)
 from trace_core.stats import median_ratio
 
 METHODS = ("trl_grpo", "grpo", "trace")
@@ -269,12 +269,6 @@ def _warm_prefect() -> float:
 
 # ----------------------------------------------------------------------------- report
 
-def _t95(n: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1)) if n > 1 else float("nan")
-
-
 def accuracy_at_wall(r: RunResult, seconds: float) -> float:
     """Held-out accuracy of ``r`` after ``seconds`` of training wall time (linear between its
     evaluations; nan beyond its last)."""
@@ -307,17 +301,12 @@ def summarise(results: list[RunResult], steps: int) -> dict[str, dict[str, Any]]
 
 def parity(results: list[RunResult], ours: str = "grpo", ref: str = "trl_grpo") -> dict[str, Any]:
     """``ours`` minus ``ref`` at equal generated tokens, per seed both ran: mean, 95% t interval
-    (points)."""
-    budget = token_budget([r for r in results if r.method in (ours, ref)])
-    a = {r.seed: r for r in results if r.method == ours}
-    b = {r.seed: r for r in results if r.method == ref}
-    seeds = sorted(set(a) & set(b))
-    d = np.array([accuracy_at_tokens(a[s], budget) - accuracy_at_tokens(b[s], budget)
-                  for s in seeds]) * 100
-    mean = float(d.mean()) if len(d) else float("nan")
-    half = _t95(len(d)) * float(d.std(ddof=1)) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
-    return {"seeds": seeds, "budget_tokens": budget, "diffs": d.tolist(), "mean": mean,
-            "lo": mean - half, "hi": mean + half}
+    (points; ``bench.learning_report.paired_tests``)."""
+    pair = [r for r in results if r.method in (ours, ref)]
+    t = paired_tests(pair, method=ours)[ref]
+    return {"seeds": t["seeds"], "budget_tokens": token_budget(pair),
+            "diffs": [100 * x for x in t["diffs"]], "mean": 100 * t["mean"],
+            "lo": 100 * t["low"], "hi": 100 * t["high"]}
 
 
 def tokens_to_reach(r: RunResult, target: float) -> float:
@@ -451,11 +440,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seeds = parse_seeds(args.seeds)
     policy, base, skip = _policy_and_base(args, workdir)
     base["group_size"] = args.group_size
-    eval_steps = sorted({*range(args.eval_every - 1, args.steps, args.eval_every), args.steps - 1})
-    ev = dict(eval_items=args.eval_items, eval_skip=skip, eval_samples=args.eval_samples,
-              eval_temperature=args.eval_temperature)
+    eval_steps, ev = eval_plan(args, skip)
     sig = signature({**base, "bench": "peers"}, eval_steps, ev, policy)
-    _check_signatures(results, sig)
+    check_signatures(results, sig)
     start = _start_accuracy(base, policy, workdir, sig, args.eval_items, skip, args.eval_samples,
                             args.eval_temperature)
     meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
@@ -468,8 +455,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if load_run(results, sig, m, seed) is not None:
                 continue
             print(f"[peers] {m} seed {seed} ...", file=sys.stderr, flush=True)
-            common = dict(eval_items=args.eval_items, start_accuracy=start, eval_skip=skip,
-                          eval_samples=args.eval_samples, eval_temperature=args.eval_temperature)
+            common = dict(start_accuracy=start, **ev)
             if m == "trl_grpo":
                 r = run_trl(seed, base, policy, workdir, eval_steps, loss_type=args.trl_loss,
                             scale_rewards=args.trl_scale_rewards, **common)

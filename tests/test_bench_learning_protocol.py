@@ -141,7 +141,7 @@ def test_a_folder_of_two_settings_is_refused(tmp_path):
         protocol.load_structure(tmp_path / "main")
     st = protocol.Structure("main", {}, "a", 0.5, tmp_path, tmp_path / "main", ("grpo",))
     with pytest.raises(SystemExit, match="other settings"):
-        protocol._check_signatures(st)
+        protocol.check_signatures(st.records, st.signature)
 
 
 def test_a_seed_is_complete_only_with_every_method_the_invocation_runs(tmp_path, capsys):

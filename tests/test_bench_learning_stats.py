@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.learning import RunResult, paired_tests, print_tests
+from bench.learning_report import paired_tests, print_tests
+from bench.learning_runs import RunResult
 
 
 def _run(method: str, seed: int, accuracy: list[float]) -> RunResult:
@@ -57,7 +58,7 @@ def _tok(method: str, seed: int, accuracy: list[float], tokens: list[float]) -> 
 
 
 def test_accuracy_at_equal_tokens_by_hand():
-    from bench.learning import accuracy_at_tokens, summarise, token_budget
+    from bench.learning_report import accuracy_at_tokens, summarise, token_budget
 
     tree = _tok("trace", 0, [0.5, 0.7, 0.8], [0.0, 100.0, 300.0])
     flat = _tok("grpo", 0, [0.5, 0.6, 0.9], [0.0, 200.0, 400.0])
@@ -79,7 +80,7 @@ def test_accuracy_at_equal_tokens_by_hand():
 
 
 def test_tokens_at_evaluations_by_hand():
-    from bench.learning import tokens_at_evals
+    from bench.learning_runs import tokens_at_evals
 
     metrics = [{"ledger/generated_tokens": t} for t in (10, 20, 30, 40)]
     assert tokens_at_evals(metrics, [1, 3]) == [0.0, 30.0, 100.0]
@@ -98,7 +99,7 @@ def test_holm_by_hand():
 
 
 def test_seeds_accumulate_and_paired_tests_correct_over_baselines(tmp_path):
-    from bench.learning import load_run, paired_tests, parse_seeds, save_run
+    from bench.learning_runs import load_run, parse_seeds, save_run
 
     assert parse_seeds("3") == [0, 1, 2] and parse_seeds("2", start=4) == [4, 5]
     assert parse_seeds("3-5") == [3, 4, 5]

@@ -72,7 +72,8 @@ def test_the_equal_leaf_benchmark_keeps_its_records_here_and_refuses_other_setti
     import pytest
 
     from bench import RECORDS
-    from bench.learning import _check_signatures, _parser, records_of
+    from bench.learning import _parser, records_of
+    from bench.learning_runs import check_signatures
 
     args = _parser().parse_args(["--family", "synth_chain", "--workdir", str(tmp_path)])
     assert records_of(args) == RECORDS / "learning_synth_chain"
@@ -82,6 +83,6 @@ def test_the_equal_leaf_benchmark_keeps_its_records_here_and_refuses_other_setti
     runs = tmp_path / "r" / "runs"
     runs.mkdir(parents=True)
     (runs / "grpo-s0.json").write_text(json.dumps({"signature": "aaa", "result": {}}))
-    _check_signatures(tmp_path / "r", "aaa")  # the same settings: seeds accumulate
+    check_signatures(tmp_path / "r", "aaa")  # the same settings: seeds accumulate
     with pytest.raises(SystemExit, match="records of other settings"):
-        _check_signatures(tmp_path / "r", "bbb")
+        check_signatures(tmp_path / "r", "bbb")
