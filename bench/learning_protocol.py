@@ -40,7 +40,7 @@ import numpy as np
 from bench import RECORDS
 from bench.learning_runs import (RunResult, check_signatures, eval_plan, load_run, run_one, run_record,
                                  save_run, signature)
-from bench.protocol_report import conclude, print_table, rows_of
+from bench.protocol_report import conclude, print_table, rows_of, run_log
 
 REFERENCE = "trace_cover"
 """The row whose generated tokens per step the matched baselines spend."""
@@ -85,14 +85,6 @@ def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[s
     per_leaf = float(np.sum(steps["bare_tokens"]) / max(np.sum(steps["bare"]), 1.0))
     leaves = matched_leaves(per_step, per_leaf, MATCHED[method] or group_size)
     return {"root_budget": leaves, "multiplier": 0}
-
-
-def sim_log(r: RunResult, final_of: int) -> dict[str, Any]:
-    """Run ``r`` as a log of ``bench.protocol_report`` (per-step costs, accuracy at evaluations)."""
-    steps = r.extra["steps"]
-    return {"acc0": r.accuracy[0], "accuracy": r.accuracy[1:], "eval_tokens": r.eval_tokens[1:],
-            "final_of": final_of, "tokens": steps["tokens"], "train_tokens": steps["train_tokens"],
-            "leaves": r.leaves, "mixed": steps["mixed"], "active": steps["active"]}
 
 
 @dataclass
@@ -283,7 +275,7 @@ def report(records: Path, final_of: int, args: dict[str, Any] | None = None) -> 
         print(f"\n{name}: {len(complete)} complete seed(s) {sorted(complete)}; runs recorded: {counts}")
         if not complete or "grpo" not in methods:
             continue
-        logs = [{m: sim_log(rs[m], final_of) for m in methods} for rs in complete.values()]
+        logs = [{m: run_log(rs[m], final_of) for m in methods} for rs in complete.values()]
         table, per_seed = rows_of(logs, methods)
         finals[name], tables[name] = per_seed, table
         first = next(iter(complete.values()))["grpo"].accuracy[0]

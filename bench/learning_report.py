@@ -182,6 +182,16 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
     return out
 
 
+def versus_best(results: list[RunResult], table: dict[str, dict[str, Any]]
+                ) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The baseline best at equal generated tokens (``table``: ``summarise``) and TRACE and each
+    of its ``VARIANTS`` minus it, paired by seed (``paired_tests``)."""
+    baselines = [m for m in table if m != "trace" and m not in VARIANTS]
+    best = max(baselines, key=lambda m: table[m]["at_tokens"][0])
+    return best, {m: paired_tests(results, method=m, key="at_tokens")[best]
+                  for m in ["trace", *(v for v in VARIANTS if v in table)]}
+
+
 def print_tests(tests: dict[str, dict[str, Any]], key: str, method: str = "trace") -> None:
     what = {"at_tokens": "at equal generated tokens", "final": "at equal leaves (final)",
             "auc": "area under accuracy vs leaves", "hard": "on the hard split (final)"}[key]
@@ -299,10 +309,8 @@ def report(results: list[RunResult], args: dict[str, Any], start: float,
     baselines = {m: t for m, t in table.items() if m != "trace" and m not in VARIANTS}
     if "trace" in table and baselines and "at_tokens" in tests:
         # The primary comparison: each TRACE row against the baseline best at equal tokens.
-        best_tok = max(baselines, key=lambda m: baselines[m]["at_tokens"][0])
-        for m in ["trace", *(v for v in VARIANTS if v in table)]:
-            t = tests["at_tokens"][best_tok] if m == "trace" else \
-                paired_tests(results, method=m, key="at_tokens")[best_tok]
+        best_tok, versus = versus_best(results, table)
+        for m, t in versus.items():
             print(f"{m} - best baseline ({best_tok}) at equal generated tokens: "
                   f"{100 * t['mean']:+.1f} points (95% CI {100 * t['low']:+.1f}, "
                   f"{100 * t['high']:+.1f}) over {t['n']} seeds")

@@ -56,6 +56,7 @@ from bench.learning import _policy_and_base, _start_accuracy
 from bench.learning_report import accuracy_at_tokens, paired_tests, token_budget
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, load_run,
                                  parse_seeds, run_one, save_run, signature, tokens_at_evals)
+from bench.protocol_report import run_log, tokens_to_reach
 from trace_core.stats import median_ratio
 
 METHODS = ("trl_grpo", "grpo", "trace")
@@ -309,19 +310,6 @@ def parity(results: list[RunResult], ours: str = "grpo", ref: str = "trl_grpo") 
             "lo": 100 * t["low"], "hi": 100 * t["high"]}
 
 
-def tokens_to_reach(r: RunResult, target: float) -> float:
-    """Generated tokens at which ``r``'s accuracy curve (linear between evaluations) first reaches
-    ``target``; nan when it never does within the run."""
-    tok, acc = r.eval_tokens, r.accuracy
-    for i in range(1, len(acc)):
-        if acc[i] >= target:
-            if acc[i - 1] >= target:
-                return float(tok[i - 1])
-            return float(tok[i - 1] + (target - acc[i - 1]) / (acc[i] - acc[i - 1])
-                         * (tok[i] - tok[i - 1]))
-    return float("nan")
-
-
 def _ratio(table: dict[str, Any], ours: str, ref: str, key: str) -> float:
     """Geometric mean over paired seeds of ours / ref."""
     a = dict(zip(table[ours]["seeds"], table[ours][key]))
@@ -370,9 +358,10 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
             out[f"parity_{other}"] = q
             ref = {r.seed: r for r in results if r.method == "trl_grpo"}
             mine = [r for r in results if r.method == other and r.seed in ref]
-            need = [tokens_to_reach(r, ref[r.seed].accuracy[-1]) for r in mine]
+            target = {s: 100 * ref[s].accuracy[-1] for s in ref}
+            need = [tokens_to_reach(run_log(r), target[r.seed]) for r in mine]
             # TRL's own first crossing of its final accuracy (its curve need not rise monotonically)
-            base = [tokens_to_reach(ref[r.seed], ref[r.seed].accuracy[-1]) for r in mine]
+            base = [tokens_to_reach(run_log(ref[r.seed]), target[r.seed]) for r in mine]
             print(f"{other} tokens to trl_grpo's final accuracy (same seed): "
                   + ", ".join(f"s{r.seed} {n:.0f}" if np.isfinite(n) else f"s{r.seed} not reached "
                               f"in {r.generated_tokens:.0f}" for r, n in zip(mine, need))

@@ -12,7 +12,7 @@ the last evaluations make its final accuracy."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import brentq
@@ -27,6 +27,15 @@ START = 5
 """GRPO's effective ratio "at the start" is pooled over its first START steps."""
 BASELINES = ("grpo", "dapo", "prompt_only")
 """The baselines the closing line's best is taken from (at equal tokens and steps)."""
+
+
+def run_log(r: Any, final_of: int = LAST) -> dict[str, Any]:
+    """A recorded run (``bench.learning_runs.RunResult``) as a log: per-step costs where it kept
+    them, accuracy at its evaluations."""
+    steps = r.extra.get("steps", {})
+    costs = {k: steps[k] for k in ("tokens", "train_tokens", "mixed", "active") if k in steps}
+    return {"acc0": r.accuracy[0], "accuracy": r.accuracy[1:], "eval_tokens": r.eval_tokens[1:],
+            "final_of": final_of, "leaves": r.leaves, **costs}
 
 
 def final_accuracy(log: dict) -> float:

@@ -101,7 +101,7 @@ def learning_lm(root: Path = RECORDS) -> str:
 def learning_synth_chain(root: Path = RECORDS) -> str:
     """The tiny LM on synth_chain at equal leaves: TRACE and its variants minus each method at
     equal generated tokens, paired by seed (``bench.learning_report.paired_tests``)."""
-    from bench.learning_report import paired_tests, summarise
+    from bench.learning_report import paired_tests, summarise, versus_best
     from bench.learning_runs import VARIANTS, recorded_runs
 
     folder = root / "learning_synth_chain"
@@ -110,11 +110,9 @@ def learning_synth_chain(root: Path = RECORDS) -> str:
     baselines = [m for m in tests if m not in VARIANTS]
     lines = [f"| paired, at equal generated tokens (Student-t 95% CI, Holm over {len(baselines)} "
              "baselines) | difference | Holm p | detectable at 80% power | seeds |", "|---" * 5 + "|"]
-    table = summarise(runs, 1)
-    best = max(baselines, key=lambda m: table[m]["at_tokens"][0])  # as the report picks it
+    best, versus = versus_best(runs, summarise(runs, 1))  # as the report picks it
     rows = [("trace", m, t) for m, t in tests.items() if m in baselines]
-    rows += [(v, best, paired_tests(runs, method=v, key="at_tokens")[best]) for v in VARIANTS
-             if v in tests]
+    rows += [(v, best, t) for v, t in versus.items() if v != "trace"]
     for mine, other, t in rows:  # Holm's correction is over TRACE's baselines only
         holm = f"{t['p_holm']:.2f}" if mine == "trace" else ""
         lines.append(f"| {mine} - {other}{' (best)' if other == best else ''} | "
