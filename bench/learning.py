@@ -112,15 +112,14 @@ def _kept(path: Path, key: str, value: Any, measure: Any) -> float:
 
 def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str, items: int,
                     skip: int, samples: int, temperature: float) -> float:
-    """The starting policy's held-out accuracy for these settings (``signature``), kept in
-    ``<folder>/start.json``; a recorded run of the same settings holds it as its first accuracy."""
-    def measure() -> float:
-        for record in sorted((folder / "runs").glob("*.json")):
-            if (data := json.loads(record.read_text())).get("signature") == sig:
-                return float(data["result"]["accuracy"][0])
-        return _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items,
-                     skip, samples, temperature)
-    return _kept(folder / "start.json", "signature", sig, measure)
+    """The starting policy's held-out accuracy for these settings (``signature``): the first
+    accuracy of a recorded run of them, else kept in ``<folder>/start.json``."""
+    for record in sorted((folder / "runs").glob("*.json")):
+        if (data := json.loads(record.read_text())).get("signature") == sig:
+            return float(data["result"]["accuracy"][0])
+    return _kept(folder / "start.json", "signature", sig, lambda: _eval(
+        {**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items, skip, samples,
+        temperature))
 
 
 def _hard_samples(args: argparse.Namespace) -> int:
