@@ -7,12 +7,14 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from prefect import Task
 
 from tasks.runtime import PHASE_KEY, Paths, PhaseKey
 from trace_rl.environ import resolve_workdir
+from trace_rl.session import Session
 
 
 def _release_engines(flow: Any, flow_run: Any, state: Any) -> None:
@@ -24,8 +26,8 @@ def _release_engines(flow: Any, flow_run: Any, state: Any) -> None:
         close_all()
 
 
-RELEASES_ENGINES: dict[str, Any] = {hook: [_release_engines] for hook in (
-    "on_completion", "on_failure", "on_crashed", "on_cancellation")}
+RELEASES_ENGINES: Mapping[str, Any] = MappingProxyType({hook: (_release_engines,) for hook in (
+    "on_completion", "on_failure", "on_crashed", "on_cancellation")})
 """``@flow(..., **RELEASES_ENGINES)``: the flow run shuts its engines down when it ends, unless
 it runs inside ``trace`` or a benchmark (an ``engine_scope``), which keeps them for its next flow
 and closes them itself (``trace_rl.engines.lifecycle``)."""
@@ -42,7 +44,7 @@ def _name_subflow_task_run(flow: Any, flow_run: Any, state: Any) -> None:
         client.set_task_run_name(flow_run.parent_task_run_id, flow_run.name)
 
 
-NAMES_ITS_TASK_RUN: dict[str, Any] = {"on_running": [_name_subflow_task_run]}
+NAMES_ITS_TASK_RUN: Mapping[str, Any] = MappingProxyType({"on_running": (_name_subflow_task_run,)})
 """``@flow(..., **NAMES_ITS_TASK_RUN)`` on a flow that runs as a subflow: the task run standing
 for it in the parent's Task Runs list carries the subflow run's readable name."""
 
@@ -111,23 +113,29 @@ class Phases:
     """A flow's tasks, looked up by name in the task modules (``phases.score_roots``), each bound
     to the work dir on first use (``bind``: results and cache records kept there, so a re-run
     finds its finished phases) and its runs named by step, level and wave (``tasks.track.named``).
-    With a watch, each call first names its phase there (after ``where``), so a phase that runs
-    long (an update on a busy machine) is reported while it runs."""
+    Each call runs in the flow's ``session`` (``trace_rl.session.Session``: the engines, stores,
+    environments and items the tasks share; default the current one), made current for the
+    task, which finds it with ``Session.current()``: a session is no task input, so it never
+    enters a cache key. With a watch, each call first names its phase there (after ``where``),
+    so a phase that runs long (an update on a busy machine) is reported while it runs."""
 
-    def __init__(self, workdir: str, watch: Any = None, where: str = ""):
+    def __init__(self, workdir: str, watch: Any = None, where: str = "",
+                 session: Session | None = None):
         self._workdir, self._watch, self._where = workdir, watch, where
+        self.session = session or Session.current()
 
     def __getattr__(self, name: str) -> Any:
         from tasks import evaluate, expand, learn, prefixes, roots, track
 
         task = next(getattr(m, name) for m in (roots, prefixes, expand, learn, track, evaluate)
                     if isinstance(getattr(m, name, None), Task))
-        bound = bind(track.named(task), self._workdir)
-        if self._watch is not None:
-            run, watch, phase = bound, self._watch, f"{self._where}{task.name}"
+        run, watch, phase = bind(track.named(task), self._workdir), self._watch, \
+            f"{self._where}{task.name}"
 
-            def bound(*args: Any, **kwargs: Any) -> Any:
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            if watch is not None:
                 watch.note(phase)
+            with self.session.use():
                 return run(*args, **kwargs)
         setattr(self, name, bound)  # looked up once
         return bound

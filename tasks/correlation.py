@@ -6,13 +6,12 @@ Shared by Stage 1 (``tasks.roots.score_roots``, depth 0) and Stage 2
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from tasks import runtime
 from trace_core import calibration
 from trace_core.allocators import Allocator
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import StepTrees
+from trace_rl.session import Session
 
 
 def outcome_correlation(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str,
@@ -38,9 +37,12 @@ def outcome_correlation(cfg: TrainConfig, allocator: Allocator, workdir: str, ru
         width *= 2
 
 
-@lru_cache(maxsize=16)
 def _estimate(workdir: str, run_id: str, first: int, stop: int, min_terms: int) -> calibration.Correlation:
-    return calibration.estimate(stored_terms(workdir, run_id, first, stop), min_terms=min_terms)
+    """rho of steps first .. stop - 1 (complete, never rewritten: kept in the session)."""
+    return Session.current().memo(
+        "correlation", (workdir, run_id, first, stop, min_terms),
+        lambda: calibration.estimate(stored_terms(workdir, run_id, first, stop),
+                                     min_terms=min_terms), maxsize=16)
 
 
 def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calibration.Term]:

@@ -20,6 +20,7 @@ from trace_core.predictor import auc, brier
 from trace_rl.config import TrainConfig
 from trace_rl.policy.update import PathSample, PolicyTrainer, warmup_scale
 from trace_rl.rollout.treeio import StepTrees
+from trace_rl.session import Session
 
 
 @task(name="backup", cache_policy=runtime.PHASE_KEY)
@@ -77,9 +78,6 @@ def tree_advantages(cfg: TrainConfig, at: StepRef, trees: StepTrees | None = Non
                                                pa.array(a.turn_advantages, pa.float64()))})
 
 
-_LIVE: dict[str, PolicyTrainer] = {}
-
-
 def _samples(nodes: pa.Table, paths: pa.Table) -> list[PathSample]:
     """Each path's tokens, loss mask and per-token advantages, read from the step's columns."""
     flat = pc.list_flatten(paths.column("path"))
@@ -125,13 +123,14 @@ def policy_update(cfg: TrainConfig, at: StepRef, policy_dir: str, paths: pa.Tabl
         stats = runtime.cluster_for(cfg).update(cfg.update_settings, cfg.seed, policy_dir,
                                                 samples, seed, lr_scale, Path(at.policy_dir))
         return {"policy_dir": at.policy_dir, "stats": {f"loss/{k}": v for k, v in stats.items()}}
-    # The trainer stays in memory across steps of one process (keyed by the directory it last
-    # saved), so the optimiser state is not reloaded each step; a resumed process reloads it.
-    trainer = _LIVE.pop(policy_dir, None) or PolicyTrainer(policy_dir, cfg.update_settings,
-                                                           seed=cfg.seed)
+    # The trainer stays in the session across steps (keyed by the directory it last saved), so
+    # the optimiser state is not reloaded each step; a resumed process reloads it.
+    session = Session.current()
+    trainer = session.take_trainer(policy_dir) or PolicyTrainer(policy_dir, cfg.update_settings,
+                                                                seed=cfg.seed)
     stats = trainer.update(samples, torch.Generator().manual_seed(seed), lr_scale=lr_scale)
     trainer.save(Path(at.policy_dir))
-    _LIVE[at.policy_dir] = trainer
+    session.keep_trainer(at.policy_dir, trainer)
     return {"policy_dir": at.policy_dir, "stats": {f"loss/{k}": v for k, v in stats.items()}}
 
 

@@ -1,8 +1,9 @@
-"""What tasks share inside one worker process: paths of a work dir, the cache policy, and caches
-of long-lived objects (engine, environment, store) that must never travel between tasks.
+"""What tasks share: paths of a work dir, the cache policy, and the look-ups of long-lived objects
+(engine, environment, store) that must never travel between tasks.
 
 Tasks hand each other ids and Arrow tables; a model, an engine or a DuckDB connection is looked up
-here by reference (a path, a config), so a cache key never depends on a live object.
+by reference (a path, a config) in the running flow's session (``trace_rl.session.Session``),
+which holds them, so a cache key never depends on a live object.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import shutil
-import weakref
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.envs.registry import make_env
 from trace_rl.engines import default_engine_kind, get_engine
 from trace_rl.rollout.types import Engine
+from trace_rl.session import Session
 from trace_rl.rollout.treeio import StepTrees
 from trace_rl.storage.store import TreeStore, make_node_id
 
@@ -92,11 +92,15 @@ def _source_hash(fn: Any) -> str:
     return hashlib.sha256(src.encode()).hexdigest()[:12]
 
 
-@lru_cache(maxsize=1)
 def code_version() -> str:
     """Hash of every module a phase can run (trace_core, trace_rl, tasks): a task's own source is
-    not enough, since a change in what it calls changes its result too."""
+    not enough, since a change in what it calls changes its result too. Computed once per
+    session."""
     root = Path(__file__).resolve().parents[1]
+    return Session.current().memo("code-version", str(root), lambda: _code_hash(root), maxsize=1)
+
+
+def _code_hash(root: Path) -> str:
     h = hashlib.sha256()
     for pkg in ("trace_core", "trace_rl", "tasks"):
         for f in sorted((root / pkg).rglob("*.py")):
@@ -142,9 +146,10 @@ class PhaseKey(CachePolicy):
 PHASE_KEY = PhaseKey()
 
 
-@lru_cache(maxsize=8)
 def store(workdir: str) -> TreeStore:
-    return TreeStore(Paths(Path(workdir)).db)
+    """The work dir's tree store (one per session and work dir)."""
+    return Session.current().memo("store", workdir, lambda: TreeStore(Paths(Path(workdir)).db),
+                                  maxsize=8)
 
 
 def step_trees(at: StepRef, trees: StepTrees | None = None) -> StepTrees:
@@ -153,9 +158,10 @@ def step_trees(at: StepRef, trees: StepTrees | None = None) -> StepTrees:
     return trees if trees is not None else StepTrees(store(at.workdir).read_step(at.run_id, at.step))
 
 
-@lru_cache(maxsize=8)
 def environment(family: str, kwargs: tuple[tuple[str, Any], ...] = ()) -> Environment:
-    return make_env(family, **dict(kwargs))
+    """The environment of ``family`` with ``kwargs`` (one per session)."""
+    return Session.current().memo("environment", (family, kwargs),
+                                  lambda: make_env(family, **dict(kwargs)), maxsize=8)
 
 
 def _kwargs_key(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
@@ -169,11 +175,18 @@ def env_for(cfg: TrainConfig) -> Environment:
     return environment(cfg.family, _kwargs_key(cfg))
 
 
-@lru_cache(maxsize=16)
 def _items(family: str, kwargs: tuple[tuple[str, Any], ...], split: str,
            policy_dir: str | None = None, max_new_tokens: int = 0) -> tuple[dict[str, TaskItem], int]:
     """(items by id, items skipped): with ``policy_dir``, an item whose prompt leaves fewer than
-    ``max_new_tokens`` tokens of the policy's context (``context_limit``) is skipped."""
+    ``max_new_tokens`` tokens of the policy's context (``context_limit``) is skipped. Loaded once
+    per session."""
+    return Session.current().memo(
+        "items", (family, kwargs, split, policy_dir, max_new_tokens),
+        lambda: _load_items(family, kwargs, split, policy_dir, max_new_tokens), maxsize=16)
+
+
+def _load_items(family: str, kwargs: tuple[tuple[str, Any], ...], split: str,
+                policy_dir: str | None, max_new_tokens: int) -> tuple[dict[str, TaskItem], int]:
     env = environment(family, kwargs)
     items = env.load(split)
     if policy_dir is None:
@@ -203,7 +216,7 @@ def _fit_dir(cfg: TrainConfig, policy_dir: str | None) -> str | None:
 
 
 def items_for(cfg: TrainConfig, split: str, policy_dir: str | None = None) -> dict[str, TaskItem]:
-    """Items of a split by id (loaded once per process), without those whose prompt does not fit
+    """Items of a split by id (loaded once per session), without those whose prompt does not fit
     the policy's context with room for one turn (``policy_dir``, default ``cfg.policy`` unless
     ``tiny``: the synthetic families' prompts are short)."""
     return items_and_skipped(cfg, split, policy_dir)[0]
@@ -284,22 +297,18 @@ def node_id(run_id: str, step: int, tree_id: int, local_index: int) -> str:
 
 
 def engine_for(cfg: TrainConfig, policy_dir: str) -> Engine:
-    """The process's engine; after a policy update the flow syncs weights into it (sync task).
+    """The session's engine of the run, holding ``policy_dir``'s weights; after a policy update
+    the flow syncs weights into it (sync task).
 
-    The engine is keyed by the run's initial policy directory, so a later step (or a resumed
-    run) re-uses the same engine and only reloads weights."""
+    The engine is keyed by the run's initial policy directory (``Session.engine_home``), so a
+    later step (or a resumed run, or the next flow of a benchmark) re-uses the same engine and
+    only reloads weights."""
     kind = default_engine_kind() if cfg.engine == "auto" else cfg.engine
+    session = Session.current()
+    home = session.engine_home(kind, cfg.resolved_run_id, policy_dir)
     if cfg.cluster:  # a pool of engine actors on Ray (docs/cluster.md)
-        home = _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir)
         return cluster_for(cfg, kind).engine(home, policy_dir)
-    home = _ENGINE_HOME.setdefault((kind, cfg.resolved_run_id), policy_dir)
-    engine = get_engine(kind, home)
-    # an engine serves the weights it was started from (home) until it loads others; one that
-    # was closed and started again (a flow run ends its engines) starts from home once more
-    if _LOADED.get(engine, home) != policy_dir:
-        engine.load_weights(policy_dir)
-    _LOADED[engine] = policy_dir
-    return engine
+    return session.serve(get_engine(kind, home), home, policy_dir)
 
 
 def cluster_for(cfg: TrainConfig, kind: str | None = None) -> Any:
@@ -311,6 +320,3 @@ def cluster_for(cfg: TrainConfig, kind: str | None = None) -> Any:
     return session(cfg.cluster, kind, cfg.rollout_engines, cfg.trainer_ranks, cfg.weight_sync,
                    cfg.resolved_run_id, strategy=cfg.trainer_strategy)
 
-
-_ENGINE_HOME: dict[tuple[str, str], str] = {}
-_LOADED: "weakref.WeakKeyDictionary[Engine, str]" = weakref.WeakKeyDictionary()

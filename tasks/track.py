@@ -21,6 +21,7 @@ from trace_core import calibration
 from trace_core.predictor import auc, brier
 from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import StepTrees
+from trace_rl.session import Session
 from trace_rl.storage import background, plots
 from trace_rl.storage.tracking import Tracker
 from trace_rl.view.page import step_page
@@ -149,8 +150,6 @@ def log_datasets(cfg: Any, workdir: str, mlflow_run_id: str, run_id: str) -> dic
 
 PENDING = ".pending-logs"
 """Folder of the work dir holding each step's logging job until it has run (``log_step``)."""
-_QUEUED: set[Path] = set()
-"""Journal files whose job this process has submitted and not yet finished."""
 
 
 @task(name="log-step")
@@ -173,14 +172,15 @@ def log_step(at: StepRef, mlflow_run_id: str, metrics: Mapping[str, float], plot
     tmp = entry.with_suffix(".tmp")
     tmp.write_text(json.dumps(job))
     os.replace(tmp, entry)
-    _QUEUED.add(entry)
+    session = Session.current()  # remembers the journal files it submitted and not yet finished
+    session.queue(entry)
 
     def run() -> None:
         try:
             log_step_now(**job)
             entry.unlink(missing_ok=True)
         finally:
-            _QUEUED.discard(entry)
+            session.finish(entry)
 
     background.submit(workdir, run)
 
@@ -190,9 +190,9 @@ def replay_pending(workdir: str, run_id: str) -> list[int]:
     a killed or failed process left), in step order; returns their steps. Logging a step again
     is harmless: metrics already logged for a step are skipped and a registered checkpoint is
     found again (``Tracker.log_metrics``, ``log_checkpoint``)."""
-    done = []
+    done, session = [], Session.current()
     for entry in sorted((Path(workdir) / PENDING).glob(f"{_slug(run_id)}-step-*.json")):
-        if entry in _QUEUED:
+        if session.queued(entry):
             continue
         job = json.loads(entry.read_text())
         log_step_now(**job)

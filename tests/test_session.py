@@ -1,0 +1,89 @@
+"""``trace_rl.session.Session``: what the pipeline's tasks share, handed to them by the flow."""
+
+from __future__ import annotations
+
+import shutil
+
+from trace_rl.session import PROCESS, Session
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    def load_weights(self, policy_dir: str) -> None:
+        self.loaded.append(policy_dir)
+
+
+def test_an_engine_loads_weights_only_when_it_holds_others():
+    s, engine = Session(), _Engine()
+    assert s.engine_home("hf", "run", "/p0") == "/p0"
+    assert s.engine_home("hf", "run", "/p1") == "/p0"  # keyed by the run's first policy
+    s.serve(engine, "/p0", "/p0")
+    assert engine.loaded == []  # started from home: nothing to load
+    s.serve(engine, "/p0", "/p1")
+    s.serve(engine, "/p0", "/p1")
+    assert engine.loaded == ["/p1"]
+    assert Session().engine_home("hf", "run", "/p1") == "/p1"  # another session knows nothing
+
+
+def test_memo_keeps_values_per_key_and_drops_the_least_recently_used():
+    s, made = Session(), []
+
+    def make(x):
+        made.append(x)
+        return [x]
+
+    first = s.memo("k", 1, lambda: make(1), maxsize=2)
+    assert s.memo("k", 1, lambda: make(1), maxsize=2) is first
+    s.memo("k", 2, lambda: make(2), maxsize=2)
+    s.memo("k", 1, lambda: make(1), maxsize=2)  # 1 used last: 2 goes first
+    s.memo("k", 3, lambda: make(3), maxsize=2)
+    s.memo("k", 1, lambda: make(1), maxsize=2)
+    s.memo("k", 2, lambda: make(2), maxsize=2)
+    assert made == [1, 2, 3, 2]
+
+
+def test_trainers_and_queued_jobs_belong_to_their_session(tmp_path):
+    s = Session()
+    s.keep_trainer("/ckpt1", "trainer")
+    assert Session().take_trainer("/ckpt1") is None
+    assert s.take_trainer("/ckpt1") == "trainer" and s.take_trainer("/ckpt1") is None
+    entry = tmp_path / "job.json"
+    s.queue(entry)
+    assert s.queued(entry) and not Session().queued(entry)
+    s.finish(entry)
+    assert not s.queued(entry)
+
+
+def test_current_is_the_session_in_use_else_the_process_s():
+    assert Session.current() is PROCESS
+    s = Session()
+    with s.use():
+        assert Session.current() is s
+        with Session().use() as inner:
+            assert Session.current() is inner
+        assert Session.current() is s
+    assert Session.current() is PROCESS
+
+
+def test_the_flow_s_phases_run_their_tasks_in_its_session(tiny_model_dir, tmp_path):
+    """A task called through ``flows.common.Phases`` finds the session the flow handed over: the
+    engine it started is then the session's, holding the weights the task loaded into it."""
+    from scripted_engine import scripted_rollouts
+
+    from flows.common import Phases
+    from tasks import runtime
+    from trace_rl.config import TrainConfig
+
+    cfg = TrainConfig(engine="hf", policy=str(tiny_model_dir), run_id="session-engine")
+    s, checkpoint = Session(), str(tmp_path / "step-0")
+    shutil.copytree(tiny_model_dir, checkpoint)  # the policy after a step
+    with scripted_rollouts(lambda context, j, seed: "") as built:
+        Phases(str(tmp_path), session=s).sync_weights(cfg, str(tiny_model_dir))
+        with s.use():  # the same session: the run's engine, no second start
+            engine = runtime.engine_for(cfg, checkpoint)
+        assert built == [engine] and engine.loaded == [checkpoint]
+        with Session().use():  # a session that never saw the run starts from ``checkpoint``
+            assert runtime.engine_for(cfg, checkpoint) is not engine
+        assert len(built) == 2
