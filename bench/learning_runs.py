@@ -108,7 +108,8 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      generated_tokens=sum(m["ledger/generated_tokens"] for m in metrics),
                      tool_calls=sum(m["ledger/tool_calls"] for m in metrics), wall_s=wall,
                      extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics])),
-                            **predictor_curves(metrics), "per_step": update_curves(metrics),
+                            **curves(metrics, PREDICTOR_KEYS, "predictor/"),
+                            "per_step": curves(metrics, UPDATE_KEYS),
                             "steps": step_costs(store, run_id, metrics), **extra},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
 
@@ -135,19 +136,11 @@ def step_costs(store: Any, run_id: str, metrics: Sequence[dict[str, Any]]) -> di
 
 PREDICTOR_KEYS = ("root_auc", "prefix_auc", "root_brier", "prefix_brier", "flip_predicted",
                   "flip_realised")
-"""Per-step predictor statistics kept in a run record (``tasks.track.prediction_metrics``)."""
-
-
-def predictor_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per step, how well the allocation's scores predicted the outcomes (``tasks.track.
-    prediction_metrics``): Stage 1's within-step root AUC and Brier, Stage 2's prefix AUC and
-    Brier, and the predicted and realised flip rate of the continuations (the share whose outcome
-    differs from their prefix's bare rollout); nan where the step had no such score, or (AUC) its
-    outcomes all agreed."""
-    return {key: [float(m.get(f"predictor/{key}", float("nan"))) for m in metrics]
-            for key in PREDICTOR_KEYS}
-
-
+"""Per-step predictor statistics kept in a run record (``tasks.track.prediction_metrics``, under
+``predictor/``): how well the allocation's scores predicted the outcomes: Stage 1's within-step
+root AUC and Brier, Stage 2's prefix AUC and Brier, and the predicted and realised flip rate of the
+continuations (the share whose outcome differs from their prefix's bare rollout); nan where the
+step had no such score, or (AUC) its outcomes all agreed."""
 UPDATE_KEYS = ("rollout/reward_mean", "loss/pg_loss", "loss/grad_norm", "loss/approx_kl",
                "loss/approx_kl_max", "loss/ratio_max", "loss/entropy_proxy", "loss/kl_stopped",
                "loss/kl_after_step_max", "time/step_s", "time/rollout_s")
@@ -158,9 +151,10 @@ resumes after the last complete step) has a ``wall_s`` of that process only, whi
 seconds cover every step, whichever process ran it."""
 
 
-def update_curves(metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per step, the ``UPDATE_KEYS`` statistics (nan where a step did not log one)."""
-    return {key: [float(m.get(key, float("nan"))) for m in metrics] for key in UPDATE_KEYS}
+def curves(metrics: Sequence[dict[str, Any]], keys: Sequence[str],
+           prefix: str = "") -> dict[str, list[float]]:
+    """Per step (step order), each key's metric ``prefix + key``; nan where a step did not log it."""
+    return {key: [float(m.get(prefix + key, float("nan"))) for m in metrics] for key in keys}
 
 
 def hard_setting(items: int, samples: int, temperature: float) -> dict[str, Any]:

@@ -191,13 +191,10 @@ def _report(root: Path, names: list[str], structures: dict, params: ChainParams,
               f"{100 * first:.1f}; GRPO's effective ratio over its first 5 steps "
               f"{next(r['ratio_start'] for r in table if r['method'] == 'grpo'):.2f})")
         print_table(table)
-    main_, ctl = finals["chain"], finals.get("control")
-    n = len(main_[REFERENCE])
-    if n < 2:
+    if len(finals["chain"][REFERENCE]) < 2:
         return {"tables": tables}
-    out = conclude(main_, ctl, REFERENCE)
-    return {"tables": tables, "finals": finals, "gain": out["gain"], "control": out["control"],
-            "line": out["line"]}
+    return {"tables": tables, "finals": finals,
+            **conclude(finals["chain"], finals.get("control"), REFERENCE)}
 
 
 def _parser() -> argparse.ArgumentParser:

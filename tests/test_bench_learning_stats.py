@@ -134,24 +134,25 @@ def test_seeds_accumulate_and_paired_tests_correct_over_baselines(tmp_path):
 def test_report_names_the_best_baseline_not_a_variant_and_the_root_auc(tmp_path, capsys):
     from bench.learning import report
     from bench.learning_report import late_root_auc
-    from bench.learning_runs import UPDATE_KEYS, predictor_curves, update_curves
+    from bench.learning_runs import PREDICTOR_KEYS, UPDATE_KEYS, curves
 
-    per_step = update_curves([{"loss/ratio_max": 7.5, "rollout/reward_mean": 0.25}, {}])
+    per_step = curves([{"loss/ratio_max": 7.5, "rollout/reward_mean": 0.25}, {}], UPDATE_KEYS)
     assert set(per_step) == set(UPDATE_KEYS) and per_step["loss/ratio_max"][0] == 7.5
     assert math.isnan(per_step["time/step_s"][1])  # a step that logged no seconds
     assert per_step["rollout/reward_mean"][0] == 0.25 and math.isnan(per_step["loss/pg_loss"][1])
-    curves = predictor_curves([{"predictor/root_auc": 0.5}, {}, {"predictor/root_auc": 0.7,
-                                                                  "predictor/flip_predicted": 0.1},
-                               {"predictor/root_auc": 0.9, "predictor/prefix_auc": 0.6,
-                                "predictor/flip_predicted": 0.3, "predictor/flip_realised": 0.4}])
-    assert curves["root_auc"][::2] == [0.5, 0.7] and math.isnan(curves["root_auc"][1])
-    assert math.isnan(curves["prefix_auc"][0]) and curves["prefix_auc"][3] == 0.6
+    pred = curves([{"predictor/root_auc": 0.5}, {}, {"predictor/root_auc": 0.7,
+                                                     "predictor/flip_predicted": 0.1},
+                   {"predictor/root_auc": 0.9, "predictor/prefix_auc": 0.6,
+                    "predictor/flip_predicted": 0.3, "predictor/flip_realised": 0.4}],
+                  PREDICTOR_KEYS, "predictor/")
+    assert pred["root_auc"][::2] == [0.5, 0.7] and math.isnan(pred["root_auc"][1])
+    assert math.isnan(pred["prefix_auc"][0]) and pred["prefix_auc"][3] == 0.6
     tokens = [0.0, 100.0, 200.0]
     results = []
     for s, (t, g, p, o) in enumerate([(0.80, 0.75, 0.70, 0.95), (0.70, 0.72, 0.60, 0.90),
                                       (0.90, 0.80, 0.75, 0.99)]):
         results.append(_tok("trace", s, [0.5, 0.6, t], tokens))
-        results[-1].extra = curves
+        results[-1].extra = pred
         results += [_tok("grpo", s, [0.5, 0.6, g], tokens), _tok("prompt_only", s, [0.5, 0.6, p], tokens),
                     _tok("trace_oracle", s, [0.5, 0.6, o], tokens)]
     assert late_root_auc(results[0]) == pytest.approx(0.8)  # steps 2-3 of 4: 0.7, 0.9
