@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import nct, t as student_t
 
+from bench.learning_report import detectable_effect as detectable
 from trace_core.stats import Interval, median_ratio, paired_gain, verdict
 
 LAST = 5
@@ -77,18 +76,6 @@ def reach_ratio(logs: list[dict], grpo: list[dict], seed: int = 0,
     need = [tokens_to_reach(lg, t) for lg, t in zip(logs, targets)]
     base = [tokens_to_reach(g, t) for g, t in zip(grpo, targets)]
     return median_ratio(need, base, seed, draws)
-
-
-def detectable(sd: float, n: int, power: float = 0.8, level: float = 0.95) -> float:
-    """Smallest true paired difference the two-sided paired t-test at ``level`` detects with
-    ``power`` over ``n`` seeds whose differences have standard deviation ``sd`` (the test behind
-    trace_core.stats's Student-t intervals): the d at which the noncentral t with n - 1 degrees
-    of freedom and noncentrality d sqrt(n) / sd exceeds t_{1 - a/2, n-1} with probability
-    ``power`` (the far tail, below -t, is negligible)."""
-    if n < 2 or sd <= 0:
-        raise ValueError(f"detectable: need n >= 2 seeds and sd > 0, got n={n}, sd={sd}")
-    q, se = student_t.ppf(0.5 + level / 2, n - 1), sd / np.sqrt(n)
-    return float(brentq(lambda d: nct.sf(q, n - 1, d / se) - power, 0.0, 50.0 * sd))
 
 
 def rows_of(results: list[dict], names: list[str]) -> tuple[list[dict], dict[str, np.ndarray]]:

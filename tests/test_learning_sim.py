@@ -202,8 +202,7 @@ def test_power_and_closing_line():
     x = rng.normal(d, 5.4, size=(20000, 10))
     t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(10))
     assert np.mean(np.abs(t) > 2.262157) == pytest.approx(0.8, abs=0.01)
-    with pytest.raises(ValueError, match="n >= 2"):
-        detectable(1.0, 1)
+    assert np.isnan(detectable(1.0, 1))  # one seed: no test, no detectable effect
     main_ = {"grpo": np.array([50.0, 52, 54]), "dapo": np.array([40.0, 41, 42]),
              "prompt_only": np.array([51.0, 53, 55]), REFERENCE: np.array([53.0, 55, 57])}
     ctl = {k: v - 20 for k, v in main_.items()}
