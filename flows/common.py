@@ -127,8 +127,12 @@ class Phases:
     def __getattr__(self, name: str) -> Any:
         from tasks import evaluate, expand, learn, prefixes, roots, track
 
-        task = next(getattr(m, name) for m in (roots, prefixes, expand, learn, track, evaluate)
-                    if isinstance(getattr(m, name, None), Task))
+        found = [getattr(m, name) for m in (roots, prefixes, expand, learn, track, evaluate)
+                 if isinstance(getattr(m, name, None), Task)]
+        if not found:  # an AttributeError, so hasattr() and copy() see a missing attribute
+            raise AttributeError(f"Phases: no task named {name!r} in tasks.roots, prefixes, "
+                                 "expand, learn, track or evaluate")
+        task = found[0]
         run, watch, phase = bind(track.named(task), self._workdir), self._watch, \
             f"{self._where}{task.name}"
 

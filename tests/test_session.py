@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from trace_rl.session import PROCESS, Session
 
 
@@ -87,3 +89,12 @@ def test_the_flow_s_phases_run_their_tasks_in_its_session(tiny_model_dir, tmp_pa
         with Session().use():  # a session that never saw the run starts from ``checkpoint``
             assert runtime.engine_for(cfg, checkpoint) is not engine
         assert len(built) == 2
+
+
+def test_phases_names_an_unknown_task_as_a_missing_attribute(tmp_path):
+    from flows.common import Phases
+
+    phases = Phases(str(tmp_path), session=Session())
+    assert not hasattr(phases, "score_rootz")
+    with pytest.raises(AttributeError, match="no task named 'score_rootz'"):
+        phases.score_rootz
