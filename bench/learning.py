@@ -1,32 +1,36 @@
-"""TRACE against the baselines at equal leaf budget, end to end on a CPU.
+"""TRACE against the baselines, end to end on a CPU: every method is the same ``train`` flow with
+another ``allocator`` (or a ``VARIANTS`` row) from the same bootstrapped tiny policy, evaluated on
+held-out items of the family at a few checkpoints (``--eval-samples`` rollouts per item at
+``--eval-temperature``; greedy decoding saturates). Two protocols (docs/results.md):
 
-Every method is the same ``train`` flow with another ``allocator``: grpo, dapo, prompt_only,
-random_prefix, trace. Each (method, seed) run starts from the same bootstrapped tiny policy, spends
-the same number of trajectories (leaves) per step, and is evaluated on held-out items of the family
-at a few checkpoints (``--eval-samples`` rollouts per item at ``--eval-temperature``, the
-training temperature by default: greedy decoding saturates). Printed per
-method (mean and spread over seeds): final and best held-out accuracy, the area under accuracy
-versus cumulative leaf budget (normalised to [0, 1]), the mean effective ratio over steps, tokens
-and tool calls spent, and wall time; held-out accuracy at equal generated tokens (``@tokens``: at the
-smallest token total any run spent, read off each run's accuracy-vs-tokens curve); above the last
-line, TRACE minus each method paired by seed (mean and standard error). A plot of accuracy against
-cumulative budget (leaves, and generated tokens) is saved. The last line compares at equal leaf
-budget, the issue's basis; ``@tokens`` is a second view of the same runs (a continuation leaf
-generates only its suffix, so tree methods spend fewer tokens per leaf).
-
-The learning protocol (``--protocol tokens``; ``--regime paper`` names its configuration for the
-tiny LM) replaces the equal-leaf budget with equal generated tokens per step and equal optimiser
-steps, runs a negative control in the same invocation and reports as the simulator does:
-``bench/learning_protocol.py``.
+* ``--protocol leaves``: every method spends the same leaves per step, M (1 + N). Reported per
+  method over seeds (``bench.learning_report.report``): final and best held-out accuracy, the area
+  under accuracy against leaves, accuracy at equal generated tokens (``@tokens``: at the smallest
+  total any run spent; a continuation leaf generates only its suffix), the effective ratio, tokens,
+  tool calls and wall time; TRACE minus each method paired by seed; a plot.
+* ``--protocol tokens`` (``--regime paper`` names its configuration): the simulator's protocol on
+  the tiny LM. The reference ``trace_cover`` runs first at M (1 + N) leaves; each flat baseline
+  (grpo, dapo, prompt_only) of the same seed then runs the same steps in whole groups sized so that
+  its generated tokens per step match the reference's (``matched_budget``; DAPO stops early, so it
+  may spend less); tree rows keep the leaf budget. Every method of ``CONTROL_METHODS`` also runs
+  on a negative control, the family at one constant difficulty (``--control-difficulty``), whose
+  closing difference must come out near zero. The report (``protocol_report``): per method mixed
+  prompts per step, the effective ratio, prompts, generated and training tokens per step, leaves,
+  the final accuracy (mean of the last ``--final-of`` evaluations), its paired difference from
+  GRPO and the tokens it needs to reach GRPO's final accuracy; the power statement and the closing
+  line ``TRACE-cover vs best baseline at equal tokens and steps: ...; control ...``.
 
     python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
-    python -m bench.learning                 # the full benchmark (see --help)
+    python -m bench.learning                 # the equal-leaf benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
     python -m bench.learning --summarise-only [options]   # re-print a benchmark from its records
 
-With ``--jobs 2`` (the default on a 2-core machine) the runs go to two worker processes, each
-with its own work dir under ``--workdir`` (``job-<method>-s<seed>``; query one with
-``trace sql --workdir ...``); ``--jobs 1`` keeps every run in one process and one DuckDB file.
+Records: one JSON per (structure, method, seed) under ``--records`` (``<records>/runs/`` and, for
+the tokens protocol, ``<records>/<main|control>/runs/``), written as each run ends; a later
+invocation with the same settings runs only what is missing and reports on every seed recorded.
+With ``--jobs 2`` (the default on a 2-core machine) the runs go to two worker processes, each with
+its own work dir (``<workdir>/job-<method>-s<seed>``); ``--jobs 1`` runs them in this process, in
+one work dir per structure.
 """
 
 from __future__ import annotations
@@ -35,106 +39,140 @@ import argparse
 import json
 import os
 import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from bench import RECORDS
-from bench.learning_protocol import REGIMES
-from bench.learning_report import report
-from bench.learning_runs import (METHODS, VARIANTS, _eval, check_signatures, eval_plan, eval_run_id,
-                                 hard_setting, load_run, parse_seeds, recorded_runs, run_one,
-                                 run_parallel, save_run, signature)
+from bench.learning_report import conclude, report, run_log, structure_rows
+from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan,
+                                 eval_run_id, load_run, parse_seeds, recorded_runs, run_one,
+                                 save_run, signature)
+
+REFERENCE = "trace_cover"
+"""The row whose generated tokens per step the matched baselines spend (``--protocol tokens``)."""
+MATCHED = {"grpo": 0, "dapo": 0, "prompt_only": 2}
+"""The flat baselines sized to the reference's tokens, and their group (0: ``group_size``)."""
+TOKEN_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "cover_oracle")
+CONTROL_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only")
+"""The control needs the reference and the baselines the closing line's best is taken from."""
+LM_RESULTS = RECORDS / "learning_lm"
+
+REGIMES: dict[str, dict[str, Any]] = {
+    "paper": {"family": "synth_arith", "policy_difficulty": 1, "difficulty": 2, "mix": "1,2,2",
+              "control_difficulty": 1, "protocol": "tokens", "steps": 20, "eval_every": 5,
+              "eval_items": 300, "eval_samples": 2, "final_of": 2,
+              "methods": "trace_cover,grpo,dapo,prompt_only,trace"},
+}
+"""``--regime``: defaults for the command line (explicit options override them). ``paper``: the
+default run's bootstrapped tiny policy (synth_arith, d = 1) trained on a pool of one d = 1 item to
+two d = 2 items, where sampling four rollouts of each prompt from the start mixes ~1/3 of the
+groups, as the paper's GRPO mixes 0.27-0.35; control: all items at d = 1. synth_arith has no
+oracle (``Environment.oracle_success``), so ``cover_oracle`` is not among its methods."""
+
+
+@dataclass
+class Structure:
+    """One family configuration of the invocation: the equal-leaf one, or the tokens protocol's
+    main one or its control."""
+
+    name: str
+    base: dict[str, Any]
+    signature: str
+    start: float
+    workdir: Path
+    records: Path
+    methods: tuple[str, ...]
+    matched: bool = True
+    """Whether the ``MATCHED`` baselines are sized to the reference (the tokens protocol)."""
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from bench import learning_protocol as protocol
-
-    args = protocol.parse(_parser(), argv)
+    args = parse(_parser(), argv)
     tokens = args.protocol == "tokens"
     if args.quick:
         args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
         args.seeds = args.seeds or "1"
         args.root_budget, args.pool_size = 4, 8
     if args.summarise_only:
-        return protocol.report(protocol.records_folder(args), args.final_of, vars(args)) \
-            if tokens else summarise_recorded(args)
+        return protocol_report(records_of(args), args.final_of, vars(args)) if tokens \
+            else summarise_recorded(args)
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
-    if tokens:
-        return protocol.run(args, _policy_and_base, _start_accuracy)
     workdir, records = Path(args.workdir), records_of(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = parse_seeds(args.seeds or "3", args.seed_start)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if tokens and REFERENCE not in methods:
+        raise SystemExit(f"--protocol tokens: the methods must include the reference {REFERENCE}")
     policy, base, skip = _policy_and_base(args, workdir)
     eval_steps, ev = eval_plan(args, skip)
-    sig = signature(base, eval_steps, ev, policy)
-    check_signatures(records, sig)
-    start = _start_accuracy(base, policy, records, sig, args.eval_items, skip, args.eval_samples,
-                            args.eval_temperature)
-    # The hard split's start first, so that a family without one fails before any run.
-    hard_start = _hard_start(args, base, policy, records, sig) if args.hard_items else None
-    # Each run measures its final checkpoint on the hard split as it ends, into its record.
-    hard = hard_setting(args.hard_items, _hard_samples(args), args.eval_temperature) \
-        if args.hard_items else None
-    jobs = [(m, s) for s in seeds for m in methods if load_run(records, sig, m, s) is None]
-    if args.jobs <= 1:
-        for m, s in jobs:
-            save_run(records, sig, run_one(m, s, base, policy, workdir, eval_steps,
-                                           start_accuracy=start, hard=hard, **ev))
-    elif jobs:
-        run_parallel(jobs, args.jobs, base, policy, workdir, eval_steps, start, ev, sig, hard,
-                     records)
+    if tokens:
+        control_args = argparse.Namespace(**{**vars(args), "policy": policy, "mix": "",
+                                             "difficulty": args.control_difficulty})
+        plan = [("main", base, methods, workdir / "main", records / "main"),
+                ("control", _policy_and_base(control_args, workdir)[1],
+                 tuple(m for m in CONTROL_METHODS if m in methods), workdir / "control",
+                 records / "control")]
+    else:
+        plan = [("leaves", base, methods, workdir, records)]
+    structures = {}
+    for name, b, ms, wd, rec in plan:
+        sig = signature(b, eval_steps, ev, policy)
+        check_signatures(rec, sig)  # records of other settings are not silently mixed in
+        start = _start_accuracy(b, policy, rec if not tokens else wd, sig, args.eval_items, skip,
+                                args.eval_samples, args.eval_temperature)
+        structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens)
+    jobs = [j for j in job_order(seeds, {n: st.methods for n, st in structures.items()}, tokens)
+            if load_run(structures[j[0]].records, structures[j[0]].signature, j[1], j[2]) is None]
+    run_jobs(jobs, structures, args.jobs, policy, eval_steps, ev)
+    if tokens:
+        return protocol_report(records, args.final_of, vars(args))
+    st = structures["leaves"]
     # Every recorded seed of these methods made with these settings, this invocation's and
     # earlier ones'.
-    results = sorted((r for r in recorded_runs(records, sig) if r.method in methods),
+    results = sorted((r for r in recorded_runs(records, st.signature) if r.method in methods),
                      key=lambda r: (r.seed, methods.index(r.method)))
-    return report(results, vars(args), start, records, hard_start=hard_start)
+    return report(results, vars(args), st.start, records)
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with ``--regime``'s defaults under the explicit options."""
+    known, _ = parser.parse_known_args(argv)
+    if known.regime:
+        parser.set_defaults(**REGIMES[known.regime])
+    return parser.parse_args(argv)
 
 
 def records_of(args: argparse.Namespace) -> Path:
-    """Where the equal-leaf benchmark's records go: ``--records``, else ``results/learning_<family>``
-    (with ``--quick``, the work dir: a test's runs are not records)."""
+    """Where the records go: ``--records``; else, equal leaves, ``results/learning_<family>``
+    (with ``--quick`` the work dir: a test's runs are not records); the tokens protocol,
+    ``results/learning_lm/<regime>`` (without a regime ``<workdir>/records``)."""
     if args.records:
         return Path(args.records)
+    if args.protocol == "tokens":
+        return LM_RESULTS / args.regime if args.regime else Path(args.workdir) / "records"
     return Path(args.workdir) if args.quick else RECORDS / f"learning_{args.family}"
-
-
-def _kept(path: Path, key: str, value: Any, measure: Any) -> float:
-    """An accuracy measured once per settings (``{key: value}``) and kept in ``path``, so that a
-    later invocation adding seeds or methods does not measure it again."""
-    if path.exists() and (kept := json.loads(path.read_text())).get(key) == value:
-        return float(kept["accuracy"])
-    accuracy = measure()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({key: value, "accuracy": accuracy}, indent=1) + "\n")
-    return accuracy
 
 
 def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str, items: int,
                     skip: int, samples: int, temperature: float) -> float:
     """The starting policy's held-out accuracy for these settings (``signature``): the first
-    accuracy of a recorded run of them, else kept in ``<folder>/start.json``."""
+    accuracy of a recorded run of them, else kept in ``<folder>/start.json`` (measured once per
+    settings, so that a later invocation adding seeds or methods does not measure it again)."""
     for record in sorted((folder / "runs").glob("*.json")):
         if (data := json.loads(record.read_text())).get("signature") == sig:
             return float(data["result"]["accuracy"][0])
-    return _kept(folder / "start.json", "signature", sig, lambda: _eval(
-        {**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items, skip, samples,
-        temperature))
-
-
-def _hard_samples(args: argparse.Namespace) -> int:
-    return args.hard_samples or args.eval_samples
-
-
-def _hard_start(args: argparse.Namespace, base: dict[str, Any], policy: str, records: Path,
-                sig: str) -> float:
-    """The starting policy's accuracy on the hard split (``--hard-items``), kept in
-    ``<records>/hard_start.json`` for these settings."""
-    setting = {"signature": sig, **hard_setting(args.hard_items, _hard_samples(args),
-                                                args.eval_temperature)}
-    return _kept(records / "hard_start.json", "setting", setting, lambda: _eval(
-        {**base, "policy": policy, "run_id": eval_run_id(policy), "eval_split": "hard"},
-        policy, args.hard_items, 0, _hard_samples(args), args.eval_temperature))
+    path = folder / "start.json"
+    if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
+        return float(kept["accuracy"])
+    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items,
+                     skip, samples, temperature)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"signature": sig, "accuracy": accuracy}, indent=1) + "\n")
+    return accuracy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,7 +188,7 @@ def _parser() -> argparse.ArgumentParser:
                          "trace_cover, the reference, among them)")
     ap.add_argument("--protocol", choices=("leaves", "tokens"), default="leaves",
                     help="leaves: every method at the same leaf budget; tokens: the learning "
-                         "protocol (bench/learning_protocol.py): grpo, dapo and prompt_only sized to "
+                         "protocol: grpo, dapo and prompt_only sized to "
                          "trace_cover's generated tokens per step, equal steps, a negative control "
                          "in the same invocation, records under --records")
     ap.add_argument("--regime", choices=sorted(REGIMES), default=None,
@@ -184,12 +222,6 @@ def _parser() -> argparse.ArgumentParser:
                     help="sampling temperature of the evaluation (1.0 = the training rollouts'; "
                          "greedy saturates: the bootstrapped policy answers 100%% of held-out "
                          "items greedily while sampling succeeds ~50%%)")
-    ap.add_argument("--hard-items", type=int, default=0,
-                    help="also evaluate each run's final checkpoint (and the start) on this many "
-                         "items of the family's hard split (synth_chain: H = 5, 1.5x hazards); "
-                         "0 = not. Added to recorded runs without re-running them")
-    ap.add_argument("--hard-samples", type=int, default=None,
-                    help="rollouts per hard item (default: --eval-samples)")
     ap.add_argument("--learning-rate", type=float, default=None,
                     help="policy learning rate for every method (default: the config's)")
     ap.add_argument("--root-budget", type=int, default=16,
@@ -214,7 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--jobs", type=int, default=None,
                     help="(method, seed) runs in parallel worker processes, one torch thread "
                          "each (default: 2 on a machine with >= 2 cores, 1 with --quick); 1 = all "
-                         "in this process, in one work dir")
+                         "in this process, in one work dir per structure")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
     ap.add_argument("--summarise-only", action="store_true",
                     help="run nothing: re-print (and re-plot) the benchmark from its records "
@@ -273,8 +305,8 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
 
 
 def summarise_recorded(args: argparse.Namespace) -> dict[str, Any]:
-    """The report of the runs recorded in ``records_of(args)`` (``runs/``, ``start.json`` and
-    ``hard_start.json``): every run of the settings ``start.json`` names; nothing runs. The
+    """The equal-leaf report of the runs recorded in ``records_of(args)``: every run of the
+    settings ``start.json`` names (else of the one setting its runs hold); nothing runs. The
     table's sizes come from the options given, as when the runs were made."""
     records = records_of(args)
     path = records / "start.json"
@@ -287,10 +319,171 @@ def summarise_recorded(args: argparse.Namespace) -> dict[str, Any]:
                                     f"settings in {records / 'runs'}")
         sig = sigs.pop()
         start = {"signature": sig, "accuracy": recorded_runs(records, sig)[0].accuracy[0]}
-    hard = records / "hard_start.json"
-    hard_start = json.loads(hard.read_text())["accuracy"] if hard.exists() else None
     return report(recorded_runs(records, start["signature"]), vars(args), start["accuracy"],
-                  records, hard_start=hard_start)
+                  records)
+
+
+# ----------------------------------------------------------------------------- the runs
+
+def matched_leaves(tokens_per_step: float, tokens_per_leaf: float, group: int) -> int:
+    """Leaves per step of a flat baseline whose generated tokens per step match
+    ``tokens_per_step`` when each leaf (a full rollout) generates ``tokens_per_leaf``: whole
+    groups of ``group``, at least one."""
+    if not (tokens_per_step > 0 and tokens_per_leaf > 0 and group >= 1):
+        raise ValueError(f"matched_leaves: need positive tokens ({tokens_per_step}, "
+                         f"{tokens_per_leaf}) and a group >= 1 ({group})")
+    return group * max(1, round(tokens_per_step / (group * tokens_per_leaf)))
+
+
+def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[str, int]:
+    """The config fields that give flat ``method`` the reference run's generated tokens per step:
+    its mean over the run, over the reference's mean tokens per bare rollout (every bare rollout
+    is a full rollout from the root, what a flat method's leaf is)."""
+    steps = reference.extra["steps"]
+    per_step = float(np.mean(steps["tokens"]))
+    per_leaf = float(np.sum(steps["bare_tokens"]) / max(np.sum(steps["bare"]), 1.0))
+    leaves = matched_leaves(per_step, per_leaf, MATCHED[method] or group_size)
+    return {"root_budget": leaves, "multiplier": 0}
+
+
+def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]],
+              ranked: bool = True) -> list[tuple[str, str, int]]:
+    """(structure, method, seed) in the order runs start: seed by seed; ``ranked``, the references
+    of every structure first, then the matched baselines (which wait for them), then the other
+    rows, so that paired seeds of the closing line complete as early as they can."""
+    rank = lambda m: 0 if m == REFERENCE else 1 if m in MATCHED else 2  # noqa: E731
+    return [(name, m, s) for s in seeds for r in ((0, 1, 2) if ranked else (None,))
+            for name, ms in methods.items() for m in ms if r is None or rank(m) == r]
+
+
+def _budget(st: Structure, method: str, seed: int) -> dict[str, int] | None:
+    """The run's budget fields: the leaf budget (none) or, for a matched baseline, its size from
+    the reference of the same seed; None while that reference is not recorded."""
+    if not st.matched or method not in MATCHED:
+        return {}
+    ref = load_run(st.records, st.signature, REFERENCE, seed)
+    if ref is None:
+        return None
+    from trace_rl.config import TrainConfig
+
+    return matched_budget(ref, method, st.base.get("group_size", TrainConfig().group_size))
+
+
+def _job(st: Structure, method: str, seed: int, budget: dict[str, int], policy: str,
+         eval_steps: Sequence[int], ev: dict[str, Any], job_dir: Path) -> str:
+    """One run, in this process or a worker, recorded as it ends. It keeps only the evaluated
+    checkpoints (``keep_checkpoints`` 1 with ``checkpoint_every`` = the evaluation interval: 13 MB
+    a step for the tiny policy; not in the run id or the signature)."""
+    from tasks.runtime import configure_threads
+
+    configure_threads()
+    r = run_one(method, seed, {**st.base, **budget, "keep_checkpoints": 1}, policy, job_dir,
+                eval_steps, start_accuracy=st.start, **ev)
+    if st.matched:
+        r.extra["budget"] = budget
+    return str(save_run(st.records, st.signature, r, compact=True))
+
+
+def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structure], workers: int,
+             policy: str, eval_steps: Sequence[int], ev: dict[str, Any]) -> None:
+    """The runs on ``workers`` processes (one: in this process, in the structure's work dir;
+    several: each in ``<workdir>/job-<method>-s<seed>``, since a DuckDB file has one writer
+    process), each started once its budget is known (a matched baseline after its seed's
+    reference). A failed run is reported and the runs waiting on it are left for a later
+    invocation."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pending = list(jobs)
+
+    def next_ready() -> tuple[tuple[str, str, int], tuple] | None:
+        for job in pending:
+            st = structures[job[0]]
+            budget = _budget(st, job[1], job[2])
+            if budget is not None:
+                pending.remove(job)
+                job_dir = st.workdir if workers <= 1 else st.workdir / f"job-{job[1]}-s{job[2]}"
+                return job, (st, job[1], job[2], budget, policy, list(eval_steps), ev, job_dir)
+        return None
+
+    def done(job: tuple[str, str, int], get: Any) -> None:
+        try:
+            print(f"recorded {job[0]} {job[1]} seed {job[2]}: {get()}", flush=True)
+        except Exception:  # noqa: BLE001 (one failed run must not lose the others)
+            print(f"FAILED {job[0]} {job[1]} seed {job[2]}:\n{traceback.format_exc()}",
+                  file=sys.stderr, flush=True)
+
+    if workers <= 1:
+        while (ready := next_ready()) is not None:
+            done(ready[0], lambda: _job(*ready[1]))
+    else:
+        ctx = multiprocessing.get_context("spawn")  # no forked torch / Prefect state
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            running: dict[Any, tuple[str, str, int]] = {}
+            while True:
+                while len(running) < workers and (ready := next_ready()) is not None:
+                    running[pool.submit(_job, *ready[1])] = ready[0]
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    done(running.pop(f), f.result)
+    if pending:
+        print(f"not run (no recorded reference of their seed): {pending}", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- the tokens report
+
+def load_structure(folder: Path) -> dict[int, dict[str, RunResult]]:
+    """{seed: {method: run}} of every record in ``folder`` (one signature: else an error)."""
+    out: dict[int, dict[str, RunResult]] = {}
+    sigs = set()
+    for path in sorted((folder / "runs").glob("*.json")):
+        data = json.loads(path.read_text())
+        sigs.add(data["signature"])
+        r = RunResult(**data["result"])
+        out.setdefault(r.seed, {})[r.method] = r
+    if len(sigs) > 1:
+        raise ValueError(f"{folder}: records of {len(sigs)} settings; keep one per folder")
+    return dict(sorted(out.items()))
+
+
+def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """The tokens protocol: the tables of both structures, the power statement and the closing
+    line, from every complete seed recorded under ``records``."""
+    finals: dict[str, dict[str, np.ndarray]] = {}
+    tables: dict[str, list] = {}
+    if args:
+        print(f"\nfamily {args['family']}, mix {args['mix'] or args['difficulty']} (control: "
+              f"d = {args['control_difficulty']}), {args['steps']} steps; reference {REFERENCE} "
+              f"M = {args['root_budget']}, N = {args['multiplier']}; held-out {args['eval_items']} "
+              f"items x {args['eval_samples']} samples, final = mean of the last {final_of} "
+              f"evaluations; records {records}")
+    for name in ("main", "control"):
+        runs = load_structure(records / name)
+        if not runs:
+            continue
+        methods = [m for m in (*TOKEN_METHODS, *sorted({m for rs in runs.values() for m in rs}))
+                   if any(m in rs for rs in runs.values())]
+        if args and args.get("methods"):  # a seed is complete with every method it should have
+            wanted = [m.strip() for m in args["methods"].split(",") if m.strip()]
+            methods = wanted if name == "main" else [m for m in CONTROL_METHODS if m in wanted]
+        methods = list(dict.fromkeys(methods))
+        complete = {s: rs for s, rs in runs.items() if set(methods) <= set(rs)}
+        counts = ", ".join(f"{m} {sum(m in rs for rs in runs.values())}" for m in methods)
+        print(f"\n{name}: {len(complete)} complete seed(s) {sorted(complete)}; runs recorded: {counts}")
+        if not complete or "grpo" not in methods:
+            continue
+        logs = [{m: run_log(rs[m], final_of) for m in methods} for rs in complete.values()]
+        tables[name], finals[name] = structure_rows(name, logs, methods, REFERENCE)
+    main = finals.get("main", {})
+    out: dict[str, Any] = {"tables": tables, "finals": finals}
+    if REFERENCE in main and len(main[REFERENCE]) >= 2:
+        out.update(conclude(main, finals.get("control"), REFERENCE, beside=("trace", "cover_oracle")))
+    else:
+        print("\nno closing line: fewer than 2 complete seeds")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """The learning benchmark's runs: one (method, seed) run of the train flow from the shared
 starting policy, its held-out evaluations, and its record under ``<workdir>/runs/`` (kept per
-settings, so seeds accumulate across invocations); in this process or on worker processes, each
-with a work dir of its own (``bench.learning``)."""
+settings, so seeds accumulate across invocations; ``bench.learning``)."""
 
 from __future__ import annotations
 
@@ -70,12 +69,10 @@ def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int, skip: int, samp
 
 def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
             eval_steps: Sequence[int], eval_items: int, start_accuracy: float,
-            eval_skip: int, eval_samples: int, eval_temperature: float,
-            hard: dict[str, Any] | None = None) -> RunResult:
+            eval_skip: int, eval_samples: int, eval_temperature: float) -> RunResult:
     """One (method, seed) run of the train flow in ``workdir``, its checkpoints at ``eval_steps``
-    evaluated on the test split and, with ``hard`` (``hard_setting``), its final checkpoint on the
-    family's hard split, so that the record is whole once the run ends and its work dir (the
-    checkpoints) can go."""
+    evaluated on the test split, so that the record is whole once the run ends and its work dir
+    (the checkpoints) can go."""
     from flows.train import train
     from tasks.runtime import Paths
     from trace_rl.config import config_from_mapping
@@ -96,12 +93,6 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
     for s in eval_steps:
         acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), eval_items, eval_skip,
                          eval_samples, eval_temperature))
-    extra: dict[str, Any] = {}
-    if hard:
-        final = _eval({**eval_cfg, "eval_split": "hard"},
-                      str(Paths(workdir).policy_dir(run_id, eval_steps[-1])), hard["items"], 0,
-                      hard["samples"], hard["temperature"])
-        extra["hard"] = {**hard, "final": final}
     return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
                      effective_ratio=[m["tree/effective_ratio"] for m in metrics],
                      leaves=[m["rollout/leaves"] for m in metrics],
@@ -110,7 +101,7 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                      extra={"reward_mean": float(np.mean([m["rollout/reward_mean"] for m in metrics])),
                             **curves(metrics, PREDICTOR_KEYS, "predictor/"),
                             "per_step": curves(metrics, UPDATE_KEYS),
-                            "steps": step_costs(store, run_id, metrics), **extra},
+                            "steps": step_costs(store, run_id, metrics)},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
 
 
@@ -157,10 +148,6 @@ def curves(metrics: Sequence[dict[str, Any]], keys: Sequence[str],
     return {key: [float(m.get(prefix + key, float("nan"))) for m in metrics] for key in keys}
 
 
-def hard_setting(items: int, samples: int, temperature: float) -> dict[str, Any]:
-    return {"split": "hard", "items": items, "samples": samples, "temperature": temperature}
-
-
 def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]) -> list[float]:
     """Generated tokens spent before each evaluation: 0 before the first step, then the sum
     through each evaluated step, from the per-step metrics (step order)."""
@@ -170,16 +157,18 @@ def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]
     return [0.0, *(float(spent[s]) for s in eval_steps)]
 
 
-def parse_seeds(text: str, start: int = 0) -> list[int]:
-    """``--seeds``: ``"3"`` = three seeds from ``start``; ``"3-5"`` = seeds 3, 4 and 5."""
-    first, sep, last = str(text).partition("-")
+def parse_seeds(text: str, start: int = 0, count: bool = True) -> list[int]:
+    """``--seeds``: ranges and lists (``"3-5"``: seeds 3, 4 and 5; ``"0-2,7"``) or, with
+    ``count``, a lone number as a count (``"3"``: three seeds from ``start``; else seed 3)."""
     try:
-        seeds = list(range(int(first), int(last) + 1)) if sep else \
-            list(range(start, start + int(first)))
+        seeds = list(range(start, start + int(text))) if count and str(text).isdigit() else [
+            s for part in str(text).split(",") for lo, _, hi in [part.partition("-")]
+            for s in (range(int(lo), int(hi) + 1) if hi else [int(lo)])]
     except ValueError:
-        raise ValueError(f"--seeds {text!r}: give a count (3) or a range (3-5)") from None
-    if not seeds or min(seeds) < 0:
-        raise ValueError(f"--seeds {text!r}: no seeds (a count >= 1, or a range low-high of seeds >= 0)")
+        raise ValueError(f"--seeds {text!r}: give a count (3), a range (3-5) or a list (0-2,7)") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: no seeds, or repeated ones (a count >= 1, or ranges "
+                         "low-high of distinct seeds >= 0)")
     return seeds
 
 
@@ -270,38 +259,3 @@ def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any
         parts["torch_threads"] = threads
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _run_job(job: tuple[str, int], base: dict[str, Any], policy: str, workdir: str,
-             eval_steps: Sequence[int], start: float, ev: dict[str, Any], sig: str,
-             hard: dict[str, Any] | None = None, records: str | None = None) -> RunResult:
-    """One (method, seed) run in a worker process, in a work dir of its own: a DuckDB file has
-    one writer process, and each worker runs its own flows (and temporary Prefect server)."""
-    from tasks.runtime import configure_threads
-
-    configure_threads()
-    method, seed = job
-    r = run_one(method, seed, base, policy, Path(workdir) / f"job-{method}-s{seed}", eval_steps,
-                start_accuracy=start, hard=hard, **ev)
-    save_run(Path(records or workdir), sig, r)
-    return r
-
-
-def run_parallel(jobs: Sequence[tuple[str, int]], workers: int, base: dict[str, Any], policy: str,
-                 workdir: Path, eval_steps: Sequence[int], start: float,
-                 ev: dict[str, Any], sig: str,
-                 hard: dict[str, Any] | None = None,
-                 records: Path | None = None) -> list[RunResult]:
-    """The (method, seed) runs on ``workers`` processes (each one torch thread), results in job
-    order, each saved as it ends (``save_run``). Every run is still the same train flow from the
-    same policy; only the work dir differs (``<workdir>/job-<method>-s<seed>``); the records go
-    to ``records`` (default ``workdir``)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = multiprocessing.get_context("spawn")  # no forked torch / Prefect state
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_run_job, job, base, str(Path(policy).resolve()), str(workdir),
-                               list(eval_steps), start, ev, sig, hard,
-                               str(records or workdir)) for job in jobs]
-        return [f.result() for f in futures]

@@ -1,54 +1,28 @@
 """A fast learning simulator for the mechanism: exact return and gradient of a tabular policy on a
-model of the multi-hop chain family, trained with the project's own allocators, backup and
-advantage estimators.
+model of the multi-hop chain family (``trace_rl.sim``), trained with the project's own allocators,
+trees, backup, advantage estimators, calibration and per-prompt posterior at ``TrainConfig``'s
+defaults. bench.learning trains the tiny LM, a few seeds an hour; a 3-point effect needs 20+
+paired seeds; here a policy is 12 numbers and a seed takes seconds.
 
-    python -m bench.learning_sim --regime paper --seeds 0-29     # the chain family and the control
-    python -m bench.learning_sim --regime default --seeds 0-29
+    python -m bench.learning_sim --regime paper --seeds 0-39     # the chain family and the control
+    python -m bench.learning_sim --regime default --seeds 0-39
 
-Why: bench.learning trains the tiny LM, a few seeds an hour; a 3-point effect needs 20+ paired
-seeds. Here a policy is 12 numbers, its expected return and gradient are exact (a dynamic
-programme over a small state space), and everything else is the project's code:
-``trace_core.allocators`` (every method's allocation), ``trace_core.tree`` (trees, backup),
-``trace_core.advantages`` (the configured estimator, ``per_node`` for count_turns_once),
-``trace_core.calibration`` (rho from the last steps' trees), ``trace_core.posterior`` (TRACE+),
-``trace_core.stats`` (paired intervals). The run's knobs default to ``trace_rl.config.TrainConfig``
-(budget, pool, group sizes, exploration, rho window, estimator).
+The protocol (docs/results.md, "Learning simulator"): equal generated tokens per step and equal
+optimiser steps; the reference ``trace_cover`` spends M (1 + N) leaves a step, and each flat
+baseline (grpo, dapo, prompt_only) spends whole groups sized at every step to the reference's
+tokens (``Run.matched_budget``); tree rows keep the leaf budget (``--protocol leaves``: the
+equal-leaf budget for everyone). Every seed also runs every method on the negative control
+(``arith``: every item the same one-homonym chain), whose closing difference must come out ~0.
+``--regime default``: hops 2:0.35,3:0.40,4:0.25, hazard Beta(1, 2); ``paper``: hops
+1:0.2,6:0.4,8:0.4, hazard Beta(1, 1), where GRPO mixes ~1/3 of its groups, as the paper's.
 
-The model, its dynamics and predictors: ``trace_rl.sim``.
-
-The protocol. The primary budget is equal generated tokens per step with an equal
-number of optimiser steps: the reference row (``trace_cover``) runs first at the leaf budget
-M (1 + N); each flat baseline (grpo, dapo, prompt_only) then spends, at every step, whole groups
-sized so that its generated tokens match the reference's at that step (``Run.matched_budget``:
-its own tokens per leaf on its previous step; at step 0 the reference's bare rollouts from the
-same starting policy). Tree rows (trace, the oracles, ablations) keep the leaf budget; their
-tokens are shown beside. ``--protocol leaves`` gives the old equal-leaf budget to everyone.
-Every seed also runs every method on a negative control, ``--structure arith`` (every item the
-same one-homonym chain: constant difficulty, nothing for an allocator to target), on the same
-settings; the closing line's difference must come out ~0 there.
-
-Regimes (``--regime``; ``--hops`` and ``--hazard-a/-b`` override): ``default`` is the chain mix
-above (hops 2:0.35,3:0.40,4:0.25, hazard Beta(1, 2): GRPO mixes ~70% of its 4-groups at the
-start); ``paper`` is hops 1:0.2,6:0.4,8:0.4 with hazard Beta(1, 1), where the expected share of
-mixed 4-groups under the starting policy is 0.343 (4000 items), as the paper's 0.27-0.35: most
-groups are all-wrong (long hazardous chains) and carry no signal.
-
-Reported per method (means over seeds; intervals paired over seeds, ``trace_core.stats``):
-mixed prompts per step (a count: trees whose leaves hold a success and a failure), the effective
-ratio (pooled mixed / active prompts), prompts per step, generated and training (forward/
-backward: every root-to-leaf path's turns) tokens per step, leaves per step, the gradient cosine,
-the final held-out accuracy (mean of the last ``LAST`` steps' exact expected return on
-``--eval-items`` test items), its paired difference from GRPO, and the generated tokens each
-method needs to reach GRPO's final accuracy, as a ratio to GRPO's (bootstrap over seeds).
-Records: one JSON file per (structure, method, seed) under ``--records`` (default
-``results/learning_sim/<regime>-<protocol>``), written as each seed finishes; a later
-invocation skips the seeds already there and reports on every seed the folder holds.
-
-Closing line: ``TRACE-cover vs best baseline at equal tokens and steps: <+-d> points (95% CI
-<lo>, <hi>) over <n> seeds; control <+-d> (95% CI <lo>, <hi>)``; best baseline = the best of
-grpo, dapo and prompt_only by mean final accuracy on the chain family, the same pair on the
-control.
-
+Reported per method (``bench.learning_report``): mixed prompts per step, the effective ratio,
+prompts, generated and training tokens and leaves per step, the gradient cosine, the final
+held-out accuracy (mean of the last ``LAST`` steps' exact expected return), its paired difference
+from GRPO and the tokens to reach GRPO's final accuracy; the closing line ``TRACE-cover vs best
+baseline at equal tokens and steps: ...; control ...``. Records: one JSON per (structure, method,
+seed) under ``--records`` (default ``results/learning_sim/<regime>-<protocol>``), written as each
+seed finishes; a later invocation skips the seeds already there and reports on every seed held.
 """
 
 from __future__ import annotations
@@ -61,7 +35,8 @@ from pathlib import Path
 from typing import Sequence
 
 from bench import RECORDS
-from bench.protocol_report import conclude, print_table, rows_of
+from bench.learning_report import conclude, structure_rows
+from bench.learning_runs import parse_seeds
 from trace_rl.config import TrainConfig
 from trace_rl.sim.model import ChainParams
 from trace_rl.sim.run import LOG_KEYS, PLUS, REFERENCE, SimSettings, methods, run_seed
@@ -75,19 +50,6 @@ REGIMES = {
 DEFAULT_ROWS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "oracle_pred", "cover_oracle")
 """The rows run unless ``--methods`` adds more."""
 RESULTS = RECORDS / "learning_sim"
-
-def parse_seeds(text: str) -> list[int]:
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    except ValueError as exc:
-        raise ValueError(f"--seeds {text!r}: expected '0-19' or '0,3,5-7'") from exc
-    if not out or len(set(out)) != len(out):
-        raise ValueError(f"--seeds {text!r}: need distinct seeds")
-    return out
-
 
 # ----------------------------------------------------------------------------- records
 
@@ -150,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "protocol": args.protocol}
     structures = {"chain": (params, meta), "control": (control, {**meta, "params": asdict(control)})}
     start = time.time()
-    for seed in parse_seeds(args.seeds):
+    for seed in parse_seeds(args.seeds, count=False):
         for structure, (p, m) in structures.items():
             done = load_records(root, structure, names, m)
             if seed in done:
@@ -180,17 +142,11 @@ def _report(root: Path, names: list[str], structures: dict, params: ChainParams,
     tables: dict[str, list] = {}
     for structure, (_, meta) in structures.items():
         logs = load_records(root, structure, names, meta)
-        results = [logs[s] for s in logs]
-        if not results:
+        if not logs:
             print(f"{structure}: no complete seeds yet")
             return {}
-        table, per_seed = rows_of(results, names)
-        finals[structure], tables[structure] = per_seed, table
-        first = results[0]["grpo"]["acc0"]
-        print(f"\n{structure} ({len(results)} seeds, seeds {min(logs)}-{max(logs)}; start accuracy "
-              f"{100 * first:.1f}; GRPO's effective ratio over its first 5 steps "
-              f"{next(r['ratio_start'] for r in table if r['method'] == 'grpo'):.2f})")
-        print_table(table)
+        tables[structure], finals[structure] = structure_rows(
+            f"{structure} (seeds {min(logs)}-{max(logs)})", list(logs.values()), names, REFERENCE)
     if len(finals["chain"][REFERENCE]) < 2:
         return {"tables": tables}
     return {"tables": tables, "finals": finals,

@@ -56,7 +56,7 @@ from bench.learning import _policy_and_base, _start_accuracy
 from bench.learning_report import accuracy_at_tokens, paired_tests, token_budget
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, load_run,
                                  parse_seeds, run_one, save_run, signature, tokens_at_evals)
-from bench.protocol_report import run_log, tokens_to_reach
+from bench.learning_report import run_log, tokens_to_reach
 from trace_core.stats import median_ratio
 
 METHODS = ("trl_grpo", "grpo", "trace")

@@ -6,7 +6,7 @@
 
 A generated table sits in the page between ``<!-- bench.tables NAME -->`` and
 ``<!-- /bench.tables -->``; the text around it is written by hand. Nothing is run: each table
-is the benchmark's own report (``bench.protocol_report``, ``bench.peers``) over its records."""
+is the benchmark's own report (``bench.learning_report``, ``bench.peers``) over its records."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from bench import RECORDS
 from bench.learning_sim import DEFAULT_ROWS, load_records
-from bench.protocol_report import closing, rows_of
+from bench.learning_report import closing, rows_of
 from trace_rl.sim.run import REFERENCE
 
 PAGE = RECORDS.parent / "docs" / "results.md"
@@ -79,8 +79,8 @@ def learning_sim(root: Path = RECORDS) -> str:
 
 def learning_lm(root: Path = RECORDS) -> str:
     """The tiny LM under the learning protocol (paper regime): per structure, every complete
-    seed's mean (``bench.learning_protocol.report``)."""
-    from bench.learning_protocol import REGIMES, report
+    seed's mean (``bench.learning.protocol_report``)."""
+    from bench.learning import REGIMES, protocol_report as report
 
     with contextlib.redirect_stdout(io.StringIO()):
         out = report(root / "learning_lm" / "paper", REGIMES["paper"]["final_of"],

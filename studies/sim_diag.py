@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.learning_sim import REGIMES, parse_seeds, write_records
+from bench.learning_runs import parse_seeds
+from bench.learning_sim import REGIMES, write_records
 from trace_rl.sim.model import ChainParams
 from trace_rl.sim.run import SimSettings, methods, run_seed
 
@@ -19,7 +20,7 @@ def main(regime: str, seeds: str, names: list[str], out: Path) -> None:
     r = REGIMES[regime]
     params = ChainParams(r["hops"], r["hazard_a"], r["hazard_b"])
     rows = [m for m in methods([]) if m.name in names]
-    for s in parse_seeds(seeds):
+    for s in parse_seeds(seeds, count=False):
         t0 = time.time()
         res = run_seed(s, rows, params, SimSettings())
         write_records(out, "chain", s, res, {"regime": regime, "diag": names})

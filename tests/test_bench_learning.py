@@ -126,50 +126,10 @@ def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tm
         _policy_and_base(args, tmp_path)
 
 
-def test_the_hard_split_is_measured_once_per_run_and_reported(tmp_path, tiny_model_dir, capsys,
-                                                              monkeypatch):
-    """--hard-items: the start and each run's final checkpoint on synth_chain's hard split, kept
-    in the run records (a second invocation measures nothing again) and in the report. Each run
-    measures it as it ends, so a record is whole without its work dir."""
-    from bench.learning import main
-
-    wd = tmp_path / "wd"
-    common = ["--quick", "--family", "synth_chain", "--policy", str(tiny_model_dir),
-              "--workdir", str(wd), "--plot", "", "--methods", "trace,grpo",
-              "--set", "chain_hops=2:1", "max_turns=5", "max_new_tokens=16"]
-    out = main([*common, "--hard-items", "3", "--hard-samples", "1"])
-    printed = capsys.readouterr().out
-    hard_line = next(line for line in printed.splitlines() if line.startswith("hard split"))
-    assert hard_line.startswith("hard split (3 items x 1 samples, final checkpoints; start ")
-    assert "trace - grpo           on the hard split (final)" in printed
-    for r in out["results"]:
-        hard = r["extra"]["hard"]
-        assert (hard["split"], hard["items"], hard["samples"]) == ("hard", 3, 1)
-        assert 0.0 <= hard["final"] <= 1.0
-    start = json.loads((wd / "hard_start.json").read_text())
-    assert start["setting"]["items"] == 3 and 0.0 <= start["accuracy"] <= 1.0
-    records = {p: p.stat().st_mtime_ns for p in (wd / "runs").glob("*.json")}
-    assert len(records) == 2
-    kept = {p: p.stat().st_mtime_ns for p in (wd / "start.json", wd / "hard_start.json")}
-    again = main([*common, "--hard-items", "3", "--hard-samples", "1"])  # nothing new to measure
-    assert {p: p.stat().st_mtime_ns for p in records} == records
-    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # neither start measured again
-    assert json.dumps(again["table"]) == json.dumps(out["table"])  # nan-safe
-    main([*common, "--summarise-only"])
-    assert hard_line in capsys.readouterr().out
-    (wd / "start.json").unlink()  # the recorded runs still hold it: nothing is measured
-    assert json.dumps(main([*common])["table"]) == json.dumps(out["table"])
-    assert not (wd / "start.json").exists()
-    with pytest.raises(Exception, match="hard"):  # a family without a hard split says so
-        main(["--quick", "--workdir", str(tmp_path / "arith"), "--plot", "", "--policy",
-              str(tiny_model_dir), "--methods", "grpo", "--hard-items", "2"])
-
-
 def test_the_tokens_protocol_sizes_each_baseline_from_its_seeds_reference(tmp_path, capsys):
     """--regime paper --quick: the reference first, grpo sized to its tokens per step, the control
     on d = 1 items in the same invocation, compact records that a second invocation reuses."""
-    from bench.learning import main
-    from bench.learning_protocol import matched_budget
+    from bench.learning import main, matched_budget
     from bench.learning_runs import RunResult
 
     rec = tmp_path / "rec"

@@ -1,14 +1,14 @@
 """bench.learning's tokens protocol on hand-made records: the sizing rule, the order runs start in,
-and the report's statistics (shared with the simulator, bench.protocol_report)."""
+and the report's statistics (shared with the simulator, bench.learning_report)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench import learning_protocol as protocol
+from bench import learning as protocol
 from bench.learning_runs import RunResult, load_run, save_run
-from bench.protocol_report import final_accuracy, tokens_to_reach
+from bench.learning_report import final_accuracy, tokens_to_reach
 
 
 def _run(method: str, seed: int, accuracy: list[float], tokens: float = 1000.0,
@@ -41,13 +41,11 @@ def test_the_sizing_rule_matches_tokens_in_whole_groups():
 
 
 def test_the_regime_gives_defaults_that_explicit_options_override():
-    from bench.learning import _parser
-
-    args = protocol.parse(_parser(), ["--regime", "paper", "--eval-items", "50"])
+    args = protocol.parse(protocol._parser(), ["--regime", "paper", "--eval-items", "50"])
     paper = protocol.REGIMES["paper"]
     assert args.protocol == "tokens" and args.mix == paper["mix"] and args.final_of == paper["final_of"]
     assert args.eval_items == 50
-    plain = protocol.parse(_parser(), [])
+    plain = protocol.parse(protocol._parser(), [])
     assert plain.protocol == "leaves" and plain.mix == "" and plain.final_of == 1
 
 
@@ -63,7 +61,7 @@ def test_runs_start_references_first_then_matched_baselines_seed_by_seed():
 def test_matched_baselines_start_after_their_seeds_reference(tmp_path, monkeypatch):
     started: list[tuple[str, str, int, dict]] = []
 
-    def fake_job(st, method, seed, budget, policy, eval_steps, ev):
+    def fake_job(st, method, seed, budget, policy, eval_steps, ev, job_dir):
         started.append((st.name, method, seed, budget))
         r = _run(method, seed, [0.5, 0.6, 0.7])
         r.extra["budget"] = budget
@@ -101,7 +99,7 @@ def test_report_statistics_on_hand_made_records(tmp_path, capsys):
     _write(rec, "control", "grpo", [[0.5, 0.61, 0.61], [0.5, 0.60, 0.60], [0.5, 0.61, 0.60]])
     _write(rec, "control", "dapo", [[0.5, 0.5, 0.5]] * 3)
     _write(rec, "control", "prompt_only", [[0.5, 0.5, 0.5]] * 3)
-    out = protocol.report(rec, final_of=2)
+    out = protocol.protocol_report(rec, final_of=2)
     printed = capsys.readouterr().out
     gain, ctl = out["gain"], out["control"]
     assert out["best"] == "grpo"
@@ -152,7 +150,7 @@ def test_a_seed_is_complete_only_with_every_method_the_invocation_runs(tmp_path,
     args = {"family": "synth_arith", "mix": "1,2,2", "difficulty": 2, "control_difficulty": 1,
             "steps": 2, "root_budget": 16, "multiplier": 2, "eval_items": 3, "eval_samples": 2,
             "methods": "trace_cover,grpo,dapo,prompt_only,trace"}
-    out = protocol.report(rec, 2, args)
+    out = protocol.protocol_report(rec, 2, args)
     printed = capsys.readouterr().out
     assert "main: 0 complete seed(s) []" in printed and "trace 0" in printed
     assert "control: 2 complete seed(s) [0, 1]" in printed  # the control runs no trace row

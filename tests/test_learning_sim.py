@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.learning_sim import load_records, main, parse_seeds, write_records
+from bench.learning_runs import parse_seeds
+from bench.learning_sim import load_records, main, write_records
 from trace_rl.sim.run import at_tokens, run_seed
 from trace_rl.sim.model import (ALIAS, INIT_PROBS, NEAR_DUP, NO_HAZARD, TOKENS_PER_TURN, ChainParams,
                              Items, dynamics, exact, make_items, parse_hops, sample)
-from bench.protocol_report import closing, detectable, reach_ratio, tokens_to_reach
+from bench.learning_report import closing, reach_ratio, tokens_to_reach
+from trace_core.stats import detectable_effect as detectable
 from trace_rl.sim.run import REFERENCE, SimSettings, methods
 
 
@@ -116,7 +118,7 @@ def test_bad_options_name_the_option():
     with pytest.raises(ValueError, match="--hops"):
         parse_hops("2:0.5,3:0.2")
     with pytest.raises(ValueError, match="--seeds"):
-        parse_seeds("0-x")
+        parse_seeds("0-x", count=False)
     with pytest.raises(ValueError, match="--structure"):
         ChainParams(structure="tree")
     with pytest.raises(ValueError, match="--hazard-a"):
@@ -125,7 +127,7 @@ def test_bad_options_name_the_option():
         SimSettings(pool_size=32, train_items=16)
     with pytest.raises(ValueError, match="--plus"):
         methods(["trace+magic"])
-    assert parse_seeds("0-2,7") == [0, 1, 2, 7]
+    assert parse_seeds("0-2,7", count=False) == [0, 1, 2, 7] and parse_seeds("5", count=False) == [5]
 
 
 def test_short_paired_run_keeps_the_ledger():

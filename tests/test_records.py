@@ -49,7 +49,7 @@ def test_the_code_packages_hold_no_run_output():
 
 def test_benchmarks_write_their_records_to_the_records_folder_by_default():
     from bench import RECORDS
-    from bench.learning_protocol import RESULTS as LM
+    from bench.learning import LM_RESULTS as LM
     from bench.learning_sim import RESULTS as SIM
 
     assert RECORDS == REPO / "results"

@@ -95,3 +95,26 @@ def test_median_ratio_counts_a_seed_that_never_reaches_as_infinite():
     assert ratio == low == high == 0.5
     with pytest.raises(ValueError, match="one value per seed"):
         median_ratio([1.0, 2.0], [1.0])
+
+
+def test_detectable_effect_is_the_paired_t_tests_80_percent_power_point():
+    """The smallest effect a benchmark of paired seeds can see: at that true difference the paired t-test over
+    n seeds rejects in 80% of simulated benchmarks; below it, less often."""
+    from scipy import stats as st
+
+    from trace_core.stats import detectable_effect, seeds_needed
+
+    rng = np.random.default_rng(0)
+    for n, sd in ((3, 0.06), (6, 0.10)):
+        delta = detectable_effect(sd, n)
+        d = rng.normal(delta, sd, size=(40_000, n))
+        rejects = st.ttest_1samp(d, 0.0, axis=1).pvalue < 0.05
+        assert rejects.mean() == pytest.approx(0.8, abs=0.01)
+        d = rng.normal(0.7 * delta, sd, size=(40_000, n))
+        assert st.ttest_1samp(d, 0.0, axis=1).pvalue.__lt__(0.05).mean() < 0.7
+    # many seeds: the normal approximation (z_0.975 + z_0.8) sd / sqrt(n) = 2.80 sd / sqrt(n)
+    assert detectable_effect(1.0, 1000) == pytest.approx(2.8016 / math.sqrt(1000), rel=0.01)
+    n = seeds_needed(0.10, 0.03)
+    assert detectable_effect(0.10, n) <= 0.03 < detectable_effect(0.10, n - 1)
+    assert math.isnan(detectable_effect(0.1, 1)) and math.isnan(detectable_effect(0.0, 5))
+    assert seeds_needed(0.0, 0.03) == 0 and seeds_needed(1.0, 1e-4, most=50) == 0

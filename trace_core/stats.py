@@ -113,3 +113,42 @@ def holm(pvalues: Sequence[float]) -> np.ndarray:
     out = np.empty(m)
     out[order] = np.minimum(stepped, 1.0)
     return out
+
+
+def detectable_effect(sd: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true paired difference that the two-sided paired t-test at ``level`` detects
+    with probability ``power`` over ``n`` paired units (seeds) whose differences have standard
+    deviation ``sd`` (exact, from the noncentral t distribution); nan below 2 units or for a
+    non-positive or non-finite ``sd``."""
+    from scipy import optimize
+    from scipy.stats import nct
+
+    if n < 2 or not np.isfinite(sd) or sd <= 0:
+        return float("nan")
+    df, crit = n - 1, float(student_t.ppf(0.5 + level / 2, n - 1))
+
+    def shortfall(delta: float) -> float:
+        nc = delta * np.sqrt(n) / sd  # the far tail (below -crit) underflows to nan at large nc
+        return float(nct.sf(crit, df, nc) + np.nan_to_num(nct.cdf(-crit, df, nc))) - power
+
+    # power rises with delta; at a noncentrality of 50 it is 1 for any n >= 2
+    return float(optimize.brentq(shortfall, 0.0, 50.0 * sd / np.sqrt(n)))
+
+
+def seeds_needed(sd: float, effect: float, level: float = 0.95, power: float = 0.8,
+                 most: int = 10_000) -> int:
+    """The fewest paired units at which ``effect`` is detectable (``detectable_effect``) when the
+    differences have standard deviation ``sd``; 0 where even ``most`` fall short or ``sd`` is not
+    a positive finite number."""
+    if not np.isfinite(sd) or sd <= 0 or effect <= 0:
+        return 0
+    low, high = 2, most
+    if detectable_effect(sd, high, level, power) > effect:
+        return 0
+    while low < high:  # the detectable effect falls as units are added
+        mid = (low + high) // 2
+        if detectable_effect(sd, mid, level, power) <= effect:
+            high = mid
+        else:
+            low = mid + 1
+    return low
