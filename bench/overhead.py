@@ -20,9 +20,6 @@ not counted in step 0's overhead. Two cases:
 * ``default``: ``trace train``'s defaults (48 leaves per step), held-out evaluation off (it is
   not part of a step), ``--steps`` steps; step 0 also starts the engine and warms caches, so the
   figure is the share over the later steps (all steps are listed);
-* the default case's last step's policy update is then replayed on padded and on packed
-  micro-batches, timed against a matmul roofline (``bench.optimiser``): the optimiser's
-  trained tokens per second before and after packing, in the same run;
 * ``4096``: one step of 4,096 leaves (1,024 bare rollouts from a pool of 512, multiplier 3), the
   other fields at their defaults.
 
@@ -33,8 +30,8 @@ not counted in step 0's overhead. Two cases:
 ``--ref REV`` compares code versions in one invocation: each case runs first on the code of git
 revision REV (checked out in a temporary worktree, run as its own ``python -m bench.overhead``
 process with a Prefect home of its own), then on this checkout's, and a last line puts the two
-overhead shares side by side.
-    PREFECT_API_URL=http://127.0.0.1:PORT/api python -m bench.overhead --inspect WORKDIR/4096
+overhead shares side by side. ``--keep DIR`` keeps the work dirs (``studies.optimiser`` replays
+a kept run's last policy update against a matmul roofline).
 """
 
 from __future__ import annotations
@@ -139,30 +136,8 @@ def _timed_engines() -> None:
     engines.make_engine = timed
 
 
-def inspect(workdir: Path) -> dict[str, Any]:
-    """A run's figures so far, also while its step is still running (a 4,096-leaf step spends
-    most of an hour in the optimiser here): generation per level from the ledger, seconds per
-    finished phase from Prefect's task runs (``PREFECT_API_URL`` set to the run's server)."""
-    from trace_rl.storage.store import TreeStore
-
-    store = TreeStore(workdir, create=False)
-    run = store.query("SELECT run_id, prefect_flow_run_id FROM runs").to_pylist()[0]
-    phases: dict[str, float] = defaultdict(float)
-    running = []
-    for t in _task_runs(run["prefect_flow_run_id"]):
-        if t.start_time and t.end_time:
-            phases[_phase(t.name)] += (t.end_time - t.start_time).total_seconds()
-        else:
-            running.append(_phase(t.name))
-    return {"run_id": run["run_id"], "phases_s": dict(phases), "running": running,
-            "ledger": store.query("SELECT step, level, method, trajectories, wall_seconds "
-                                  "FROM ledger ORDER BY step, level, method").to_pylist()}
-
-
-def run_case(name: str, steps: int, root: Path, optimiser_repeats: int = 0) -> dict[str, Any]:
-    """One real train run of the case in ``root``; its per-step figures; for the default case
-    with ``optimiser_repeats``, also its last step's policy update replayed padded and packed
-    that many times each (``bench.optimiser``)."""
+def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
+    """One real train run of the case in ``root``; its per-step figures."""
     from flows.train import train
     from trace_rl.config import TrainConfig
 
@@ -181,14 +156,8 @@ def run_case(name: str, steps: int, root: Path, optimiser_repeats: int = 0) -> d
     rows[0]["overhead_share"] = rows[0]["overhead_s"] / rows[0]["wall_s"]
     later = rows[1:] or rows  # step 0 also starts the engine (not counted) and warms caches
     share = sum(r["overhead_s"] for r in later) / sum(r["wall_s"] for r in later)
-    out = {"case": name, "overrides": overrides, "run_s": total, "steps": rows,
-           "overhead_share": share, "share_over": [r["step"] for r in later]}
-    if optimiser_repeats and name == "default":  # the last step's update, padded and packed
-        from bench import optimiser
-
-        out["optimiser"] = optimiser.measure(str(workdir), summary["run_id"], rows[-1]["step"],
-                                             optimiser_repeats)
-    return out
+    return {"case": name, "overrides": overrides, "run_s": total, "steps": rows,
+            "overhead_share": share, "share_over": [r["step"] for r in later]}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -211,15 +180,10 @@ def report(result: dict[str, Any]) -> str:
     for phase, s in sorted(last["phases_s"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {phase:20s} {s:7.2f}")
     lines.append(f"    {'(outside tasks)':20s} {last['wall_s'] - last['tasks_s']:7.2f}")
-    if "optimiser" in result:
-        from bench import optimiser
-
-        lines.append(optimiser.report(result["optimiser"]))
     return "\n".join(lines)
 
 
-def run_ref(ref: str, name: str, steps: int, optimiser_repeats: int, root: Path
-            ) -> dict[str, Any]:
+def run_ref(ref: str, name: str, steps: int, root: Path) -> dict[str, Any]:
     """``run_case`` on the code of git revision ``ref``: a worktree of it under ``root``, its own
     ``python -m bench.overhead`` process (a new Prefect home); its figures, with the commit."""
     import subprocess
@@ -234,8 +198,8 @@ def run_ref(ref: str, name: str, steps: int, optimiser_repeats: int, root: Path
         out = root / f"ref-{name}.json"
         env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
         subprocess.run([sys.executable, "-m", "bench.overhead", "--case", name, "--steps",
-                        str(steps), "--optimiser-repeats", str(optimiser_repeats), "--out",
-                        str(out)], cwd=tree, env={**env, "PYTHONPATH": str(tree)}, check=True)
+                        str(steps), "--out", str(out)], cwd=tree,
+                       env={**env, "PYTHONPATH": str(tree)}, check=True)
         result = json.loads(out.read_text())[0]
     finally:
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
@@ -248,29 +212,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--case", choices=sorted(CASES), action="append",
                    help="case to run (repeatable; default: all)")
     p.add_argument("--steps", type=int, default=3, help="steps of the default case")
-    p.add_argument("--optimiser-repeats", type=int, default=2,
-                   help="the default case's last policy update replayed padded and packed this "
-                        "many times each, with a matmul roofline (0: not)")
     p.add_argument("--out", type=Path, help="also write the figures here as JSON")
     p.add_argument("--keep", type=Path, help="keep the work dirs under this folder (default: a "
                                              "temporary one, removed at the end)")
-    p.add_argument("--inspect", type=Path, help="only print the figures so far of the run in "
-                                                "this work dir (with PREFECT_API_URL its server)")
     p.add_argument("--ref", help="also run each case on the code of this git revision, first "
                                  "(before/after in one invocation)")
     args = p.parse_args(argv)
-    if args.inspect:
-        print(json.dumps(inspect(args.inspect), indent=1, default=str))
-        return
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         for name in args.case or ["default", "4096"]:
             if args.ref:
-                results.append(run_ref(args.ref, name, args.steps, args.optimiser_repeats,
-                                       args.keep or Path(tmp)))
+                results.append(run_ref(args.ref, name, args.steps, args.keep or Path(tmp)))
                 print(report(results[-1]), flush=True)
-            results.append({**run_case(name, args.steps, args.keep or Path(tmp),
-                                       args.optimiser_repeats), "code": "this checkout"})
+            results.append({**run_case(name, args.steps, args.keep or Path(tmp)),
+                            "code": "this checkout"})
             print(report(results[-1]), flush=True)
             if args.ref:
                 before, after = results[-2], results[-1]

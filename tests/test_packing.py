@@ -172,9 +172,9 @@ def test_pack_is_an_update_setting_not_a_run_parameter():
 
 
 def test_optimiser_bench_counts_positions_and_measures_a_roofline(tiny_model_dir):
-    """``bench.optimiser``'s pieces on the hand-built step: a pass computes fewer positions
+    """``studies.optimiser``'s pieces on the hand-built step: a pass computes fewer positions
     packed than padded, the paths' tokens are counted once, and the roofline is a rate."""
-    from bench import optimiser
+    from studies import optimiser
 
     trainer = PolicyTrainer(tiny_model_dir, _settings(micro_batch=3))
     samples = _tree(trainer.tokenizer)

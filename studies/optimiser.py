@@ -1,4 +1,4 @@
-"""The policy update against the machine's limit: ``python -m bench.optimiser WORKDIR``.
+"""The policy update against the machine's limit: ``python -m studies.optimiser WORKDIR``.
 
 Replays one stored step's policy update (``PolicyTrainer.update`` on the step's own paths, from
 the checkpoint the step started from, with the run's update settings) on padded micro-batches
@@ -15,9 +15,10 @@ same weights. Per setting it reports:
 
 against a matmul roofline measured in the same run: the model's own linear layers (forward,
 and the backward's two matmuls) on as many rows as one packed and one padded micro-batch of the
-step hold, at the update's torch threads. ``bench/overhead.py`` runs this on its run's last step.
+step hold, at the update's torch threads. Its finding (packed 5.03x padded) is in docs/results.md,
+"The overhead of a step"; it ran on the last step of ``bench.overhead``'s default case (``--keep``).
 
-    python -m bench.optimiser WORKDIR [--run RUN_ID] [--step N] [--repeats 2]
+    python -m studies.optimiser WORKDIR [--run RUN_ID] [--step N] [--repeats 2]
 """
 
 from __future__ import annotations
