@@ -16,7 +16,8 @@ same weights. Per setting it reports:
 against a matmul roofline measured in the same run: the model's own linear layers (forward,
 and the backward's two matmuls) on as many rows as one packed and one padded micro-batch of the
 step hold, at the update's torch threads. Its finding (packed 5.03x padded) is in docs/results.md,
-"The overhead of a step"; it ran on the last step of ``bench.overhead``'s default case (``--keep``).
+"The overhead of a step, and the optimiser against the machine"; it ran on the last step of
+``bench.overhead``'s default case (``--keep``).
 
     python -m studies.optimiser WORKDIR [--run RUN_ID] [--step N] [--repeats 2]
 """
