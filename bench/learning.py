@@ -93,6 +93,7 @@ class Structure:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(_parser(), argv)
     tokens = args.protocol == "tokens"
+    args.plot = str(Path(args.workdir) / "learning.png") if args.plot is None else args.plot
     if args.quick:
         args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
         args.seeds = args.seeds or "1"
@@ -176,13 +177,9 @@ def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str, i
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The benchmark's command line (``--help``)."""
+    """The benchmark's command line (``--help``): ``run_options`` and the protocols' own."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="synth_arith")
-    ap.add_argument("--difficulty", type=int, default=1)
-    ap.add_argument("--mix", default="",
-                    help="item difficulties taken in turn, e.g. 1,2,3 (a pool of uneven prompts; "
-                         "--difficulty must be >= the largest); default: all at --difficulty")
+    run_options(ap)
     ap.add_argument("--methods", default=",".join(METHODS),
                     help=f"allocators, or variants: {', '.join(VARIANTS)} (--protocol tokens: "
                          "trace_cover, the reference, among them)")
@@ -203,9 +200,33 @@ def _parser() -> argparse.ArgumentParser:
                     help="--protocol tokens: the negative control's one difficulty (no mix)")
     ap.add_argument("--final-of", type=int, default=1,
                     help="--protocol tokens: final accuracy = mean of the last this many evaluations")
+    ap.add_argument("--plot", default=None,
+                    help="the accuracy curves' picture (default <workdir>/learning.png; '': none)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="(method, seed) runs in parallel worker processes, one torch thread "
+                         "each (default: 2 on a machine with >= 2 cores, 1 with --quick); 1 = all "
+                         "in this process, in one work dir per structure")
+    ap.add_argument("--summarise-only", action="store_true",
+                    help="run nothing: re-print (and re-plot) the benchmark from its records "
+                         "(--protocol tokens: --records; else <workdir>/runs and start.json)")
+    return ap
+
+
+def run_options(ap: argparse.ArgumentParser) -> None:
+    """The options of the runs themselves, shared with ``bench.peers``: the family and starting
+    policy (``_policy_and_base``), the seeds, the steps and leaves, the evaluation."""
+    ap.add_argument("--family", default="synth_arith")
+    ap.add_argument("--difficulty", type=int, default=1)
+    ap.add_argument("--mix", default="",
+                    help="item difficulties taken in turn, e.g. 1,2,3 (a pool of uneven prompts; "
+                         "--difficulty must be >= the largest); default: all at --difficulty")
     ap.add_argument("--policy-difficulty", type=int, default=None,
                     help="bootstrap the starting policy at this difficulty without a mix (default: "
                          "at --difficulty and --mix)")
+    ap.add_argument("--policy", default=None,
+                    help="start every run from this Hugging Face policy directory instead of the "
+                         "family's bootstrapped tiny policy (a bootstrap.json beside it tells "
+                         "which test items to skip)")
     ap.add_argument("--seeds", default=None,
                     help="a count (3: seeds seed-start .. seed-start + 2) or a range (3-5). Each "
                          "(method, seed) run is kept in <records>/runs/, and a later invocation "
@@ -236,22 +257,9 @@ def _parser() -> argparse.ArgumentParser:
                          "makes prompts recur across steps, as in multi-epoch training")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further TrainConfig fields for every method (e.g. loss_agg=seq-mean-token-mean)")
-    ap.add_argument("--policy", default=None,
-                    help="start every run from this Hugging Face policy directory instead of the "
-                         "family's bootstrapped tiny policy (a bootstrap.json beside it tells "
-                         "which test items to skip)")
     ap.add_argument("--workdir", default="bench_runs/learning",
                     help="keeps the bootstrapped policy (cached) and every run's trees and metrics")
-    ap.add_argument("--plot", default="docs/learning.png")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help="(method, seed) runs in parallel worker processes, one torch thread "
-                         "each (default: 2 on a machine with >= 2 cores, 1 with --quick); 1 = all "
-                         "in this process, in one work dir per structure")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
-    ap.add_argument("--summarise-only", action="store_true",
-                    help="run nothing: re-print (and re-plot) the benchmark from its records "
-                         "(--protocol tokens: --records; else <workdir>/runs and start.json)")
-    return ap
 
 
 def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict[str, Any], int]:

@@ -104,16 +104,25 @@ def rows_of(results: list[dict], names: list[str]) -> tuple[list[dict], dict[str
     return table, finals
 
 
+def ci_text(d: tuple[float, float, float] | None, width: int = 0) -> str:
+    """A row's ``vs_grpo`` as printed: ``+1.9 (-2.1, +5.9)``."""
+    return f"{d[0]:+{width}.1f} ({d[1]:+.1f}, {d[2]:+.1f})" if d else ""
+
+
+def reach_text(q: tuple[float, float, float, int] | None, of: str = "") -> str:
+    """A row's ``reach`` as printed: ``0.97 (0.95, never), 19 of 40 never``."""
+    if not q:
+        return ""
+    return (f"{q[0]:.2f} ({q[1]:.2f}, {q[2]:.2f})".replace("inf", "never")
+            + (f", {q[3]}{of} never" if q[3] else ""))
+
+
 def print_rows(table: list[dict]) -> None:
     print(f"{'method':<17}{'mixed/step':>11}{'eff.ratio':>10}{'prompts':>8}{'gen tok':>8}"
           f"{'train tok':>10}{'leaves':>7}{'cos':>6}{'acc':>6}   {'vs GRPO (95% CI)':<22}"
           f"{'tokens to GRPO final (95% CI)':<30}")
     for r in table:
-        d = r.get("vs_grpo")
-        ci = f"{d[0]:+5.1f} ({d[1]:+.1f}, {d[2]:+.1f})" if d else ""
-        q = r.get("reach")
-        reach = (f"{q[0]:.2f} ({q[1]:.2f}, {q[2]:.2f})".replace("inf", "never")
-                 + (f" {q[3]} never" if q[3] else "") if q else "")
+        ci, reach = ci_text(r.get("vs_grpo"), 5), reach_text(r.get("reach"))
         print(f"{r['method']:<17}{r['mixed']:>11.2f}{r['ratio']:>10.2f}{r['active']:>8.1f}"
               f"{r['tokens']:>8.0f}{r['train_tokens']:>10.0f}{r['leaves']:>7.1f}{r['cosine']:>6.2f}"
               f"{r['acc']:>6.1f}   {ci:<22}{reach:<30}")

@@ -1,37 +1,22 @@
 """Where a training step's wall time goes: ``python -m bench.overhead``.
 
-Runs the real ``train`` flow (Prefect server, DuckDB store, MLflow tracking, the tiny policy
-bootstrapped as ``trace train`` does) in a new work dir and a new ``PREFECT_HOME``, then reads the
-timers the run itself recorded:
-
-* step wall: the ``steps`` table's ``started_at`` -> ``finished_at`` (the flow marks a step running
-  before its first task and complete after its last, MLflow logging included);
-* generation: the ``ledger`` table's ``wall_seconds`` (the engine and the environment rolling out
-  the step's episodes, summed over its levels and waves);
-* optimiser: the step's ``loss/seconds`` metric (``PolicyTrainer.update``: the PPO epochs);
-* per phase: Prefect's own task-run records (start and end of every task of the step).
-
-The overhead is what is neither generation nor the optimiser: Prefect (task orchestration,
-caching, result storage), DuckDB, MLflow, the predictor and every other bit of bookkeeping; it is
-printed as a share of the step's wall time, with the phases it is spent in. The rollout
-engine's start (once per process; vLLM's takes minutes on a busy CPU) is timed on its own and
-not counted in step 0's overhead. Two cases:
-
-* ``default``: ``trace train``'s defaults (48 leaves per step), held-out evaluation off (it is
-  not part of a step), ``--steps`` steps; step 0 also starts the engine and warms caches, so the
-  figure is the share over the later steps (all steps are listed);
-* ``4096``: one step of 4,096 leaves (1,024 bare rollouts from a pool of 512, multiplier 3), the
-  other fields at their defaults.
+Runs the real ``train`` flow (Prefect, DuckDB, MLflow, the tiny policy bootstrapped as ``trace
+train`` does) in a new work dir and ``PREFECT_HOME``, then reads the timers the run recorded: the
+step's wall (``steps``: ``started_at`` -> ``finished_at``), generation (``ledger.wall_seconds``),
+the optimiser (the ``loss/seconds`` metric) and each phase (Prefect's task-run records). The
+overhead is what is neither generation nor the optimiser (orchestration, caching, DuckDB, MLflow,
+the predictor, bookkeeping), as a share of the step's wall, with the phases it is spent in. The
+rollout engine's start (once per process) is timed on its own, not counted as overhead. Cases:
+``default`` (``trace train``'s defaults, evaluation off, ``--steps`` steps; the share is over the
+steps after step 0, which also warms caches) and ``4096`` (one step of 4,096 leaves).
 
     python -m bench.overhead --out bench_runs/overhead.json            # both cases
     python -m bench.overhead --case default --steps 4
     python -m bench.overhead --case default --ref main   # the same case on main's code first
 
-``--ref REV`` compares code versions in one invocation: each case runs first on the code of git
-revision REV (checked out in a temporary worktree, run as its own ``python -m bench.overhead``
-process with a Prefect home of its own), then on this checkout's, and a last line puts the two
-overhead shares side by side. ``--keep DIR`` keeps the work dirs (``studies.optimiser`` replays
-a kept run's last policy update against a matmul roofline).
+``--ref REV`` runs each case first on git revision REV (a temporary worktree, its own process and
+Prefect home), then on this checkout, and puts the two overhead shares side by side. ``--keep
+DIR`` keeps the work dirs (``studies.optimiser`` replays a kept run's last policy update).
 """
 
 from __future__ import annotations

@@ -1,37 +1,26 @@
-"""This project against the trainer users would pick instead: TRL's ``GRPOTrainer``.
-
-Three methods, each from the same bootstrapped tiny policy (``bench.learning``'s cached bootstrap),
-on the same family, training split, held-out items and evaluation:
+"""This project against the trainer users would pick instead: TRL's ``GRPOTrainer``
+(docs/results.md, "Against TRL"). Three methods, each from the same bootstrapped tiny policy
+(``bench.learning``'s cached bootstrap), on the same family, training split, held-out items and
+evaluation:
 
 * ``trl_grpo``: TRL's ``GRPOTrainer`` (TRL's advantages, loss, clipping, KL, optimiser and
-  scheduler). TRL's own generation is single-turn; the family is the multi-turn ReAct task, so
-  TRL drives it through its ``rollout_func`` hook: each generation batch is rolled out by this
-  project's ReAct loop (``trace_rl.rollout.react.run_episodes``) on the transformers engine
-  (``HFEngine``, the engine the other two methods use here), loaded with the trainer's current
-  weights before every rollout; the observation tokens go back as TRL's ``env_mask`` (0 = not the
-  model's, no loss), the sampled tokens' log-probs as ``logprobs``. The reward is the family's
-  grader (``Environment.verify``) called as a TRL reward function on the final answer. So the
-  multi-turn form is trained by both; no single-turn stand-in is needed on the synthetic families.
-* ``grpo``: this project's train flow with ``allocator=grpo`` (``bench.learning_runs.run_one``).
-* ``trace``: the same flow with the default allocator.
+  scheduler), trained on the multi-turn ReAct task through its ``rollout_func`` hook: each
+  generation batch is rolled out by this project's ReAct loop on the transformers engine loaded
+  with the trainer's current weights; observation tokens go back as TRL's ``env_mask``, the
+  sampled tokens' log-probs as ``logprobs``; the reward is the family's grader on the final
+  answer. ``trl_matched``: the same with this project's loss aggregation and advantage scale.
+* ``grpo``: this project's train flow with ``allocator=grpo`` (``bench.learning_runs.run_one``);
+  ``trace``: the same flow with the default allocator.
 
-Shared knobs: group size (``--group-size``), prompts per step (leaf budget / group size, so
-``--root-budget`` x (1 + ``--multiplier``) rollouts per step for every method), learning rate,
-PPO clip (0.2 low, 0.28 high), KL coefficient (0: TRL's ``beta``), optimiser steps per rollout
-batch (this project's ``ppo_epochs`` = TRL's ``num_iterations``, each on the whole batch),
-gradient-norm clip 1, AdamW without weight decay at a constant rate, temperature 1, the per-turn
-token cap and turn cap, one torch thread (``$TRACE_TORCH_THREADS``). Left at each one's default
-(the differences a user gets; ``--trl-loss``/``--trl-scale-rewards`` set TRL's to this project's
-to find which of them matters): advantages (TRL: (r - mean) / std over the group; this project's
-``branch`` estimator: r - mean on a flat group), loss aggregation (TRL ``dapo``: token-mean over the
-batch; this project ``seq-mean-token-sum``), and this project's ``target_kl`` early stop.
-
-Per method, paired over seeds, in one invocation: held-out accuracy against generated tokens and
-against wall time, wall seconds per step and generated tokens per second end to end (the whole
-training call: set-up, rollouts, updates, checkpoints; evaluations excluded), and learning parity:
-ours GRPO minus TRL GRPO at equal generated tokens (the smallest total any run spent), with a
-95% t interval over seeds. Each (method, seed) result is one JSON under ``--results`` (default
-``results/peers/runs/``, ``bench.learning_runs.save_run``), reused by a later invocation of the same settings, so seeds accumulate.
+Shared knobs: group size, rollouts per step (``--root-budget`` x (1 + ``--multiplier``)), learning
+rate, PPO clip, KL coefficient, optimiser steps per batch (``ppo_epochs`` = TRL's
+``num_iterations``), gradient-norm clip 1, constant-rate AdamW, temperature 1, token and turn caps,
+one torch thread. Left at each one's default: advantages, loss aggregation and this project's
+``target_kl`` early stop. Reported per method, paired over seeds: held-out accuracy against
+generated tokens and wall time, wall seconds per step, generated tokens per second end to end,
+and learning parity (ours GRPO minus TRL's at equal generated tokens, a 95% t interval). Each
+(method, seed) result is one JSON under ``--results`` (default ``results/peers/runs/``), reused by
+a later invocation of the same settings, so seeds accumulate.
 
     python -m bench.peers                  # 3 seeds, the default sizes (about 40 min on 2 loaded cores)
     python -m bench.peers --quick          # one seed, two steps (the test)
@@ -52,7 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning import _policy_and_base, _start_accuracy
+from bench.learning import _policy_and_base, _start_accuracy, run_options
 from bench.learning_report import accuracy_at_tokens, paired_tests, token_budget
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, load_run,
                                  parse_seeds, run_one, save_run, signature, tokens_at_evals)
@@ -385,31 +374,19 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="synth_arith")
-    ap.add_argument("--difficulty", type=int, default=1)
+    run_options(ap)  # bench.learning's: the family, policy, seeds, steps, leaves, evaluation
+    ap.set_defaults(seeds="3", steps=10, eval_items=100, eval_samples=2, multiplier=1,
+                    workdir="bench_runs/peers")
     ap.add_argument("--methods", default=",".join(METHODS),
                     help="trl_grpo, grpo, trace, and trl_matched (TRL with this project's loss "
                          "aggregation and advantage scale: dr_grpo, no std scaling)")
-    ap.add_argument("--seeds", default="3", help="a count (3) or a range (3-5)")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--eval-items", type=int, default=100)
-    ap.add_argument("--eval-samples", type=int, default=2)
-    ap.add_argument("--eval-temperature", type=float, default=1.0)
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--root-budget", type=int, default=16,
-                    help="M; rollouts per step M (1 + N) for every method (grpo and TRL: "
-                         "M (1 + N) / group-size prompts x group-size)")
-    ap.add_argument("--multiplier", type=int, default=1, help="N (TRACE's continuations)")
-    ap.add_argument("--pool-size", type=int, default=32)
-    ap.add_argument("--learning-rate", type=float, default=None)
+    ap.add_argument("--group-size", type=int, default=4,
+                    help="rollouts per prompt; grpo and TRL: M (1 + N) / group-size prompts a step")
     ap.add_argument("--trl-loss", default="dapo", help="TRL loss_type of trl_grpo (TRL's default)")
     ap.add_argument("--trl-scale-rewards", default="group",
                     help="TRL scale_rewards of trl_grpo (TRL's default)")
-    ap.add_argument("--workdir", default="bench_runs/peers")
     ap.add_argument("--results", default="",
                     help="records folder (default results/peers; with --quick <workdir>/records)")
-    ap.add_argument("--quick", action="store_true", help="one seed, two steps, small evaluation")
     return ap
 
 
@@ -420,13 +397,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
         args.root_budget, args.multiplier, args.pool_size = 8, 1, 8
         args.seeds = "1" if args.seeds == "3" else args.seeds
-    # what bench.learning._policy_and_base reads beside these
-    args.mix, args.set, args.policy, args.train_items = "", [], None, None
-    args.policy_difficulty = None  # the policy is bootstrapped at --difficulty
     workdir = Path(args.workdir)
     results = Path(args.results or (workdir / "records" if args.quick else RECORDS / "peers"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    seeds = parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds, args.seed_start)
     policy, base, skip = _policy_and_base(args, workdir)
     base["group_size"] = args.group_size
     eval_steps, ev = eval_plan(args, skip)

@@ -1,33 +1,26 @@
-"""Scale-out benchmark: the engine pool and the trainer group on a Ray cluster.
+"""Scale-out benchmark: the engine pool and the trainer group on a Ray cluster (docs/cluster.md).
 
     python -m bench.scale [--cluster local:2] [--engine hf|vllm] [--engines 1,2]
                           [--ranks 1,2] [--strategy ddp|fsdp2] [--update-on ray|mp]
                           [--items 16] [--k 4] [--max-tokens 48]
                           [--policy tiny|smollm2|DIR] [--out FILE.json] [--engine-opts JSON]
 
-Measured, each on the same requests (seeded per request, so every configuration generates the
-same tokens):
+Measured on the same seeded requests in every configuration:
 
-* **rollout**: the expansion of one tree level through ``run_episodes`` on a pool of 1, 2 (4)
-  engine actors: wall seconds and generated tokens/s (after one warm-up batch per pool);
+* **rollout**: one tree level through ``run_episodes`` on a pool of 1, 2 (4) engine actors: wall
+  seconds and generated tokens/s, after one warm-up batch per pool;
 * **prefix cache** (pools of 2 or more): level-0 requests (``k`` samples per item), then one
-  continuation of every sampled first turn, as Stage 2 asks for, with sticky routing (a tree
-  stays on one engine) against round-robin. Two figures over the continuations: vLLM's own
-  counters (hit tokens / queried tokens; ``nan`` for the transformers engine, which has no
-  prefix cache), and for any engine the routed-prefix rate: the share of the continuations'
-  prompt tokens that extend a sequence the same engine computed before (what an unbounded cache
-  at token granularity would hit: an upper bound for vLLM's cache of blocks);
-* **update**: one policy update of the paths rolled out (advantages +-1 by reward) on 1 and 2
-  trainer ranks (``--strategy`` DDP or FSDP2), wall seconds of the second update call (the
-  first loads the policy and takes the first AdamW step): the ranks as Ray actors (rank 0's save
-  included) or, ``--update-on mp``, as torch.multiprocessing processes with the Ray cluster shut
-  down first (no save; for machines where Ray's memory monitor stops a group of Ray actors);
-* **sync** (``--update-on ray``): new weights into every engine: ``disk`` (each engine reloads
-  the checkpoint) against ``broadcast`` (trainer rank 0 over a gloo group).
+  continuation of every sampled first turn, sticky routing (a tree stays on one engine) against
+  round-robin: vLLM's own hit counters (``nan`` for the transformers engine) and, for any engine,
+  the routed-prefix rate (``routed_prefix_tokens``: an upper bound for a cache of blocks);
+* **update**: one policy update of the rolled-out paths (advantages +-1 by reward) on 1 and 2
+  trainer ranks (``--strategy`` DDP or FSDP2), the second call timed: the ranks as Ray actors or,
+  ``--update-on mp``, as torch.multiprocessing processes after Ray is shut down (out of reach of
+  Ray's memory monitor; no save);
+* **sync** (``--update-on ray``): new weights into every engine, ``disk`` against ``broadcast``.
 
-On a 2-core machine no speed-up is expected and none is claimed: two engine actors share the
-same two cores (and the actors' start-up is paid once). The figures say what the overhead is; a
-GPU machine (``scripts/gpu_check.sh``) runs the same command with ``--engine vllm``.
+On a 2-core machine no speed-up is expected and none is claimed (two actors share the two cores);
+a GPU machine (``scripts/gpu_check.sh``) runs the same command with ``--engine vllm``.
 """
 
 from __future__ import annotations

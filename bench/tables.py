@@ -23,7 +23,7 @@ import numpy as np
 
 from bench import RECORDS
 from bench.learning_sim import DEFAULT_ROWS, load_records
-from bench.learning_report import closing, rows_of
+from bench.learning_report import ci_text as _ci, closing, reach_text, rows_of
 from trace_rl.sim.run import REFERENCE
 
 PAGE = RECORDS.parent / "docs" / "results.md"
@@ -32,17 +32,6 @@ LABELS = {REFERENCE: f"**{REFERENCE}** (reference)", "grpo": "grpo (tokens match
           "dapo": "dapo (tokens matched; stops early)", "prompt_only": "prompt_only (tokens matched)",
           "trace": "trace (the paper's Stage 1; equal leaves)", "oracle_pred": "trace, oracle predictor",
           "cover_oracle": "trace_cover, oracle predictor"}
-
-
-def _ci(d: tuple[float, float, float] | None) -> str:
-    return f"{d[0]:+.1f} ({d[1]:+.1f}, {d[2]:+.1f})" if d else ""
-
-
-def _reach(q: tuple[float, float, float, int] | None, n: int) -> str:
-    if not q:
-        return ""
-    text = f"{q[0]:.2f} ({q[1]:.2f}, {q[2]:.2f})".replace("inf", "never")
-    return text + (f", {q[3]} of {n} never" if q[3] else "")
 
 
 def _sim_regime(regime: str, root: Path) -> tuple[dict, list[dict], str, int]:
@@ -71,7 +60,7 @@ def learning_sim(root: Path = RECORDS) -> str:
         p, d = paper[m], default[m]
         out.append(f"| {LABELS.get(m, m)} | {p['mixed']:.2f} | {p['ratio']:.2f} | {p['active']:.1f} | "
                    f"{p['tokens']:.0f} / {p['train_tokens']:.0f} | {p['acc']:.1f} | "
-                   f"{_ci(p.get('vs_grpo')) if m != 'grpo' else ''} | {_reach(p.get('reach'), n)} | "
+                   f"{_ci(p.get('vs_grpo')) if m != 'grpo' else ''} | {reach_text(p.get('reach'), f' of {n}')} | "
                    f"{d['mixed']:.2f} | {d['ratio']:.2f} | {d['acc']:.1f} | "
                    f"{_ci(d.get('vs_grpo')) if m != 'grpo' else ''} |")
     return "\n".join([*out, "", f"    paper:   {paper_line}", f"    default: {default_line}"])
