@@ -9,14 +9,9 @@ sibling contrast pairs per 100 leaves, simulated tokens per step, each with its 
 oracle) and the learned predictor's Brier score against a constant predictor on held-out
 rollouts. The last line reads ``TRACE effective ratio: <x>x GRPO, <y>x oracle``.
 
-Definitions (docs/algorithm.md, "Allocation benchmark"):
-* effective ratio: share of active roots (prompts that got >= 1 rollout) whose tree holds a
-  success and a failure, pooled over all steps (and, beside it, over the second half only, after
-  the predictors' warm-up);
-* mixed-anchor share: share of internal nodes y (root included) with 0 < V^(y) < 1;
-* sibling contrast pairs: over every internal node, the unordered pairs of its children whose
-  backed-up values differ (V^(a) != V^(b)); per 100 leaves;
-* simulated tokens: generated tokens per step (a continuation generates only its new turns).
+The definitions of the figures (effective ratio, also over the second half of the steps, after
+the predictors' warm-up; mixed-anchor share; sibling contrast pairs; simulated tokens; the
+predictor's held-out scores): docs/algorithm.md, "Allocation benchmark".
 """
 
 from __future__ import annotations
@@ -62,9 +57,8 @@ class BenchConfig:
         branch_from_root=True, joint_split=False)
     """Shared allocator knobs of the simulation, which differ from a training run's
     (``TrainConfig``) on purpose: a pool of 512 prompts and M = 128 afford groups of 8 and trees
-    of 4, and in this stationary process exploration only costs (at 100 steps TRACE's effective
-    ratio is 0.886 with exploration 0, 0.870 with 0.003, 0.823 with 0.01), hence 0.003 rather than
-    the 0.1 that a drifting policy needs."""
+    of 4, and in this stationary process exploration only costs (docs/results.md, "Why the
+    defaults are what they are"), hence 0.003 rather than the 0.1 a drifting policy needs."""
     head: HeadConfig = HeadConfig()
     """Predictor head and online training."""
     sim: SimConfig = SimConfig()

@@ -1,36 +1,32 @@
 """TRACE against the baselines, end to end on a CPU: every method is the same ``train`` flow with
 another ``allocator`` (or a ``VARIANTS`` row) from the same bootstrapped tiny policy, evaluated on
-held-out items of the family at a few checkpoints (``--eval-samples`` rollouts per item at
-``--eval-temperature``; greedy decoding saturates). Two protocols (docs/results.md):
+held-out items at a few checkpoints (``--eval-samples`` rollouts per item at
+``--eval-temperature``; greedy decoding saturates). Two protocols (docs/results.md, "Learning
+benchmark"):
 
-* ``--protocol leaves``: every method spends the same leaves per step, M (1 + N). Reported per
-  method over seeds (``bench.learning_report.report``): final and best held-out accuracy, the area
-  under accuracy against leaves, accuracy at equal generated tokens (``@tokens``: at the smallest
-  total any run spent; a continuation leaf generates only its suffix), the effective ratio, tokens,
-  tool calls and wall time; TRACE minus each method paired by seed; a plot.
-* ``--protocol tokens`` (``--regime paper`` names its configuration): the simulator's protocol on
-  the tiny LM. The reference ``trace_cover`` runs first at M (1 + N) leaves; each flat baseline
-  (grpo, dapo, prompt_only) of the same seed then runs the same steps in whole groups sized so that
-  its generated tokens per step match the reference's (``matched_budget``; DAPO stops early, so it
-  may spend less); tree rows keep the leaf budget. Every method of ``CONTROL_METHODS`` also runs
-  on a negative control, the family at one constant difficulty (``--control-difficulty``), whose
-  closing difference must come out near zero. The report (``protocol_report``): per method mixed
-  prompts per step, the effective ratio, prompts, generated and training tokens per step, leaves,
-  the final accuracy (mean of the last ``--final-of`` evaluations), its paired difference from
-  GRPO and the tokens it needs to reach GRPO's final accuracy; the power statement and the closing
-  line ``TRACE-cover vs best baseline at equal tokens and steps: ...; control ...``.
+* ``--protocol leaves``: every method spends M (1 + N) leaves a step; the report
+  (``bench.learning_report.report``) gives per method over seeds the final, best and
+  at-equal-generated-tokens held-out accuracy, the effective ratio, tokens and wall, TRACE minus
+  each method paired by seed, and a plot.
+* ``--protocol tokens`` (``--regime paper`` names its configuration): the simulator's protocol.
+  The reference ``trace_cover`` runs first at M (1 + N) leaves; each flat baseline (grpo, dapo,
+  prompt_only) of the same seed then runs the same steps in whole groups sized so that its
+  generated tokens per step match the reference's (``matched_budget``); tree rows keep the leaf
+  budget. Every method of ``CONTROL_METHODS`` also runs on a negative control, the family at one
+  constant difficulty (``--control-difficulty``), in the same invocation. The report
+  (``protocol_report``) ends with the power statement and the closing line ``TRACE-cover vs best
+  baseline at equal tokens and steps: ...; control ...``.
 
     python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
     python -m bench.learning                 # the equal-leaf benchmark (see --help)
     python -m bench.learning --quick         # a small configuration (what the test suite runs)
     python -m bench.learning --summarise-only [options]   # re-print a benchmark from its records
 
-Records: one JSON per (structure, method, seed) under ``--records`` (``<records>/runs/`` and, for
-the tokens protocol, ``<records>/<main|control>/runs/``), written as each run ends; a later
-invocation with the same settings runs only what is missing and reports on every seed recorded.
-With ``--jobs 2`` (the default on a 2-core machine) the runs go to two worker processes, each with
-its own work dir (``<workdir>/job-<method>-s<seed>``); ``--jobs 1`` runs them in this process, in
-one work dir per structure.
+Records: one JSON per (structure, method, seed) under ``--records`` (``<records>/runs/``; the tokens
+protocol's under ``<records>/<main|control>/runs/``), written as each run ends; a later invocation
+with the same settings runs only what is missing and reports on every recorded seed. ``--jobs 2``
+(the default on 2 cores) runs them on two worker processes, each in its own work dir
+(``<workdir>/job-<method>-s<seed>``); ``--jobs 1`` in this process, one work dir per structure.
 """
 
 from __future__ import annotations
