@@ -2,7 +2,7 @@
 another ``allocator`` (or a ``VARIANTS`` row) from the same bootstrapped tiny policy, evaluated on
 held-out items at a few checkpoints (``--eval-samples`` rollouts per item at
 ``--eval-temperature``; greedy decoding saturates). Two protocols (docs/results.md, "Learning
-benchmark"):
+benchmark (the tiny LM, end to end)"):
 
 * ``--protocol leaves``: every method spends M (1 + N) leaves a step; the report
   (``bench.learning_report.report``) gives per method over seeds the final, best and
