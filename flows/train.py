@@ -44,8 +44,11 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     do = Phases(at.workdir, watch, f"step {at.step}: ")
     t0 = time.perf_counter()
     allocator = runtime.allocator_for(cfg)
-    # Stage 1: the candidate pool, its values; level 0: bare rollouts (and refill waves).
-    pool = do.score_roots(cfg, allocator, at, do.sample_roots(cfg, at))
+    # Stage 1: the candidate pool, its values (or a Monte-Carlo oracle's); level 0: bare
+    # rollouts (and refill waves).
+    roots = do.sample_roots(cfg, at)
+    oracle = do.measure_roots(cfg, at, policy_dir, roots) if cfg.oracle_rollouts else None
+    pool = do.score_roots(cfg, allocator, at, roots, oracle)
     counts, waves = _bare_rollouts(do, cfg, allocator, at, policy_dir, pool,
                                    do.allocate_roots(cfg, allocator, at, pool))
     # Stage 2 on the level-0 trees (read once): continuations, and any fresh prompts.
@@ -65,7 +68,8 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     update = do.policy_update(cfg, at, policy_dir, do.tree_advantages(cfg, at, trees), trees)
     sync_s = do.sync_weights(cfg, at.policy_dir, at.step)
     metrics = {**do.tree_metrics(at, trees), **predictor, **update["stats"],
-               **track.allocation_metrics(fresh, chosen, waves), "time/rollout_s": t_rollout,
+               **track.allocation_metrics(fresh, chosen, waves), **track.oracle_metrics(oracle),
+               "time/rollout_s": t_rollout,
                "time/sync_s": sync_s, "time/step_s": time.perf_counter() - t0}
     do.log_step(at, mlflow_run_id, metrics, cfg.plot_every > 0 and at.step % cfg.plot_every == 0,
                 life.registered(cfg, at.step))

@@ -13,7 +13,7 @@ from prefect import task
 
 from tasks import runtime
 from tasks.runtime import StepRef
-from trace_core.seeds import rollout_seed
+from trace_core.seeds import oracle_seed, rollout_seed
 from trace_core.waves import outcome_counts
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.react import Start, run_episodes
@@ -99,6 +99,25 @@ def expand_roots(cfg: TrainConfig, at: StepRef, policy_dir: str, allocation: pa.
     return outcome_counts(nodes.column("tree_id").to_numpy(), nodes.column("reward").to_numpy(),
                           nodes.column("is_leaf").to_numpy(), len(allocation),
                           wave * cfg.pool_size)
+
+
+@task(name="measure-roots", cache_policy=runtime.PHASE_KEY, retries=1)
+def measure_roots(cfg: TrainConfig, at: StepRef, policy_dir: str, item_ids: list[str]) -> pa.Table:
+    """The Monte-Carlo oracle of Stage 1 (``TrainConfig.oracle_rollouts``): k episodes of the
+    current policy from each candidate of ``item_ids``, sampled with the step's oracle seed
+    (``trace_core.seeds.oracle_seed``); per candidate its ``successes`` (summed rewards) of
+    ``rollouts`` and their ``generated_tokens``. A diagnostic, outside the step's budget: the
+    episodes are neither persisted (no tree node, no ledger row) nor trained on."""
+    items, k = runtime.items_for(cfg, cfg.train_split), cfg.oracle_rollouts
+    episodes, _ = _rollout(cfg, policy_dir, [Start(items[i], (), k) for i in item_ids],
+                           seed=oracle_seed(cfg.seed, at.step))
+    shape = (len(item_ids), k)
+    reward = np.asarray([ep.reward or 0.0 for ep in episodes], np.float64).reshape(shape)
+    tokens = np.asarray([ep.ledger.generated_tokens for ep in episodes], np.int64).reshape(shape)
+    return pa.table({"item_id": pa.array(item_ids, pa.string()),
+                     "successes": reward.sum(axis=1),
+                     "rollouts": pa.array([k] * len(item_ids), pa.int64()),
+                     "generated_tokens": tokens.sum(axis=1)})
 
 
 def prefixes_level(cfg: TrainConfig, at: StepRef, policy_dir: str, chosen: pa.Table,

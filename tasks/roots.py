@@ -90,13 +90,21 @@ def _oracle(cfg: TrainConfig, ids: list[str]) -> np.ndarray:
     return np.asarray(o, dtype=np.float64)
 
 
+def _rates(measured: pa.Table, item_ids: list[str]) -> np.ndarray:
+    """The measured success rate of each of ``item_ids`` (``measure_roots``' table, same order)."""
+    if measured.column("item_id").to_pylist() != list(item_ids):
+        raise ValueError("score_roots: the measured oracle's candidates are not the pool's")
+    return measured.column("successes").to_numpy() / measured.column("rollouts").to_numpy()
+
+
 @task(name="score-roots", cache_policy=runtime.PHASE_KEY)
-def score_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids: list[str]
-                ) -> pa.Table:
+def score_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids: list[str],
+                measured: pa.Table | None = None) -> pa.Table:
     """V~(x_i) for the pool (``trace_core.posterior.root_values``: the text predictor's, the
-    per-prompt posterior's or the oracle's), each prompt's staleness and the roots' outcome
-    correlation rho (``tasks.correlation.outcome_correlation``), from one read of the earlier
-    steps' bare rollouts."""
+    per-prompt posterior's, the family's oracle's or, with ``measured`` (``measure_roots``, in
+    pool order), the Monte-Carlo oracle's success rates), each prompt's staleness and the roots'
+    outcome correlation rho (``tasks.correlation.outcome_correlation``), from one read of the
+    earlier steps' bare rollouts."""
     items = runtime.items_for(cfg, cfg.train_split)
     text = load_predictor(cfg, at.workdir, at.run_id, at.step - 1).predict(
         [history_text(items[i].question, []) for i in item_ids])
@@ -106,7 +114,8 @@ def score_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids: l
     v = root_values(text, item_ids, seen, np.asarray([r["s"] for r in rolled], np.float64),
                     np.asarray([r["n"] for r in rolled], np.float64), strength=cfg.root_posterior,
                     oracle=_oracle(cfg, item_ids) if cfg.root_oracle else None,
-                    seen_oracle=_oracle(cfg, seen) if cfg.root_oracle else None)
+                    seen_oracle=_oracle(cfg, seen) if cfg.root_oracle else None,
+                    measured=None if measured is None else _rates(measured, item_ids))
     rho = outcome_correlation(cfg, allocator, at.workdir, at.run_id, at.step).at(0)
     return pa.table({"item_id": item_ids, "predicted_v": np.asarray(v, dtype=np.float64),
                      "staleness": staleness(cfg, at.step, item_ids,

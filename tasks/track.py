@@ -106,6 +106,15 @@ def allocation_metrics(roots: pa.Table, prefixes: pa.Table, waves: int) -> dict[
             "alloc/fresh_leaves": float(np.sum(roots.column("m").to_numpy()))}
 
 
+def oracle_metrics(measured: pa.Table | None) -> dict[str, float]:
+    """What the step's Monte-Carlo oracle cost (``tasks.expand.measure_roots``; none without
+    one): its rollouts and their generated tokens, apart from the ledger's."""
+    if measured is None:
+        return {}
+    return {f"predictor/oracle_{name}": float(np.sum(measured.column(column).to_numpy()))
+            for name, column in (("rollouts", "rollouts"), ("tokens", "generated_tokens"))}
+
+
 def mlflow_run_name(cfg: Any) -> str:
     """The MLflow run's name: family, allocator, policy and the config's short hash (e.g.
     ``synth_arith-trace-tiny-3f2a9c``), so that runs tell themselves apart in the UI; the

@@ -140,13 +140,17 @@ def oracle_values(text: np.ndarray, oracle: np.ndarray, seen_oracle: np.ndarray,
 
 def root_values(text: np.ndarray, item_ids: Sequence[str], seen_ids: Sequence[str],
                 successes: np.ndarray, rollouts: np.ndarray, *, strength: float = 0.0,
-                oracle: np.ndarray | None = None, seen_oracle: np.ndarray | None = None
-                ) -> np.ndarray:
+                oracle: np.ndarray | None = None, seen_oracle: np.ndarray | None = None,
+                measured: np.ndarray | None = None) -> np.ndarray:
     """Stage 1's V~ of the candidates ``item_ids``: the text predictor's ``text``; with
+    ``measured``, the candidates' success rates measured by extra rollouts of the current policy
+    (a Monte-Carlo oracle), as they are: already the policy's own, nothing to scale; with
     ``oracle`` (and ``seen_oracle``), ``oracle_values``; else with ``strength`` > 0 the
     per-prompt posterior of the bare rollouts so far (``seen_ids``: ``successes`` of
     ``rollouts`` each) shrunk towards ``text``."""
     text = np.asarray(text, dtype=np.float64)
+    if measured is not None:
+        return np.clip(np.asarray(measured, dtype=np.float64), 0.0, 1.0)
     if oracle is not None:
         return oracle_values(text, oracle, np.asarray(seen_oracle, np.float64), successes,
                              rollouts)

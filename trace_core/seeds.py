@@ -36,6 +36,13 @@ def rollout_seed(seed: int, step: int, level: int, wave: int = 0) -> int:
     return seed * 100_003 + step * 17 + level + 7919 * wave
 
 
+def oracle_seed(seed: int, step: int) -> int:
+    """The engine's sampling seed of a step's Monte-Carlo oracle rollouts
+    (``TrainConfig.oracle_rollouts``): a level of its own after the tree's two, so the oracle's
+    draws are fixed per (run seed, step) and apart from the rollouts the step keeps."""
+    return rollout_seed(seed, step, 2)
+
+
 def update_seed(seed: int, step: int) -> int:
     """The torch generator seed of a step's policy update (micro-batch order)."""
     return seed * 7919 + step

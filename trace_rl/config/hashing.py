@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from trace_rl.config.sections import FIELDS
 
 HASHED_UNLESS_DEFAULT = ("root_posterior", "root_oracle", "trainable_layers", "clip_ratio_c",
-                         "tis_cap")
+                         "tis_cap", "oracle_rollouts")
 """Fields added after runs were made: at their defaults they stay out of ``config_hash``, as a
 family's own options do (``TrainConfig.options``: a family may gain one)."""
 HASHED_AS_OLD_DEFAULT = {"checkpoint_every": (5, 1)}

@@ -217,6 +217,9 @@ class TrainConfig(BaseModel):
         if self.clip_ratio_c and self.clip_ratio_c <= 1.0 + self.clip_high:
             bad.append(f"clip_ratio_c={self.clip_ratio_c} must be 0 (off) or > 1 + clip_high = "
                        f"{1.0 + self.clip_high}")
+        if self.root_oracle and self.oracle_rollouts:
+            bad.append(f"root_oracle and oracle_rollouts={self.oracle_rollouts}: Stage 1 takes one "
+                       "oracle, the family's or the Monte-Carlo one")
         if self.cluster.startswith("local:") and not re.fullmatch(r"local:[1-9][0-9]*", self.cluster):
             bad.append(f"cluster={self.cluster!r}: local:N needs N >= 1 simulated nodes")
         if not self.cluster and (self.rollout_engines > 1 or self.trainer_ranks > 1):
