@@ -50,6 +50,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # The `full_data` marker's skip, and TRACE_REQUIRE_FULL_DATA=1 failing a session that skipped
     # one where the full data directory exists (tests/data_dirs.py).
     config.pluginmanager.register(data_dirs.FullDataPlugin(data_dirs.FULL_DATA), "trace-full-data")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_LongestFirst(), "trace-longest-first")
+
+
+class _LongestFirst:
+    """``-n N`` (xdist's default ``--dist load``): the longest work first, modules with shared
+    fixtures kept on one worker (tests/scheduling.py). Any other ``--dist`` is xdist's own."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getoption("dist") != "load":
+            return None
+        from scheduling import LongestFirst
+
+        return LongestFirst(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +109,7 @@ def prefect_harness():
 # two cores. Each worker imports this file, so each has its own PREFECT_HOME, cache and temporary
 # root; the sandbox tests count only their own worker's sandboxes (tests/sandbox_watch.py).
 # (xdist's --dist loadgroup cannot keep files together here: pytest 9 ignores the node-id suffix
-# xdist 3.8 sets for it.)
+# xdist 3.8 sets for it. tests/scheduling.py keeps a module with shared fixtures on one worker.)
 
 
 @pytest.fixture(autouse=True)
