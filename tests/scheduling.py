@@ -4,7 +4,7 @@ alone.
 
 A unit of work is one test, or a whole module when the module has a module- or class-scoped
 fixture (a server, an engine, a trained run): the fixture is then built once, on one worker,
-instead of once on each. Units are handed out longest first by ``EXPECTED_S`` (the slowest tests
+instead of once on each; a test named in ``TOGETHER`` joins another unit. Units are handed out longest first by ``EXPECTED_S`` (the slowest tests
 of a fresh-clone CI run on the 2-core machine, loaded; a unit's time is the sum of its tests'),
 the rest in collection order, and a worker holds at most one unit beyond the test it runs, so
 the last units go to whichever worker is free first."""
@@ -44,6 +44,11 @@ EXPECTED_S = {
 ``--durations=20``). Only the order matters: a test missing here, or renamed, is scheduled after
 these, in collection order."""
 
+TOGETHER = {"tests/test_exit.py::test_trace_bootstrap_exits": "tests/test_ui.py"}
+"""Tests that join another unit: the bootstrap test leaves the default policy in the worker's
+cache, and test_ui's train run then copies it instead of building it again (about 7 minutes of
+SFT on the loaded machine). Collection order runs test_exit's test first."""
+
 _SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\(\s*scope=["'](module|class|package)["']""")
 
 
@@ -60,6 +65,8 @@ class LongestFirst(LoadScopeScheduling):
         self._shared: dict[str, bool] = {}
 
     def _split_scope(self, nodeid: str) -> str:
+        if nodeid in TOGETHER:
+            return TOGETHER[nodeid]
         module = nodeid.split("::", 1)[0]
         if module not in self._shared:
             self._shared[module] = _shares_fixtures(module)

@@ -239,10 +239,20 @@ def test_trace_warmstart_exits(engine, model, watched, tiny_model_dir, tmp_path)
 
 @pytest.mark.timeout(900)
 def test_trace_bootstrap_exits(watched, tmp_path):
-    """The bootstrap measures its policy on the HF engine (in-process): it exits too."""
+    """The bootstrap builds its policy and measures it on the HF engine (in-process): it exits
+    too. It builds into the test session's cache while that holds no policy yet, else into a new
+    one: the default policy it leaves there is what test_ui's train run needs, and
+    tests/scheduling.py runs this test just before test_ui on the same worker, so the policy is
+    built once for both."""
+    from trace_rl.environ import cache_dir
+
+    cache = cache_dir()
+    if (cache / "policies").is_dir() and any((cache / "policies").iterdir()):
+        cache = tmp_path / "cache"
     w = watched([*TRACE, "bootstrap", "--workdir", str(tmp_path / "wd")], tmp_path,
-                {"TRACE_CACHE_DIR": str(tmp_path / "cache")})
+                {"TRACE_CACHE_DIR": str(cache)})
     exits_cleanly(w, "^" + re.escape(str(tmp_path / "wd" / "policies")), None)  # its directory
+    assert not w.first("reusing the policy cached"), w.tail()  # it built the policy
 
 
 # ------------------------------------------------------------------ a benchmark

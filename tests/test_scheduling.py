@@ -10,7 +10,8 @@ from scheduling import EXPECTED_S, LongestFirst
 
 SHARED = "tests/test_ui.py"  # has module-scoped fixtures
 SECOND = "tests/test_failures.py::test_sigkill_at_ten_random_points_then_resume_matches_uninterrupted_run"
-THIRD = "tests/test_exit.py::test_trace_bootstrap_exits"
+THIRD = "tests/test_first_run.py::test_first_trace_train_on_a_fresh_prefect_home_beside_cpu_load"
+BOOT = "tests/test_exit.py::test_trace_bootstrap_exits"  # joins test_ui's unit
 
 
 class _Node:
@@ -55,14 +56,14 @@ def test_longest_first_keeps_a_shared_fixture_module_on_one_worker_and_balances(
     ui = [f"{SHARED}::test_no_task_run_records_a_subflow_result_as_input",
           *(f"{SHARED}::test_{k}" for k in range(4))]
     fast = [f"tests/test_tree.py::test_{k}" for k in range(40)]
-    collection = [*fast[:20], THIRD, *ui, *fast[20:], SECOND]
-    seconds = {THIRD: 200.0, SECOND: 300.0, ui[0]: 500.0}
+    collection = [*fast[:20], BOOT, THIRD, *ui, *fast[20:], SECOND]
+    seconds = {BOOT: 400.0, THIRD: 200.0, SECOND: 300.0, ui[0]: 100.0}
     ran = _run(collection, seconds)
     assert sorted(t for tests in ran.values() for t in tests) == sorted(collection)
     firsts = {tests[0] for tests in ran.values()}
-    assert firsts == {ui[0], SECOND}  # the two longest units start at once, on both workers
+    assert firsts == {BOOT, SECOND}  # the two longest units start at once, on both workers
     holder = [w for w, tests in ran.items() if ui[0] in tests]
-    assert len(holder) == 1 and all(t in ran[holder[0]] for t in ui)  # the module stays together
+    assert len(holder) == 1 and ran[holder[0]][:6] == [BOOT, *ui]  # one unit, on one worker
     other = next(w for w in ran if w != holder[0])
     assert ran[other][1] == THIRD  # the next longest goes to the worker free first
     ends = [sum(seconds.get(t, 1.0) for t in tests) for tests in ran.values()]

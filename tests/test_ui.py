@@ -30,7 +30,9 @@ from deployments.deploy import CPU_POOL
 from servers import REPO, free_port, prefect_server, start, stop, tail, wait_until_up
 
 # The bootstrap of the default policy is most of the fixture's time: 673 s beside other work on
-# the 2-core machine (load 5-8); the run's one step and two evaluations took under a minute.
+# the 2-core machine (load 5-8); the run's one step and two evaluations took under a minute. In the
+# full suite the worker's cache already holds that policy (test_exit's bootstrap test runs just
+# before this module, tests/scheduling.py): the subflow runs and copies it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 
 SMALL = {"run_name": "ui", "engine": "hf", "steps": 1, "root_budget": 4, "pool_size": 4,
