@@ -43,16 +43,25 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning_report import conclude, report, run_log, structure_rows
+from bench.learning_report import (best_baseline, conclude, describe, print_rows, report, rows_of,
+                                   run_log, structure_rows)
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan,
                                  eval_run_id, load_run, parse_seeds, recorded_runs, run_one,
                                  save_run, signature)
+from trace_core.stats import paired_gain
 
 REFERENCE = "trace_cover"
 """The row whose generated tokens per step the matched baselines spend (``--protocol tokens``)."""
 MATCHED = {"grpo": 0, "dapo": 0, "prompt_only": 2}
 """The flat baselines sized to the reference's tokens, and their group (0: ``group_size``)."""
-TOKEN_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "cover_oracle")
+ORACLE = "trace_cover_oracle"
+"""The reference with its predictor replaced by a Monte-Carlo oracle (``oracle_rollouts``)."""
+TOKEN_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "cover_oracle", ORACLE)
+OPTIONAL = (ORACLE,)
+"""Rows a seed is complete without, run after every seed's other rows: a diagnostic whose
+oracle costs several times the run's own rollouts. Each is reported over the complete seeds
+that hold it, paired with the best baseline and the reference on those seeds, with the oracle's
+generated tokens per step beside its own (``optional_row``)."""
 CONTROL_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only")
 """The control needs the reference and the baselines the closing line's best is taken from."""
 LM_RESULTS = RECORDS / "learning_lm"
@@ -61,13 +70,15 @@ REGIMES: dict[str, dict[str, Any]] = {
     "paper": {"family": "synth_arith", "policy_difficulty": 1, "difficulty": 2, "mix": "1,2,2",
               "control_difficulty": 1, "protocol": "tokens", "steps": 20, "eval_every": 5,
               "eval_items": 300, "eval_samples": 2, "final_of": 2,
-              "methods": "trace_cover,grpo,dapo,prompt_only,trace"},
+              "methods": f"trace_cover,grpo,dapo,prompt_only,trace,{ORACLE}"},
 }
 """``--regime``: defaults for the command line (explicit options override them). ``paper``: the
 default run's bootstrapped tiny policy (synth_arith, d = 1) trained on a pool of one d = 1 item to
 two d = 2 items, where sampling four rollouts of each prompt from the start mixes ~1/3 of the
 groups, as the paper's GRPO mixes 0.27-0.35; control: all items at d = 1. synth_arith has no
-oracle (``Environment.oracle_success``), so ``cover_oracle`` is not among its methods."""
+oracle (``Environment.oracle_success``), so ``cover_oracle`` is not among its methods; its oracle
+row is ``trace_cover_oracle``, the policy's success rates measured by 8 extra rollouts per
+candidate (``OPTIONAL``)."""
 
 
 @dataclass
@@ -354,10 +365,15 @@ def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]],
               ranked: bool = True) -> list[tuple[str, str, int]]:
     """(structure, method, seed) in the order runs start: seed by seed; ``ranked``, the references
     of every structure first, then the matched baselines (which wait for them), then the other
-    rows, so that paired seeds of the closing line complete as early as they can."""
-    rank = lambda m: 0 if m == REFERENCE else 1 if m in MATCHED else 2  # noqa: E731
-    return [(name, m, s) for s in seeds for r in ((0, 1, 2) if ranked else (None,))
-            for name, ms in methods.items() for m in ms if r is None or rank(m) == r]
+    rows, so that paired seeds of the closing line complete as early as they can, and the
+    ``OPTIONAL`` rows of every seed after all of these."""
+    def rank(m: str) -> int:
+        return 0 if m == REFERENCE else 1 if m in MATCHED else 3 if m in OPTIONAL else 2
+
+    order = [(name, m, s) for s in seeds for r in ((0, 1, 2) if ranked else (None,))
+             for name, ms in methods.items() for m in ms if r is None or rank(m) == r]
+    return order + [(name, m, s) for s in seeds for name, ms in methods.items() for m in ms
+                    if ranked and rank(m) == 3]
 
 
 def _budget(st: Structure, method: str, seed: int) -> dict[str, int] | None:
@@ -452,6 +468,25 @@ def load_structure(folder: Path) -> dict[int, dict[str, RunResult]]:
     return dict(sorted(out.items()))
 
 
+def optional_row(complete: dict[int, dict[str, RunResult]], required: Sequence[str], method: str,
+                 final_of: int, best: str) -> dict[str, Any] | None:
+    """The table row of ``OPTIONAL`` ``method`` over the complete seeds that hold it (None: none
+    does): its costs and accuracy as ``rows_of`` gives them, its ``seeds``, its oracle's
+    generated tokens per step (``oracle_tokens``) and, over two or more seeds, ``vs``: its paired
+    difference on those seeds from ``best`` (the closing line's best baseline) and from the
+    reference."""
+    have = [rs for rs in complete.values() if method in rs]
+    if not have:
+        return None
+    logs = [{m: run_log(rs[m], final_of) for m in (*required, method)} for rs in have]
+    table, per_seed = rows_of(logs, [*required, method])
+    row = {**table[-1], "seeds": len(have), "oracle_tokens": float(np.mean(
+        [np.mean(rs[method].extra["steps"].get("oracle_tokens", np.nan)) for rs in have]))}
+    if len(have) >= 2:
+        row["vs"] = {m: paired_gain(per_seed[m], per_seed[method]) for m in (best, REFERENCE)}
+    return row
+
+
 def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = None
                     ) -> dict[str, Any]:
     """The tokens protocol: the tables of both structures, the power statement and the closing
@@ -474,16 +509,28 @@ def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = 
             wanted = [m.strip() for m in args["methods"].split(",") if m.strip()]
             methods = wanted if name == "main" else [m for m in CONTROL_METHODS if m in wanted]
         methods = list(dict.fromkeys(methods))
-        complete = {s: rs for s, rs in runs.items() if set(methods) <= set(rs)}
+        required = [m for m in methods if m not in OPTIONAL]
+        complete = {s: rs for s, rs in runs.items() if set(required) <= set(rs)}
         counts = ", ".join(f"{m} {sum(m in rs for rs in runs.values())}" for m in methods)
         print(f"\n{name}: {len(complete)} complete seed(s) {sorted(complete)}; runs recorded: {counts}")
         if not complete or "grpo" not in methods:
             continue
-        logs = [{m: run_log(rs[m], final_of) for m in methods} for rs in complete.values()]
-        tables[name], finals[name] = structure_rows(name, logs, methods, REFERENCE)
+        logs = [{m: run_log(rs[m], final_of) for m in required} for rs in complete.values()]
+        tables[name], finals[name] = structure_rows(name, logs, required, REFERENCE)
+        for m in methods:
+            if m in OPTIONAL and (row := optional_row(complete, required, m, final_of,
+                                                      best_baseline(finals[name]))):
+                print(f"{m} over the {row['seeds']} complete seed(s) that hold it, its oracle "
+                      f"{row['oracle_tokens']:.0f} generated tokens per step apart:")
+                print_rows([row])
+                tables[name].append(row)
     main = finals.get("main", {})
     out: dict[str, Any] = {"tables": tables, "finals": finals}
     if REFERENCE in main and len(main[REFERENCE]) >= 2:
+        for row in tables["main"]:
+            if row["method"] in OPTIONAL and "vs" in row:
+                print(f"{row['method']} over its {row['seeds']} seeds: " + "; ".join(
+                    f"vs {m} {describe(iv)}" for m, iv in row["vs"].items()))
         out.update(conclude(main, finals.get("control"), REFERENCE, beside=("trace", "cover_oracle")))
     else:
         print("\nno closing line: fewer than 2 complete seeds")

@@ -18,6 +18,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trace_posterior": {"allocator": "trace", "root_posterior": 4.0},
     "trace_joint": {"allocator": "trace", "joint_split": True},
     "cover_oracle": {"allocator": "trace_cover", "root_oracle": True},
+    "trace_cover_oracle": {"allocator": "trace_cover", "oracle_rollouts": 8},
 }
 """Methods beyond the allocators: TRACE with Stage 1 scored by the family's oracle
 (``TrainConfig.root_oracle``: on synth_chain 0.5 per homonym, scaled to the policy's success so
@@ -25,7 +26,10 @@ far; what a predictor ranking prompts by their hidden hazards would give), TRACE
 per-prompt posterior (``root_posterior`` 4), and TRACE whose continuation leaves go wherever they
 buy the most expected mixed groups, new prompts included (``joint_split``: where continuations
 repeat their prefix's outcome, as they do on synth_chain, they go to prompts), and the
-coverage-aware Stage 1 (``trace_cover``) scored by the family's oracle as ``trace_oracle`` is."""
+coverage-aware Stage 1 (``trace_cover``) scored by the family's oracle as ``trace_oracle`` is,
+or, on a family without one, by a Monte-Carlo oracle (``oracle_rollouts`` 8: each candidate's
+success rate in 8 extra rollouts of the current policy, outside the run's budget; their
+generated tokens are the record's ``steps["oracle_tokens"]``)."""
 
 
 @dataclass
@@ -109,7 +113,8 @@ def step_costs(store: Any, run_id: str, metrics: Sequence[dict[str, Any]]) -> di
     """Per step (step order), what the protocol's tables show: generated tokens, training tokens
     (generated tokens summed over every root-to-leaf path, a shared prefix once per path through
     it: what the update forwards and backwards), the bare rollouts (level 0) and their generated
-    tokens, and the active prompts (trees) with the mixed ones among them."""
+    tokens, the active prompts (trees) with the mixed ones among them and, with a Monte-Carlo
+    oracle (``oracle_rollouts``), its generated tokens, outside the others."""
     rows = {r["step"]: r for r in store.query(
         "SELECT step, sum(gen_tokens * coalesce(n_leaves, 0)) AS train_tokens, "
         "coalesce(sum(gen_tokens) FILTER (WHERE level = 0), 0) AS bare_tokens, "
@@ -117,12 +122,14 @@ def step_costs(store: Any, run_id: str, metrics: Sequence[dict[str, Any]]) -> di
         "FROM nodes WHERE run_id = $r GROUP BY step", {"r": run_id}).to_pylist()}
     steps = range(len(metrics))
     active = [float(m.get("alloc/active_roots", float("nan"))) for m in metrics]
+    oracle = [float(m["predictor/oracle_tokens"]) for m in metrics if "predictor/oracle_tokens" in m]
     return {"tokens": [float(m["ledger/generated_tokens"]) for m in metrics],
             "train_tokens": [float(rows[s]["train_tokens"] or 0) for s in steps],
             "bare_tokens": [float(rows[s]["bare_tokens"]) for s in steps],
             "bare": [float(rows[s]["bare"]) for s in steps],
             "active": active,
-            "mixed": [a * float(m["tree/effective_ratio"]) for a, m in zip(active, metrics)]}
+            "mixed": [a * float(m["tree/effective_ratio"]) for a, m in zip(active, metrics)],
+            **({"oracle_tokens": oracle} if oracle else {})}
 
 
 PREDICTOR_KEYS = ("root_auc", "prefix_auc", "root_brier", "prefix_brier", "flip_predicted",

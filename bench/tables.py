@@ -79,9 +79,11 @@ def learning_lm(root: Path = RECORDS) -> str:
              "|---" * 10 + "|"]
     for name, table in out["tables"].items():
         n = len(out["finals"][name][REFERENCE])
-        for r in table:
-            lines.append(f"| {name} | {r['method']} | {n} | {r['mixed']:.2f} | {r['ratio']:.2f} | "
-                         f"{r['active']:.1f} | {r['tokens']:.0f} / {r['train_tokens']:.0f} | "
+        for r in table:  # an optional row (a Monte-Carlo oracle) has its own seeds and cost
+            oracle = f" (+ {r['oracle_tokens']:.0f} oracle)" if "oracle_tokens" in r else ""
+            lines.append(f"| {name} | {r['method']} | {r.get('seeds', n)} | {r['mixed']:.2f} | "
+                         f"{r['ratio']:.2f} | {r['active']:.1f} | {r['tokens']:.0f} / "
+                         f"{r['train_tokens']:.0f}{oracle} | "
                          f"{r['leaves']:.1f} | {r['acc']:.1f} | "
                          f"{_ci(r.get('vs_grpo')) if r['method'] != 'grpo' else ''} |")
     return "\n".join(lines)

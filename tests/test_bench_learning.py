@@ -128,19 +128,21 @@ def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tm
 
 def test_the_tokens_protocol_sizes_each_baseline_from_its_seeds_reference(tmp_path, capsys):
     """--regime paper --quick: the reference first, grpo sized to its tokens per step, the control
-    on d = 1 items in the same invocation, compact records that a second invocation reuses."""
+    on d = 1 items in the same invocation, compact records that a second invocation reuses; the
+    Monte-Carlo oracle's row (main only) records its oracle's tokens apart from its own."""
     from bench.learning import main, matched_budget
     from bench.learning_runs import RunResult
 
     rec = tmp_path / "rec"
     common = ["--quick", "--regime", "paper", "--workdir", str(tmp_path / "wd"), "--records",
-              str(rec), "--methods", "trace_cover,grpo"]
+              str(rec), "--methods", "trace_cover,grpo,trace_cover_oracle"]
     out = main(common)
     printed = capsys.readouterr().out
     assert "no closing line: fewer than 2 complete seeds" in printed
     for structure in ("main", "control"):
         runs = {p.name: json.loads(p.read_text()) for p in (rec / structure / "runs").glob("*.json")}
-        assert set(runs) == {"trace_cover-s0.json", "grpo-s0.json"}
+        oracle = {"trace_cover_oracle-s0.json"} if structure == "main" else set()
+        assert set(runs) == {"trace_cover-s0.json", "grpo-s0.json"} | oracle
         ref, grpo = (RunResult(**runs[f]["result"]) for f in ("trace_cover-s0.json", "grpo-s0.json"))
         assert grpo.extra["budget"] == matched_budget(ref, "grpo", 4) and ref.extra["budget"] == {}
         assert grpo.leaves == [grpo.extra["budget"]["root_budget"]] * 2  # every step at its size
@@ -149,8 +151,14 @@ def test_the_tokens_protocol_sizes_each_baseline_from_its_seeds_reference(tmp_pa
         # least the generated ones; a flat method's are equal
         assert all(t >= g for t, g in zip(ref.extra["steps"]["train_tokens"], ref.extra["steps"]["tokens"]))
         assert grpo.extra["steps"]["train_tokens"] == grpo.extra["steps"]["tokens"]
+        assert "oracle_tokens" not in ref.extra["steps"] and "oracle_tokens" not in grpo.extra["steps"]
+        if oracle:  # 8 rollouts of each of the 8 candidates a step, none of them in "tokens"
+            steps = runs["trace_cover_oracle-s0.json"]["result"]["extra"]["steps"]
+            assert len(steps["oracle_tokens"]) == 2 and min(steps["oracle_tokens"]) > 64
         assert len((rec / structure / "runs" / "grpo-s0.json").read_text().splitlines()) == 1
     assert set(out["tables"]) == {"main", "control"}
+    row = next(r for r in out["tables"]["main"] if r["method"] == "trace_cover_oracle")
+    assert row["seeds"] == 1 and row["oracle_tokens"] > row["tokens"]
     before = {p: p.stat().st_mtime_ns for p in rec.rglob("*.json")}
     again = main([*common, "--summarise-only"])
     assert {p: p.stat().st_mtime_ns for p in rec.rglob("*.json")} == before

@@ -155,3 +155,48 @@ def test_a_seed_is_complete_only_with_every_method_the_invocation_runs(tmp_path,
     assert "main: 0 complete seed(s) []" in printed and "trace 0" in printed
     assert "control: 2 complete seed(s) [0, 1]" in printed  # the control runs no trace row
     assert "no closing line" in printed and "main" not in out["finals"]
+
+
+def test_the_oracle_row_runs_last_and_no_seed_waits_for_it():
+    order = protocol.job_order([3, 4], {"main": ("trace_cover", protocol.ORACLE, "grpo")})
+    assert order == [("main", "trace_cover", 3), ("main", "grpo", 3), ("main", "trace_cover", 4),
+                     ("main", "grpo", 4), ("main", protocol.ORACLE, 3), ("main", protocol.ORACLE, 4)]
+
+
+def test_the_oracle_row_is_reported_over_the_seeds_that_hold_it(tmp_path, capsys):
+    """Three complete seeds, the Monte-Carlo oracle's row recorded for two: the closing line keeps
+    all three; the oracle row is paired on its two, against the best baseline and the reference,
+    with its oracle's tokens per step beside its own."""
+    rec = tmp_path / "rec"
+    _write(rec, "main", "trace_cover", [[0.5, 0.62, 0.70], [0.5, 0.64, 0.72], [0.5, 0.66, 0.74]])
+    _write(rec, "main", "grpo", [[0.5, 0.60, 0.64]] * 3)
+    _write(rec, "main", "dapo", [[0.5, 0.50, 0.50]] * 3)
+    _write(rec, "main", "prompt_only", [[0.5, 0.55, 0.55]] * 3)
+    _write(rec, "main", "trace", [[0.5, 0.55, 0.55]] * 3)
+    for seed, acc in enumerate([[0.5, 0.70, 0.74], [0.5, 0.70, 0.78]]):  # finals 72, 74
+        r = _run(protocol.ORACLE, seed, acc)
+        r.extra["steps"]["oracle_tokens"] = [8000.0, 9000.0]
+        save_run(rec / "main", "sig-main", r, compact=True)
+    for m in ("trace_cover", "grpo", "dapo", "prompt_only"):
+        _write(rec, "control", m, [[0.5, 0.6, 0.7]] * 3)
+    args = {"family": "synth_arith", "mix": "1,2,2", "difficulty": 2, "control_difficulty": 1,
+            "steps": 2, "root_budget": 16, "multiplier": 2, "eval_items": 3, "eval_samples": 2,
+            "methods": protocol.REGIMES["paper"]["methods"]}
+    out = protocol.protocol_report(rec, 2, args)
+    printed = capsys.readouterr().out
+    assert "main: 3 complete seed(s) [0, 1, 2]" in printed and out["gain"].n == 3
+    row = next(r for r in out["tables"]["main"] if r["method"] == protocol.ORACLE)
+    # per seed: oracle 72, 74; grpo 62, 62; trace_cover 66, 68
+    assert row["seeds"] == 2 and row["acc"] == pytest.approx(73.0)
+    assert row["oracle_tokens"] == 8500.0 and row["tokens"] == 1000.0
+    assert row["vs_grpo"][0] == pytest.approx(11.0)
+    assert row["vs"]["grpo"].mean == pytest.approx(11.0) and row["vs"]["grpo"].n == 2
+    assert row["vs"]["trace_cover"].mean == pytest.approx(6.0)
+    assert f"{protocol.ORACLE} over its 2 seeds: vs grpo +11.0" in printed
+    from bench.tables import learning_lm
+
+    (tmp_path / "learning_lm").mkdir()
+    rec.rename(tmp_path / "learning_lm" / "paper")
+    lines = [ln for ln in learning_lm(tmp_path).splitlines() if protocol.ORACLE in ln]
+    assert lines == [f"| main | {protocol.ORACLE} | 2 | 4.00 | 0.40 | 10.0 | 1000 / 2000 (+ 8500 "
+                     "oracle) | 48.0 | 73.0 | +11.0 (-1.7, +23.7) |"]  # +10, +12: t(1 df) 12.71 x sd 1.41 / sqrt 2
