@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import t as student_t
 
 
 @dataclass(frozen=True)
@@ -53,6 +52,8 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:
         raise ValueError("mean_interval: values must be finite")
     if not 0.0 < level < 1.0:
         raise ValueError(f"mean_interval: level={level} must lie in (0, 1)")
+    from scipy.stats import t as student_t  # here, not at import: scipy.stats costs every process ~1 s
+
     q = float(student_t.ppf(0.5 + level / 2.0, x.size - 1))
     mean = float(x.mean())
     half = q * float(x.std(ddof=1)) / np.sqrt(x.size)
@@ -121,7 +122,7 @@ def detectable_effect(sd: float, n: int, level: float = 0.95, power: float = 0.8
     deviation ``sd`` (exact, from the noncentral t distribution); nan below 2 units or for a
     non-positive or non-finite ``sd``."""
     from scipy import optimize
-    from scipy.stats import nct
+    from scipy.stats import nct, t as student_t
 
     if n < 2 or not np.isfinite(sd) or sd <= 0:
         return float("nan")
