@@ -70,6 +70,7 @@ class _Rollouts:
 
     def __init__(self, cfg: Any, policy: str, items: dict[str, Any], seed: int) -> None:
         from tasks import runtime
+        from trace_rl.engines import context_limit
         from trace_rl.engines.hf import HFEngine
 
         self.cfg, self.items, self.seed = cfg, items, seed
@@ -79,7 +80,7 @@ class _Rollouts:
                              "state, which a TRL reward function does not see")
         self.by_question = {it.question: it for it in items.values()}
         self.engine = HFEngine(policy, seed=seed)
-        self.max_context = runtime.context_for(cfg, policy)
+        self.max_context = context_limit(policy)
         self.calls = 0
         self.generated_tokens = 0
         self.rollout_s = 0.0

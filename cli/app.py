@@ -228,8 +228,8 @@ def replay(
         from tasks.runtime import allocator_for
         from trace_rl.storage.replay import replay_stored
 
-        allocs = [allocator_for(config_from_mapping({**merged, "allocator": a}, "--allocator"))
-                  for a in names]
+        allocs = [allocator_for(config_from_mapping({**merged, "allocator": a},
+                                                    "--allocator").allocation) for a in names]
         budget = config_from_mapping(merged, "the run's config + overrides").budget
         steps, env, replays = replay_stored(store, run, allocs, budget, replicates, seed)
     except (ViewError, ReplayError, ValueError) as exc:

@@ -41,7 +41,7 @@ def refit(run_id: str, workdir: str, epochs: int) -> dict[str, Any]:
         {"r": run_id}).column("step").to_pylist()
     if len(steps) < 2:
         raise ValueError(f"retrain_predictor: run {run_id} needs at least 2 backed-up steps, has {len(steps)}")
-    predictor = runtime.new_predictor(cfg)
+    predictor = runtime.new_predictor(cfg.predictor, cfg.seed)
     for _ in range(epochs):
         for s in steps[:-1]:
             h, y, w = _examples(workdir, run_id, s)
@@ -51,7 +51,7 @@ def refit(run_id: str, workdir: str, epochs: int) -> dict[str, Any]:
     p = predictor.predict(h)
     hard = (y == 0) | (y == 1)
     constant = np.full_like(y, y.mean())
-    current = runtime.load_predictor(cfg, workdir, run_id, steps[-1] - 1).predict(h)
+    current = runtime.load_predictor(cfg.predictor, cfg.seed, workdir, run_id, steps[-1] - 1).predict(h)
     out = {"held_out_step": steps[-1], "examples": len(y), "brier": brier(p, y), "ece": ece(p, y),
            "brier_constant": brier(constant, y), "ece_constant": ece(constant, y),
            "brier_current": brier(current, y), "ece_current": ece(current, y)}

@@ -24,6 +24,7 @@ from prefect.runtime import flow_run
 from tasks import runtime, track
 from tasks.runtime import StepRef
 from trace_rl.config import NEVER_HASHED, TrainConfig, check_inputs
+from trace_rl.config.sections import Run as RunSection
 from trace_rl.storage.locks import train_lock
 from trace_rl.policy.named import resolve_policy
 from trace_rl.progress import Progress
@@ -120,10 +121,10 @@ class Run:
         return summary, where
 
 
-def registered(cfg: TrainConfig, step: int) -> bool:
+def registered(run: RunSection, step: int) -> bool:
     """Whether step ``step``'s policy is registered in MLflow (every ``checkpoint_every`` steps
-    and the last step)."""
-    return (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1
+    of a config's ``run`` section, and the last step)."""
+    return (step + 1) % run.checkpoint_every == 0 or step == run.steps - 1
 
 
 def prune_checkpoints(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> None:
@@ -132,7 +133,7 @@ def prune_checkpoints(cfg: TrainConfig, workdir: str, run_id: str, step: int) ->
     unless it is registered in MLflow."""
     runtime.drop_optimizer_state(workdir, run_id, step - 1)
     old = step - cfg.keep_checkpoints
-    if cfg.keep_checkpoints and old >= 0 and not registered(cfg, old):
+    if cfg.keep_checkpoints and old >= 0 and not registered(cfg.run, old):
         runtime.drop_checkpoint(workdir, run_id, old)
 
 

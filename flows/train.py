@@ -43,7 +43,7 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     metrics. One allocator serves every allocation of the step."""
     do = Phases(at.workdir, watch, f"step {at.step}: ")
     t0 = time.perf_counter()
-    allocator = runtime.allocator_for(cfg)
+    allocator = runtime.allocator_for(cfg.allocation)
     # Stage 1: the candidate pool, its values (or a Monte-Carlo oracle's); level 0: bare
     # rollouts (and refill waves).
     roots = do.sample_roots(cfg, at)
@@ -72,7 +72,7 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
                "time/rollout_s": t_rollout,
                "time/sync_s": sync_s, "time/step_s": time.perf_counter() - t0}
     do.log_step(at, mlflow_run_id, metrics, cfg.plot_every > 0 and at.step % cfg.plot_every == 0,
-                life.registered(cfg, at.step))
+                life.registered(cfg.run, at.step))
     return at.policy_dir, metrics
 
 

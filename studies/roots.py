@@ -51,7 +51,7 @@ def root_aucs(workdir: str, run_id: str, strength: float = 4.0) -> list[dict[str
             "AND n.is_leaf AND n.level = 0 GROUP BY n.tree_id, n.item_id ORDER BY n.tree_id",
             {"r": run_id, "s": step}).to_pylist()
         ids = [r["item_id"] for r in rows]
-        text = runtime.load_predictor(cfg, workdir, run_id, step - 1).predict(
+        text = runtime.load_predictor(cfg.predictor, cfg.seed, workdir, run_id, step - 1).predict(
             [history_text(items[i].question, []) for i in ids])
         posterior = PromptPosterior(strength)
         seen = roots.bare_counts(workdir, run_id, step)

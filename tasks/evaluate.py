@@ -19,6 +19,7 @@ from prefect import task
 from tasks import runtime
 from trace_core.stats import mean_interval
 from trace_rl.config import TrainConfig
+from trace_rl.engines import context_limit
 from trace_rl.rollout.react import Start, run_episodes
 from trace_rl.rollout.types import SamplingSettings
 
@@ -42,7 +43,7 @@ def rollout_eval(cfg: TrainConfig, policy_dir: str, split: str, limit: int | Non
                             sampling=SamplingSettings(max_tokens=cfg.max_new_tokens,
                                                       temperature=temperature, seed=cfg.seed),
                             max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s,
-                            seed=cfg.seed, max_context=runtime.context_for(cfg, policy_dir))
+                            seed=cfg.seed, max_context=context_limit(policy_dir))
     rewards = np.array([float(ep.reward or 0.0) for ep in episodes]).reshape(len(items), samples)
     keys = sorted({k for ep in episodes for k in ep.metrics
                    if k not in ("truncated", "turn_cap", "verify_error")})

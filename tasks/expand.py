@@ -16,6 +16,7 @@ from tasks.runtime import StepRef
 from trace_core.seeds import oracle_seed, rollout_seed
 from trace_core.waves import outcome_counts
 from trace_rl.config import TrainConfig
+from trace_rl.engines import context_limit
 from trace_rl.rollout.react import Start, run_episodes
 from trace_rl.rollout.treeio import LevelBatch, StepTrees
 from trace_rl.rollout.types import Ledger, SamplingSettings
@@ -30,7 +31,7 @@ def _rollout(cfg: TrainConfig, policy_dir: str, starts: list[Start], seed: int) 
     t0 = time.perf_counter()
     episodes = run_episodes(engine, runtime.env_for(cfg), starts, sampling=_sampling(cfg),
                             max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s, seed=seed,
-                            max_context=runtime.context_for(cfg, policy_dir))
+                            max_context=context_limit(policy_dir))
     total = Ledger()
     for ep in episodes:
         total += ep.ledger

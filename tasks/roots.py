@@ -106,7 +106,7 @@ def score_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids: l
     outcome correlation rho (``tasks.correlation.outcome_correlation``), from one read of the
     earlier steps' bare rollouts."""
     items = runtime.items_for(cfg, cfg.train_split)
-    text = load_predictor(cfg, at.workdir, at.run_id, at.step - 1).predict(
+    text = load_predictor(cfg.predictor, cfg.seed, at.workdir, at.run_id, at.step - 1).predict(
         [history_text(items[i].question, []) for i in item_ids])
     past = bare_counts(at.workdir, at.run_id, at.step)
     rolled = [r for r in past if r["n"]]

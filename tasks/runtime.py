@@ -23,6 +23,7 @@ from trace_core.allocators import Allocator, make_allocator
 from trace_core.predictor import HashedNgramPredictor, HeadConfig
 from trace_rl import environ
 from trace_rl.config import TrainConfig
+from trace_rl.config.sections import Allocation, Predictor
 from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.envs.registry import make_env
 from trace_rl.engines import default_engine_kind, get_engine
@@ -229,13 +230,6 @@ def items_and_skipped(cfg: TrainConfig, split: str,
                   cfg.max_new_tokens)
 
 
-def context_for(cfg: TrainConfig, policy_dir: str) -> int:
-    """The token cap of an episode of ``policy_dir`` (``trace_rl.engines.context_limit``)."""
-    from trace_rl.engines import context_limit
-
-    return context_limit(policy_dir)
-
-
 def drop_optimizer_state(workdir: str, run_id: str, step: int) -> None:
     """Delete the optimiser state of step ``step``'s local checkpoint once a later step is
     complete: only the newest checkpoint resumes a run, and the state is twice the size of the
@@ -260,21 +254,23 @@ def configure_threads() -> int:
     return n
 
 
-def allocator_for(cfg: TrainConfig) -> Allocator:
-    """The configured allocator (one registry, at this edge); the train flow builds one per step
-    and hands it to the tasks that allocate."""
-    return make_allocator(cfg.allocator, cfg.allocator_config)
+def allocator_for(allocation: Allocation) -> Allocator:
+    """The allocator a config's ``allocation`` section names, with its knobs (one registry, at
+    this edge); the train flow builds one per step and hands it to the tasks that allocate."""
+    return make_allocator(allocation.allocator, allocation.allocator_config)
 
 
-def new_predictor(cfg: TrainConfig) -> HashedNgramPredictor:
-    torch.manual_seed(cfg.seed)
-    return HashedNgramPredictor(head=HeadConfig(lr=cfg.predictor_lr, epochs=cfg.predictor_epochs,
-                                                seed=cfg.seed))
+def new_predictor(settings: Predictor, seed: int) -> HashedNgramPredictor:
+    """A fresh predictor with a config's ``predictor`` section and the run's seed."""
+    torch.manual_seed(seed)
+    return HashedNgramPredictor(head=HeadConfig(lr=settings.predictor_lr,
+                                                epochs=settings.predictor_epochs, seed=seed))
 
 
-def load_predictor(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> HashedNgramPredictor:
+def load_predictor(settings: Predictor, seed: int, workdir: str, run_id: str,
+                   step: int) -> HashedNgramPredictor:
     """The predictor as saved after ``step`` (a fresh one before step 0)."""
-    predictor = new_predictor(cfg)
+    predictor = new_predictor(settings, seed)
     if step >= 0:
         path = Paths(Path(workdir)).predictor_file(run_id, step)
         if not path.exists():

@@ -84,8 +84,8 @@ def walk(run: Callable[[], Any]) -> dict[str, Any]:
 def _count(events: list[tuple[str, str, Any]], once: bool) -> dict[str, int]:
     """files, climbs and reentries of a list of call and return events; with ``once``, the
     call of a function already followed is skipped with everything below it."""
-    moves: list[tuple[str, str]] = []
-    stack: list[str] = []  # files of the followed open frames
+    moves: list[tuple[str, str, str]] = []  # (call | return, file, function entered or left)
+    stack: list[tuple[str, str]] = []  # (file, function) of the followed open frames
     read: set[Any] = set()
     skipping = 0  # depth inside a skipped call
     for kind, where, code in events:
@@ -97,24 +97,26 @@ def _count(events: list[tuple[str, str, Any]], once: bool) -> dict[str, int]:
                 skipping = 1
                 continue
             read.add(code)
-            stack.append(where)
-            moves.append(("call", where))
+            stack.append((where, code.co_qualname))
+            moves.append(("call", where, code.co_qualname))
         else:
-            stack.pop()
+            _, left = stack.pop()
             if stack:
-                moves.append(("return", stack[-1]))
+                moves.append(("return", stack[-1][0], left))
     seen: set[str] = set()
-    current, climbs, reentries, path = None, 0, 0, []
-    for kind, where in moves:
+    current, climbs, reentries, path, steps = None, 0, 0, [], []
+    for kind, where, function in moves:
         if where != current:
             climbs += kind == "return"
-            reentries += where in seen
+            again = where in seen
+            reentries += again
             if current is not None:
                 seen.add(current)
             current = where
             path.append(where)
-    return {"files": len({w for _, w in moves}), "climbs": climbs, "reentries": reentries,
-            "calls": sum(kind == "call" for kind, _ in moves), "path": path}
+            steps.append((kind, where, function, again))
+    return {"files": len({w for _, w, _ in moves}), "climbs": climbs, "reentries": reentries,
+            "calls": sum(kind == "call" for kind, _, _ in moves), "path": path, "steps": steps}
 
 
 def walk_one_step(workdir: str, model_dir: str, step: int = 1) -> dict[str, Any]:
@@ -148,16 +150,33 @@ def walk_one_step(workdir: str, model_dir: str, step: int = 1) -> dict[str, Any]
     return counts
 
 
+def describe(steps: list[tuple[str, str, str, bool]]) -> str:
+    """One line per move of a walk's ``steps``: into which file, by a call of (or a return
+    from) which function, ``again`` where it re-enters a file."""
+    return "\n".join(f"{'again ' if again else '      '}{'call  ' if kind == 'call' else 'return'} "
+                     f"{where:28} {function}" for kind, where, function, again in steps)
+
+
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--moves", action="store_true",
+                        help="list the read walk's moves (file, function, re-entries)")
+    parser.add_argument("--model", help="a tiny policy made before (default: made here)")
+    args = parser.parse_args()
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="config-walk-prefect-"))
     from prefect.testing.utilities import prefect_test_harness
 
     from trace_rl.policy.tiny import make_tiny_policy
 
     with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=180):
-        model = make_tiny_policy(Path(tmp) / "model", preset="test", pretrain_steps=150)
+        model = args.model or make_tiny_policy(Path(tmp) / "model", preset="test",
+                                               pretrain_steps=150)
         counts = walk_one_step(str(Path(tmp) / "run"), str(model))
         for mode in ("all", "read"):
-            path = counts[mode].pop("path")
+            path, steps = counts[mode].pop("path"), counts[mode].pop("steps")
             print(mode, counts[mode])
         print("read, file by file:", " > ".join(p.rsplit("/", 1)[-1] for p in path))
+        if args.moves:
+            print(describe(steps))

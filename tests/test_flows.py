@@ -89,7 +89,7 @@ def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_di
         assert key in run.data.metrics
     assert "loss/tis_weight_mean" not in run.data.metrics  # TIS is off by default
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/policy")]
-    assert arts and len(arts) == sum(registered(config_from_mapping(cfg), s)
+    assert arts and len(arts) == sum(registered(config_from_mapping(cfg).run, s)
                                      for s in range(TINY["steps"]))  # every checkpoint_every, the last
     assert "MLmodel" in [Path(a.path).name for a in client.list_artifacts(run.info.run_id, arts[-1])]
     last = [a.path for a in client.list_artifacts(run.info.run_id, arts[-1] + "/model")]
@@ -129,7 +129,7 @@ def _check_refit(refit: dict, workdir: Path, run_id: str) -> None:
     from trace_rl.config import config_from_mapping
 
     cfg = config_from_mapping(TreeStore(workdir / "trace.duckdb", create=False).get_run(run_id)["config"])
-    predictor = runtime.new_predictor(cfg)
+    predictor = runtime.new_predictor(cfg.predictor, cfg.seed)
     predictor.load_state_dict(torch.load(refit["path"], weights_only=False))
     histories, y, _ = _examples(str(workdir), run_id, refit["held_out_step"])
     assert refit["examples"] == len(y) > 0

@@ -45,7 +45,7 @@ def package_files(package: str) -> list[Path]:
 
 def test_the_rule_sees_the_imports_it_checks():
     """The parser is not vacuous: it finds known edges, deferred and relative ones included."""
-    assert "trace_core.allocators" in imports(REPO / "trace_rl" / "config" / "model.py")
+    assert "trace_core.allocators" in imports(REPO / "trace_rl" / "config" / "sections.py")
     assert "flows.train" in imports(REPO / "cli" / "app.py")  # deferred, inside a command
     assert "trace_rl.envs.base" in imports(REPO / "trace_rl" / "rollout" / "react.py")
 

@@ -68,11 +68,11 @@ def _offered(table: pa.Table) -> set[tuple[int, int, float]]:
 
 
 def test_trace_offers_the_root_of_an_agreeing_tree_only(workdir):
-    scored = prefixes.score_prefixes.fn(_cfg(), allocator_for(_cfg()), StepRef(workdir, RUN, 0))
+    scored = prefixes.score_prefixes.fn(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0))
     assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0),  # mixed tree: its depth-1 prefixes
                                 (1, 1, 0.0), (1, 3, 0.0), (1, 0, 0.0),  # + the agreeing root
                                 (2, 0, 0.0)}  # fallback: the root (its rollouts agree)
-    chosen = prefixes.allocate_prefixes.fn(_cfg(), allocator_for(_cfg()), StepRef(workdir, RUN, 0), scored,
+    chosen = prefixes.allocate_prefixes.fn(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0), scored,
                                       _roots(), [2, 2, 2, 0])[0].to_pylist()
     for t in (0, 1, 2):  # every tree spends exactly m_i N = 2 continuations
         assert sum(r["k"] for r in chosen if r["tree_id"] == t) == 2
@@ -81,9 +81,9 @@ def test_trace_offers_the_root_of_an_agreeing_tree_only(workdir):
 
 def test_the_root_is_not_offered_when_switched_off_or_for_random_prefix(workdir):
     for cfg in (_cfg(branch_from_root=False), _cfg(allocator="random_prefix")):
-        scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg), StepRef(workdir, RUN, 0))
+        scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
         assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0), (1, 1, 0.0), (1, 3, 0.0), (2, 0, 0.0)}
-        chosen = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg), StepRef(workdir, RUN, 0), scored,
+        chosen = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), scored,
                                               _roots(), [2, 2, 2, 0])[0].to_pylist()
         assert [r["k"] for r in chosen if r["tree_id"] == 2] == [2]  # the fallback spends m_i N
 
@@ -123,14 +123,14 @@ def test_outcome_correlation_reads_the_stored_window(workdir):
     / (3 x 0.5) = 1/3 (tree 0 mixed, trees 1 and 2 agree); the prefix 1 - 2 / (2 x 0.2) < 0 -> 0."""
     _continue_tree0(workdir)
     on = {"correlation_window": 4}
-    rho = correlation.outcome_correlation(_cfg(**on, correlation_min_terms=1), allocator_for(_cfg(**on, correlation_min_terms=1)), workdir, RUN, 1)
+    rho = correlation.outcome_correlation(_cfg(**on, correlation_min_terms=1), allocator_for(_cfg(**on, correlation_min_terms=1).allocation), workdir, RUN, 1)
     assert rho.at(0) == pytest.approx(1 / 3)
     assert rho.at(1) == 0.0 and rho.evidence == {0: 3, 1: 1}
     # Off, at step 0 (nothing stored before it) and for a method without a predictor: no estimate.
     for cfg, step in ((_cfg(correlation_window=0), 1), (_cfg(**on), 0), (_cfg(**on, allocator="grpo"), 1)):
-        assert correlation.outcome_correlation(cfg, allocator_for(cfg), workdir, RUN, step).evidence == {}
+        assert correlation.outcome_correlation(cfg, allocator_for(cfg.allocation), workdir, RUN, step).evidence == {}
     # Too little evidence for the default minimum: 0 (the paper's formulas).
-    assert correlation.outcome_correlation(_cfg(**on), allocator_for(_cfg(**on)), workdir, RUN, 1).at(0) == 0.0
+    assert correlation.outcome_correlation(_cfg(**on), allocator_for(_cfg(**on).allocation), workdir, RUN, 1).at(0) == 0.0
 
 
 def test_a_thin_window_is_widened_not_dropped(workdir):
@@ -144,17 +144,17 @@ def test_a_thin_window_is_widened_not_dropped(workdir):
         store.write_level(RUN, step, 0, pa.Table.from_pylist(LEVEL0, schema=NODE_INPUT_SCHEMA), None,
                           ledger)
     cfg = _cfg(correlation_window=2, correlation_min_terms=1)
-    rho = correlation.outcome_correlation(cfg, allocator_for(cfg), workdir, RUN, 5)
+    rho = correlation.outcome_correlation(cfg, allocator_for(cfg.allocation), workdir, RUN, 5)
     assert rho.evidence[1] == 1 and rho.evidence[0] == 15  # 5 steps x 3 roots
     # Prompt-level allocation never branches: its window is not widened for prefix evidence.
     rho = correlation.outcome_correlation(_cfg(allocator="prompt_only", correlation_window=2,
                                                correlation_min_terms=1), allocator_for(_cfg(allocator="prompt_only", correlation_window=2,
-                                               correlation_min_terms=1)), workdir, RUN, 5)
+                                               correlation_min_terms=1).allocation), workdir, RUN, 5)
     assert rho.evidence == {0: 6}
 
 
 def test_scored_prefixes_carry_rho_and_what_was_seen(workdir):
-    rows = prefixes.score_prefixes.fn(_cfg(), allocator_for(_cfg()), StepRef(workdir, RUN, 0)).to_pylist()
+    rows = prefixes.score_prefixes.fn(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0)).to_pylist()
     assert {r["correlation"] for r in rows} == {0.0}  # step 0: nothing stored before it
     seen = {(r["tree_id"], r["local_index"]): r["seen"] for r in rows}
     assert seen[(1, 0)] == 2  # the agreeing root: both bare rollouts failed
@@ -172,8 +172,8 @@ def test_joint_split_spends_the_rest_of_the_budget_on_prefixes_or_fresh_prompts(
     untrained predictor) win; when the store says prefix outcomes are correlated, the fresh
     prompt takes a pair. Either way the six leaves are spent and used candidates get nothing."""
     cfg = _cfg(joint_split=True)
-    scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg), StepRef(workdir, RUN, 0))
-    chosen, fresh = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg), StepRef(workdir, RUN, 0), scored, _roots(), [2, 2, 2, 0])
+    scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
+    chosen, fresh = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), scored, _roots(), [2, 2, 2, 0])
     k = {(r["tree_id"], r["local_index"]): r["k"] for r in chosen.to_pylist()}
     m = fresh.column("m").to_pylist()
     assert sum(k.values()) + sum(m) == 6 and m[:3] == [0, 0, 0]
@@ -181,7 +181,7 @@ def test_joint_split_spends_the_rest_of_the_budget_on_prefixes_or_fresh_prompts(
     correlated = scored.set_column(scored.schema.get_field_index("correlation"), "correlation",
                                    pa.array([0.0 if d == 0 else 0.9 for d in
                                              scored.column("depth").to_pylist()], pa.float64()))
-    chosen, fresh = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg), StepRef(workdir, RUN, 0), correlated, _roots(), [2, 2, 2, 0])
+    chosen, fresh = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), correlated, _roots(), [2, 2, 2, 0])
     k = {(r["tree_id"], r["local_index"]): r["k"] for r in chosen.to_pylist()}
     m = fresh.column("m").to_pylist()
     assert sum(k.values()) + sum(m) == 6 and m[3] >= 2
@@ -192,12 +192,12 @@ def test_joint_split_never_offers_a_mixed_root(workdir):
     """A tree with no prefix whose bare rollouts are mixed (observed NaN) gets nothing jointly:
     more rollouts from it cannot make it mixed."""
     cfg = _cfg(joint_split=True)
-    scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg), StepRef(workdir, RUN, 0))
+    scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
     mixed = scored.set_column(scored.schema.get_field_index("observed"), "observed",
                               pa.array([float("nan") if t == 2 else o for t, o in zip(
                                   scored.column("tree_id").to_pylist(),
                                   scored.column("observed").to_pylist())], pa.float64()))
-    chosen, _ = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg), StepRef(workdir, RUN, 0), mixed, _roots(), [2, 2, 2, 0])
+    chosen, _ = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), mixed, _roots(), [2, 2, 2, 0])
     assert [r["k"] for r in chosen.to_pylist() if r["tree_id"] == 2] == [0]
 
 

@@ -101,7 +101,7 @@ def test_chain_flow_scores_roots_by_the_posterior_and_logs_prediction_metrics(ti
                          "AND depth = 0 ORDER BY item_id", {"r": run_id}).to_pylist()
     assert {r["item_id"] for r in scored} == set(seen) and len(seen) == 4
     items = runtime.items_for(cfg, "train")
-    text = runtime.load_predictor(cfg, workdir, run_id, 0).predict(
+    text = runtime.load_predictor(cfg.predictor, cfg.seed, workdir, run_id, 0).predict(
         [history_text(items[r["item_id"]].question, []) for r in scored])
     for r, p in zip(scored, text):
         s, n = seen.get(r["item_id"], (0.0, 0))

@@ -89,8 +89,8 @@ class PrefixSet(_Candidates):
 @dataclass(frozen=True, kw_only=True)
 class AllocatorConfig:
     """Knobs of all allocators (each reads the ones it needs). No defaults for the knobs a
-    training run sets: they come from ``trace_rl.config.TrainConfig.allocator_config`` (or, in a
-    simulation, from the benchmark's own config), so no value is declared twice."""
+    training run sets: they come from ``trace_rl.config.sections.Allocation.allocator_config``
+    (or, in a simulation, from the benchmark's own config), so no value is declared twice."""
 
     group_size: int
     """n: rollouts per prompt for grpo and dapo."""

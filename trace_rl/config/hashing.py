@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-
-from pydantic import BaseModel
+from typing import Any, Mapping
 
 from trace_rl.config.sections import FIELDS
 
@@ -32,11 +31,11 @@ NEVER_HASHED = ("cluster", "rollout_engines", "trainer_ranks", "trainer_strategy
 or with another checkpoint retention."""
 
 
-def config_hash(cfg: BaseModel) -> str:
-    """The first 10 hex digits of the SHA-256 of a ``TrainConfig``'s hashed fields, by their
-    flat names, as sorted JSON (typed as its base class: this module sits below
-    ``trace_rl.config.model``)."""
-    d = cfg.model_dump()
+def config_hash(flat: dict[str, Any], options: Mapping[str, Any]) -> str:
+    """The first 10 hex digits of the SHA-256 of a ``TrainConfig``'s hashed fields, as sorted
+    JSON: ``flat`` is the config's flat form (``TrainConfig.to_dict``), ``options`` the defaults
+    of its family's own options by name (each left out at its default)."""
+    d = dict(flat)
     d.pop("run_name")
     d.pop("run_id")
     for name in NEVER_HASHED:
@@ -47,7 +46,7 @@ def config_hash(cfg: BaseModel) -> str:
     for name in HASHED_UNLESS_DEFAULT:
         if d[name] == FIELDS[name].default:
             del d[name]
-    for name, info in type(cfg.options).model_fields.items():  # type: ignore[attr-defined]
-        if d[name] == info.default:
+    for name, default in options.items():
+        if d[name] == default:
             del d[name]
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]

@@ -6,30 +6,26 @@ model the family registered, chosen by ``family``); every field is also an attri
 key and a serialised key by its flat name (``cfg.min_per_root``, ``cfg.chain_hops``), so a config
 built from flat names, dotted names (``allocation.min_per_root``, ``synth_chain.chain_hops``) or
 sections is the same config with the same run id, and its JSON form (what the Prefect UI's form
-shows and a run stores) is the flat one. Cross-field rules
-are one model validator; the settings below it (``AllocatorConfig``, ``UpdateSettings``,
-``Budget``) are derived from it, so no default is declared twice. A bad config raises
-``ConfigError``, one line per problem.
+shows and a run stores) is the flat one. Cross-field rules are one model validator; the
+settings for the layers below (``AllocatorConfig``, ``Budget``, ``UpdateSettings``) are derived
+by the section that holds their fields and are attributes of the config too (``DERIVED``), so no
+default is declared twice. A bad config raises ``ConfigError``, one line per problem.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from trace_core.allocators import AllocatorConfig, Budget
 from trace_rl.config.hashing import config_hash as _config_hash
 from trace_rl.config.sections import (CONCERNS, FIELDS, SECTIONS, Allocation, Cluster, Eval,
                                       Predictor, Rollout, Run, Task, Update, family_fields)
 from trace_rl.envs.registry import families, spec
 from trace_rl.settings import Settings
-
-if TYPE_CHECKING:
-    from trace_rl.policy.update import UpdateSettings
 
 _CONCERN_OF = {name: concern for concern, names in CONCERNS.items() for name in names}
 
@@ -231,47 +227,11 @@ class TrainConfig(BaseModel):
         return self
 
     @property
-    def leaf_budget(self) -> int:
-        """Trajectories per step at equal cost: M bare rollouts + M * N continuations."""
-        return self.root_budget * (1 + self.multiplier)
-
-    @property
-    def budget(self) -> Budget:
-        """The per-step leaf budget the allocators share (M, N)."""
-        return Budget(roots=self.root_budget, multiplier=self.multiplier)
-
-    @property
-    def allocator_config(self) -> AllocatorConfig:
-        """The allocators' knobs, from this config. DAPO's batch target (half the groups the leaf
-        budget affords) is set explicitly: a resumed step may refill with an allocator object
-        that never ran the step's first wave."""
-        return AllocatorConfig(
-            group_size=self.group_size, tree_group=self.tree_group,
-            min_per_root=self.min_per_root, max_per_root=self.max_per_root,
-            exploration=self.exploration, branch_from_root=self.branch_from_root,
-            joint_split=self.joint_split, multiplier=self.multiplier,
-            dapo_batch_groups=max(1, self.leaf_budget // self.group_size // 2))
-
-    @property
-    def update_settings(self) -> "UpdateSettings":
-        """The policy update's settings, from this config (imports torch)."""
-        from trace_rl.policy.update import UpdateSettings
-
-        return UpdateSettings(learning_rate=self.learning_rate, clip_low=self.clip_low,
-                              clip_high=self.clip_high, kl_coef=self.kl_coef,
-                              epochs=self.ppo_epochs, micro_batch=self.micro_batch,
-                              agg=self.loss_agg, mini_batches=self.mini_batches,
-                              target_kl=self.target_kl,
-                              target_position_kl=self.target_position_kl,
-                              clip_ratio_c=self.clip_ratio_c,
-                              tis_cap=self.tis_cap,
-                              trainable_layers=self.trainable_layers)
-
-    @property
     def config_hash(self) -> str:
         """Stable hash of everything that changes results (not the run name or id; rules and
         reasons: ``trace_rl.config.hashing``)."""
-        return _config_hash(self)
+        return _config_hash(self.model_dump(), {name: info.default for name, info in
+                                                type(self.options).model_fields.items()})
 
     def family_options(self) -> dict[str, Any]:
         """The family's own options by name (``options``): e.g. synth_chain's ``chain_*``
@@ -304,10 +264,16 @@ class TrainConfig(BaseModel):
         return self.model_dump()
 
 
+DERIVED = {"leaf_budget": "allocation", "budget": "allocation", "allocator_config": "allocation",
+           "update_settings": "update"}
+"""The settings a section derives from its fields for the layers below (``Allocation.budget``,
+``Update.update_settings``), each also an attribute of ``TrainConfig`` by its name."""
+
+
 def _flat_attribute(concern: str, name: str) -> property:
-    return property(lambda self: getattr(self.section(concern), name),
-                    doc=FIELDS[name].description)
+    doc = FIELDS[name].description if name in FIELDS else getattr(SECTIONS[concern], name).__doc__
+    return property(lambda self: getattr(self.section(concern), name), doc=doc)
 
 
-for _name, _concern in _CONCERN_OF.items():  # cfg.min_per_root is cfg.allocation.min_per_root
+for _name, _concern in {**_CONCERN_OF, **DERIVED}.items():  # cfg.budget: cfg.allocation.budget
     setattr(TrainConfig, _name, _flat_attribute(_concern, _name))

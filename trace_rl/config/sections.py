@@ -11,17 +11,20 @@ they are".
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from trace_core.advantages import ESTIMATORS
-from trace_core.allocators import ALLOCATORS
+from trace_core.allocators import ALLOCATORS, AllocatorConfig, Budget
 from trace_rl.engines import ENGINES
 from trace_rl.envs.registry import families, spec
 from trace_rl.settings import Settings
+
+if TYPE_CHECKING:
+    from trace_rl.policy.update import UpdateSettings
 
 _CLUSTER = r"^$|^local:[1-9][0-9]*$|^auto$|^(ray://)?[A-Za-z0-9_.-]+:[0-9]{1,5}$"
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -163,6 +166,28 @@ class Allocation(Section):
     whose true success rates are unknown (0 = off): seeded per step, not trained on, not stored
     in the trees or the ledger; their cost is the step's ``predictor/oracle_*`` metrics."""
 
+    @property
+    def leaf_budget(self) -> int:
+        """Trajectories per step at equal cost: M bare rollouts + M * N continuations."""
+        return self.root_budget * (1 + self.multiplier)
+
+    @property
+    def budget(self) -> Budget:
+        """The per-step leaf budget the allocators share (M, N)."""
+        return Budget(roots=self.root_budget, multiplier=self.multiplier)
+
+    @property
+    def allocator_config(self) -> AllocatorConfig:
+        """The allocators' knobs, from this section. DAPO's batch target (half the groups the
+        leaf budget affords) is set explicitly: a resumed step may refill with an allocator
+        object that never ran the step's first wave."""
+        return AllocatorConfig(
+            group_size=self.group_size, tree_group=self.tree_group,
+            min_per_root=self.min_per_root, max_per_root=self.max_per_root,
+            exploration=self.exploration, branch_from_root=self.branch_from_root,
+            joint_split=self.joint_split, multiplier=self.multiplier,
+            dapo_batch_groups=max(1, self.leaf_budget // self.group_size // 2))
+
 
 class Update(Section):
     """The tree advantages and the policy update; the update's knobs are documented in
@@ -208,6 +233,21 @@ class Update(Section):
     """Position-wise trust-region guard, 0 = off (``UpdateSettings.target_position_kl``)."""
     trainable_layers: int = Field(0, ge=0)
     """Decoder layers trained from the top, 0 = all (``UpdateSettings.trainable_layers``)."""
+
+    @property
+    def update_settings(self) -> "UpdateSettings":
+        """The policy update's settings, from this section (imports torch)."""
+        from trace_rl.policy.update import UpdateSettings
+
+        return UpdateSettings(learning_rate=self.learning_rate, clip_low=self.clip_low,
+                              clip_high=self.clip_high, kl_coef=self.kl_coef,
+                              epochs=self.ppo_epochs, micro_batch=self.micro_batch,
+                              agg=self.loss_agg, mini_batches=self.mini_batches,
+                              target_kl=self.target_kl,
+                              target_position_kl=self.target_position_kl,
+                              clip_ratio_c=self.clip_ratio_c,
+                              tis_cap=self.tis_cap,
+                              trainable_layers=self.trainable_layers)
 
 
 class Predictor(Section):

@@ -60,7 +60,7 @@ class PathSample:
 @dataclass(frozen=True, kw_only=True)
 class UpdateSettings:
     """The policy update's knobs. No defaults for those a training run sets: they come from
-    ``trace_rl.config.TrainConfig.update_settings``, where each is documented."""
+    ``trace_rl.config.sections.Update.update_settings``, where each is documented."""
 
     learning_rate: float
     clip_low: float
