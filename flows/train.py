@@ -66,7 +66,7 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     do.backup(at, trees)
     predictor = do.fit_predictor(cfg, at, trees)
     update = do.policy_update(cfg, at, policy_dir, do.tree_advantages(cfg, at, trees), trees)
-    sync_s = do.sync_weights(cfg, at.policy_dir, at.step)
+    sync_s = do.sync_weights(cfg.engine, cfg.cluster_section, at.run_id, at.policy_dir, at.step)
     metrics = {**do.tree_metrics(at, trees), **predictor, **update["stats"],
                **track.allocation_metrics(fresh, chosen, waves), **track.oracle_metrics(oracle),
                "time/rollout_s": t_rollout,

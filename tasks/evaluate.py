@@ -38,7 +38,7 @@ def rollout_eval(cfg: TrainConfig, policy_dir: str, split: str, limit: int | Non
         raise ValueError(f"evaluate: split {split!r} of {cfg.family} has no items after the "
                          f"first {skip}" + (f" ({skipped} skipped: prompt too long for the "
                                             "policy's context)" if skipped else ""))
-    engine = runtime.engine_for(cfg, policy_dir)
+    engine = runtime.engine_for(cfg.engine, cfg.cluster_section, cfg.resolved_run_id, policy_dir)
     episodes = run_episodes(engine, env, [Start(it, (), samples) for it in items],
                             sampling=SamplingSettings(max_tokens=cfg.max_new_tokens,
                                                       temperature=temperature, seed=cfg.seed),

@@ -26,8 +26,9 @@ def _sampling(cfg: TrainConfig) -> SamplingSettings:
     return SamplingSettings(max_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
 
 
-def _rollout(cfg: TrainConfig, policy_dir: str, starts: list[Start], seed: int) -> tuple[list, Ledger]:
-    engine = runtime.engine_for(cfg, policy_dir)
+def _rollout(cfg: TrainConfig, at: StepRef, policy_dir: str, starts: list[Start],
+             seed: int) -> tuple[list, Ledger]:
+    engine = runtime.engine_for(cfg.engine, cfg.cluster_section, at.run_id, policy_dir)
     t0 = time.perf_counter()
     episodes = run_episodes(engine, runtime.env_for(cfg), starts, sampling=_sampling(cfg),
                             max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s, seed=seed,
@@ -67,7 +68,7 @@ def roots_level(cfg: TrainConfig, at: StepRef, policy_dir: str, allocation: pa.T
     predicted = allocation.column("predicted_v").to_pylist()
     active = [t for t in range(len(m)) if m[t] > 0]
     starts = [Start(items[item_id[t]], (), int(m[t])) for t in active]
-    episodes, ledger = _rollout(cfg, policy_dir, starts,
+    episodes, ledger = _rollout(cfg, at, policy_dir, starts,
                                 seed=rollout_seed(cfg.seed, at.step, 0, wave))
     batch = LevelBatch(cfg.family, cfg.allocator)
     pos = 0
@@ -110,7 +111,7 @@ def measure_roots(cfg: TrainConfig, at: StepRef, policy_dir: str, item_ids: list
     ``rollouts`` and their ``generated_tokens``. A diagnostic, outside the step's budget: the
     episodes are neither persisted (no tree node, no ledger row) nor trained on."""
     items, k = runtime.items_for(cfg, cfg.train_split), cfg.oracle_rollouts
-    episodes, _ = _rollout(cfg, policy_dir, [Start(items[i], (), k) for i in item_ids],
+    episodes, _ = _rollout(cfg, at, policy_dir, [Start(items[i], (), k) for i in item_ids],
                            seed=oracle_seed(cfg.seed, at.step))
     shape = (len(item_ids), k)
     reward = np.asarray([ep.reward or 0.0 for ep in episodes], np.float64).reshape(shape)
@@ -137,7 +138,7 @@ def prefixes_level(cfg: TrainConfig, at: StepRef, policy_dir: str, chosen: pa.Ta
     position = trees.positions(tree_id[picks])  # each pick's tree among the step's
     starts = [Start(items[item_id[p]], tuple(trees.turns(int(trees.offsets[t] + local[p]))),
                     int(k[p])) for p, t in zip(picks, position)]
-    episodes, ledger = _rollout(cfg, policy_dir, starts, seed=rollout_seed(cfg.seed, at.step, 1))
+    episodes, ledger = _rollout(cfg, at, policy_dir, starts, seed=rollout_seed(cfg.seed, at.step, 1))
     batch = LevelBatch(cfg.family, cfg.allocator)
     for p in np.unique(position):  # trees continue after their stored rows
         rows = trees.rows(int(p))

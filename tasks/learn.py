@@ -18,6 +18,7 @@ from trace_core import advantages as adv
 from trace_core.seeds import update_seed
 from trace_core.predictor import auc, brier
 from trace_rl.config import TrainConfig
+from trace_rl.config.sections import Cluster
 from trace_rl.policy.update import PathSample, PolicyTrainer, warmup_scale
 from trace_rl.rollout.treeio import StepTrees
 from trace_rl.session import Session
@@ -120,8 +121,9 @@ def policy_update(cfg: TrainConfig, at: StepRef, policy_dir: str, paths: pa.Tabl
     lr_scale = warmup_scale(cfg.lr_warmup_steps, at.step)
     seed = update_seed(cfg.seed, at.step)
     if cfg.cluster:  # the trainer ranks on Ray; rank 0 writes the checkpoint (docs/cluster.md)
-        stats = runtime.cluster_for(cfg).update(cfg.update_settings, cfg.seed, policy_dir,
-                                                samples, seed, lr_scale, Path(at.policy_dir))
+        ray = runtime.cluster_for(cfg.cluster_section, at.run_id, runtime.engine_kind(cfg.engine))
+        stats = ray.update(cfg.update_settings, cfg.seed, policy_dir, samples, seed, lr_scale,
+                           Path(at.policy_dir))
         return {"policy_dir": at.policy_dir, "stats": {f"loss/{k}": v for k, v in stats.items()}}
     # The trainer stays in the session across steps (keyed by the directory it last saved), so
     # the optimiser state is not reloaded each step; a resumed process reloads it.
@@ -135,10 +137,11 @@ def policy_update(cfg: TrainConfig, at: StepRef, policy_dir: str, paths: pa.Tabl
 
 
 @task(name="sync-weights")
-def sync_weights(cfg: TrainConfig, policy_dir: str, step: int | None = None) -> float:
-    """Load the new weights into the process's rollout engine (on a cluster: every engine
-    actor, from the checkpoint or by a broadcast from trainer rank 0); returns seconds taken.
-    ``step``: the step whose policy it is (it names the task run)."""
+def sync_weights(engine: str, cluster: Cluster, run_id: str, policy_dir: str,
+                 step: int | None = None) -> float:
+    """Load the new weights into run ``run_id``'s rollout engine (``runtime.engine_for``; on a
+    cluster: every engine actor, from the checkpoint or by a broadcast from trainer rank 0);
+    returns seconds taken. ``step``: the step whose policy it is (it names the task run)."""
     t0 = time.perf_counter()
-    runtime.engine_for(cfg, policy_dir)
+    runtime.engine_for(engine, cluster, run_id, policy_dir)
     return time.perf_counter() - t0

@@ -31,8 +31,8 @@ def score_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef,
     tree, depth = trees.tree_of_row[at_rows], trees.depth[at_rows]
     bare = trees.floats("allocated_k")[trees.offsets[tree]].astype(np.int64)
     histories = [trees.history(int(r)) for r in at_rows]
-    p = runtime.load_predictor(cfg.predictor, cfg.seed, at.workdir, at.run_id, at.step - 1).predict(histories) \
-        if histories else np.zeros(0)
+    p = runtime.load_predictor(cfg.predictor, cfg.seed, at.workdir, at.run_id,
+                               at.step - 1).predict(histories) if histories else np.zeros(0)
     item = trees.column("item_id")
     return pa.table({"tree_id": pa.array(trees.tree_ids[tree], pa.int64()),
                      "local_index": pa.array(at_rows - trees.offsets[tree], pa.int64()),

@@ -23,7 +23,7 @@ from trace_core.allocators import Allocator, make_allocator
 from trace_core.predictor import HashedNgramPredictor, HeadConfig
 from trace_rl import environ
 from trace_rl.config import TrainConfig
-from trace_rl.config.sections import Allocation, Predictor
+from trace_rl.config.sections import Allocation, Cluster, Predictor
 from trace_rl.envs.base import Environment, TaskItem
 from trace_rl.envs.registry import make_env
 from trace_rl.engines import default_engine_kind, get_engine
@@ -292,27 +292,33 @@ def node_id(run_id: str, step: int, tree_id: int, local_index: int) -> str:
     return make_node_id(run_id, step, tree_id, local_index)
 
 
-def engine_for(cfg: TrainConfig, policy_dir: str) -> Engine:
-    """The session's engine of the run, holding ``policy_dir``'s weights; after a policy update
-    the flow syncs weights into it (sync task).
+def engine_kind(engine: str) -> str:
+    """The engine kind a config's ``engine`` names (``auto``: the platform's default)."""
+    return default_engine_kind() if engine == "auto" else engine
+
+
+def engine_for(engine: str, cluster: Cluster, run_id: str, policy_dir: str) -> Engine:
+    """The session's engine of run ``run_id``, of the kind ``engine`` names (a config's
+    ``engine``), on the Ray cluster of a config's ``cluster`` section if it names one, holding
+    ``policy_dir``'s weights; after a policy update the flow syncs weights into it (sync task).
 
     The engine is keyed by the run's initial policy directory (``Session.engine_home``), so a
     later step (or a resumed run, or the next flow of a benchmark) re-uses the same engine and
     only reloads weights."""
-    kind = default_engine_kind() if cfg.engine == "auto" else cfg.engine
+    kind = engine_kind(engine)
     session = Session.current()
-    home = session.engine_home(kind, cfg.resolved_run_id, policy_dir)
-    if cfg.cluster:  # a pool of engine actors on Ray (docs/cluster.md)
-        return cluster_for(cfg, kind).engine(home, policy_dir)
+    home = session.engine_home(kind, run_id, policy_dir)
+    if cluster.cluster:  # a pool of engine actors on Ray (docs/cluster.md)
+        return cluster_for(cluster, run_id, kind).engine(home, policy_dir)
     return session.serve(get_engine(kind, home), home, policy_dir)
 
 
-def cluster_for(cfg: TrainConfig, kind: str | None = None) -> Any:
-    """The Ray session of ``cfg``'s run (``trace_rl.cluster.session``: its engine pool and
-    trainer group); imports Ray, so only called when ``cfg.cluster`` is set."""
+def cluster_for(cluster: Cluster, run_id: str, kind: str) -> Any:
+    """The Ray session of run ``run_id`` on a config's ``cluster`` section
+    (``trace_rl.cluster.session``: its engine pool and trainer group, engines of ``kind``);
+    imports Ray, so only called when ``cluster.cluster`` is set."""
     from trace_rl.cluster.session import session
 
-    kind = kind or (default_engine_kind() if cfg.engine == "auto" else cfg.engine)
-    return session(cfg.cluster, kind, cfg.rollout_engines, cfg.trainer_ranks, cfg.weight_sync,
-                   cfg.resolved_run_id, strategy=cfg.trainer_strategy)
+    return session(cluster.cluster, kind, cluster.rollout_engines, cluster.trainer_ranks,
+                   cluster.weight_sync, run_id, strategy=cluster.trainer_strategy)
 

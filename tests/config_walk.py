@@ -15,7 +15,10 @@ later call of a function already read is not followed, nor anything below it).
 
 ``python tests/config_walk.py`` measures the second step (step 1, after the predictor's first
 fit) of a two-step scripted TRACE run (the step-reference test's config and agent, its rollouts
-written by ``tests/scripted_engine.py``) and prints the three counts.
+written by ``tests/scripted_engine.py``) and prints the three counts; ``--moves`` lists each move
+of the read walk (into which file, by a call of or a return from which function, and whether it
+re-enters a file), ``--model DIR`` reuses a tiny policy made before. ``tests/test_config_walk.py``
+keeps the read walk's re-entries under its bound.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ def test_ray_is_not_imported_on_the_default(tiny_model_dir):
         "from trace_rl.config import TrainConfig\n"
         "cfg = TrainConfig(engine='hf', policy=sys.argv[1])\n"
         "assert cfg.cluster == ''\n"
-        "engine = runtime.engine_for(cfg, sys.argv[1])\n"
+        "engine = runtime.engine_for(cfg.engine, cfg.cluster_section, cfg.resolved_run_id,"
+        " sys.argv[1])\n"
         "assert engine.name == 'hf', engine.name\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))

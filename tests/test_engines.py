@@ -280,12 +280,13 @@ def test_an_engine_started_again_serves_the_run_s_latest_weights(tiny_model_dir,
     from trace_rl.engines import close_engines
 
     cfg = TrainConfig(engine="hf", policy=str(tiny_model_dir), run_id="restarted-engine")
+    run = (cfg.engine, cfg.cluster_section, cfg.resolved_run_id)  # what the engine is keyed by
     checkpoint = str(tmp_path / "step-1")
     with scripted_rollouts(lambda context, j, seed: "") as built:
-        first = runtime.engine_for(cfg, str(tiny_model_dir))  # started from the first policy
-        assert runtime.engine_for(cfg, checkpoint) is first and first.loaded == [checkpoint]
+        first = runtime.engine_for(*run, str(tiny_model_dir))  # started from the first policy
+        assert runtime.engine_for(*run, checkpoint) is first and first.loaded == [checkpoint]
         close_engines()  # the flow run ended
-        again = runtime.engine_for(cfg, checkpoint)  # a resumed flow run, same process
+        again = runtime.engine_for(*run, checkpoint)  # a resumed flow run, same process
         assert again is not first and len(built) == 2
         assert again.loaded == [checkpoint]  # started from the first policy, then synced
-        assert runtime.engine_for(cfg, checkpoint) is again and again.loaded == [checkpoint]
+        assert runtime.engine_for(*run, checkpoint) is again and again.loaded == [checkpoint]

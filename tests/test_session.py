@@ -79,15 +79,16 @@ def test_the_flow_s_phases_run_their_tasks_in_its_session(tiny_model_dir, tmp_pa
     from trace_rl.config import TrainConfig
 
     cfg = TrainConfig(engine="hf", policy=str(tiny_model_dir), run_id="session-engine")
+    run = (cfg.engine, cfg.cluster_section, cfg.resolved_run_id)  # what the engine is keyed by
     s, checkpoint = Session(), str(tmp_path / "step-0")
     shutil.copytree(tiny_model_dir, checkpoint)  # the policy after a step
     with scripted_rollouts(lambda context, j, seed: "") as built:
-        Phases(str(tmp_path), session=s).sync_weights(cfg, str(tiny_model_dir))
+        Phases(str(tmp_path), session=s).sync_weights(*run, str(tiny_model_dir))
         with s.use():  # the same session: the run's engine, no second start
-            engine = runtime.engine_for(cfg, checkpoint)
+            engine = runtime.engine_for(*run, checkpoint)
         assert built == [engine] and engine.loaded == [checkpoint]
         with Session().use():  # a session that never saw the run starts from ``checkpoint``
-            assert runtime.engine_for(cfg, checkpoint) is not engine
+            assert runtime.engine_for(*run, checkpoint) is not engine
         assert len(built) == 2
 
 
