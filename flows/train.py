@@ -47,13 +47,16 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     # Stage 1: the candidate pool, its values (or a Monte-Carlo oracle's); level 0: bare
     # rollouts (and refill waves).
     roots = do.sample_roots(cfg, at)
-    oracle = do.measure_roots(cfg, at, policy_dir, roots) if cfg.oracle_rollouts else None
-    pool = do.score_roots(cfg, allocator, at, roots, oracle)
+    mc_roots = do.measure_roots(cfg, at, policy_dir, roots) if cfg.oracle_rollouts else None
+    pool = do.score_roots(cfg, allocator, at, roots, mc_roots)
     counts, waves = _bare_rollouts(do, cfg, allocator, at, policy_dir, pool,
                                    do.allocate_roots(cfg, allocator, at, pool))
-    # Stage 2 on the level-0 trees (read once): continuations, and any fresh prompts.
+    # Stage 2 on the level-0 trees (read once), its values the predictor's (or a Monte-Carlo
+    # oracle's): continuations, and any fresh prompts.
     bare = runtime.step_trees(at)
-    prefixes = do.score_prefixes(cfg, allocator, at, bare)
+    mc_prefixes = do.measure_prefixes(cfg, allocator, at, policy_dir, bare) \
+        if cfg.oracle_rollouts else None
+    prefixes = do.score_prefixes(cfg, allocator, at, bare, mc_prefixes)
     chosen, fresh = do.allocate_prefixes(cfg, allocator, at, prefixes, pool, counts.tolist())
     if np.any(fresh.column("m").to_numpy() > 0):  # fresh prompts: one more level-0 wave
         do.expand_roots(cfg, at, policy_dir, fresh, waves)
@@ -68,8 +71,8 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     update = do.policy_update(cfg, at, policy_dir, do.tree_advantages(cfg, at, trees), trees)
     sync_s = do.sync_weights(cfg.engine, cfg.cluster_section, at.run_id, at.policy_dir, at.step)
     metrics = {**do.tree_metrics(at, trees), **predictor, **update["stats"],
-               **track.allocation_metrics(fresh, chosen, waves), **track.oracle_metrics(oracle),
-               "time/rollout_s": t_rollout,
+               **track.allocation_metrics(fresh, chosen, waves),
+               **track.oracle_metrics(mc_roots, mc_prefixes), "time/rollout_s": t_rollout,
                "time/sync_s": sync_s, "time/step_s": time.perf_counter() - t0}
     do.log_step(at, mlflow_run_id, metrics, cfg.plot_every > 0 and at.step % cfg.plot_every == 0,
                 life.registered(cfg.run, at.step))

@@ -13,6 +13,7 @@ from prefect import task
 
 from tasks import runtime
 from tasks.runtime import StepRef
+from trace_core.allocators import Allocator
 from trace_core.seeds import oracle_seed, rollout_seed
 from trace_core.waves import outcome_counts
 from trace_rl.config import TrainConfig
@@ -103,23 +104,45 @@ def expand_roots(cfg: TrainConfig, at: StepRef, policy_dir: str, allocation: pa.
                           wave * cfg.pool_size)
 
 
-@task(name="measure-roots", cache_policy=runtime.PHASE_KEY, retries=1)
-def measure_roots(cfg: TrainConfig, at: StepRef, policy_dir: str, item_ids: list[str]) -> pa.Table:
-    """The Monte-Carlo oracle of Stage 1 (``TrainConfig.oracle_rollouts``): k episodes of the
-    current policy from each candidate of ``item_ids``, sampled with the step's oracle seed
-    (``trace_core.seeds.oracle_seed``); per candidate its ``successes`` (summed rewards) of
+def _measured(cfg: TrainConfig, at: StepRef, policy_dir: str, starts: list[Start],
+              seed: int) -> pa.Table:
+    """The Monte-Carlo oracle's measurement (``TrainConfig.oracle_rollouts``): the ``k`` episodes
+    of each start, sampled with ``seed``; per start its ``successes`` (summed rewards) of
     ``rollouts`` and their ``generated_tokens``. A diagnostic, outside the step's budget: the
     episodes are neither persisted (no tree node, no ledger row) nor trained on."""
-    items, k = runtime.items_for(cfg, cfg.train_split), cfg.oracle_rollouts
-    episodes, _ = _rollout(cfg, at, policy_dir, [Start(items[i], (), k) for i in item_ids],
-                           seed=oracle_seed(cfg.seed, at.step))
-    shape = (len(item_ids), k)
+    episodes, _ = _rollout(cfg, at, policy_dir, starts, seed=seed)
+    shape = (len(starts), cfg.oracle_rollouts)
     reward = np.asarray([ep.reward or 0.0 for ep in episodes], np.float64).reshape(shape)
     tokens = np.asarray([ep.ledger.generated_tokens for ep in episodes], np.int64).reshape(shape)
-    return pa.table({"item_id": pa.array(item_ids, pa.string()),
-                     "successes": reward.sum(axis=1),
-                     "rollouts": pa.array([k] * len(item_ids), pa.int64()),
+    return pa.table({"successes": reward.sum(axis=1),
+                     "rollouts": pa.array([cfg.oracle_rollouts] * len(starts), pa.int64()),
                      "generated_tokens": tokens.sum(axis=1)})
+
+
+@task(name="measure-roots", cache_policy=runtime.PHASE_KEY, retries=1)
+def measure_roots(cfg: TrainConfig, at: StepRef, policy_dir: str, item_ids: list[str]) -> pa.Table:
+    """Stage 1's Monte-Carlo oracle: k episodes of the current policy from each candidate of
+    ``item_ids`` with the step's Stage 1 oracle seed (``trace_core.seeds.oracle_seed``),
+    measured (``_measured``) with the candidate's ``item_id``."""
+    items = runtime.items_for(cfg, cfg.train_split)
+    measured = _measured(cfg, at, policy_dir,
+                         [Start(items[i], (), cfg.oracle_rollouts) for i in item_ids],
+                         oracle_seed(cfg.seed, at.step, 1))
+    return measured.add_column(0, "item_id", pa.array(item_ids, pa.string()))
+
+
+@task(name="measure-prefixes", cache_policy=runtime.PHASE_KEY, retries=1)
+def measure_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef, policy_dir: str,
+                     trees: StepTrees | None = None) -> pa.Table:
+    """Stage 2's Monte-Carlo oracle: k continuations of the current policy from each of the
+    step's Stage 2 candidates (``TreeBatch.candidates``, in ``score_prefixes``' order) with the
+    step's Stage 2 oracle seed, measured (``_measured``). ``trees``: the step's level-0 trees
+    as the flow read them."""
+    items, trees = runtime.items_for(cfg, cfg.train_split), runtime.step_trees(at, trees)
+    rows, _ = trees.batch.candidates(allocator.branches_from_root)
+    item = trees.column("item_id")
+    starts = [Start(items[item[r]], tuple(trees.turns(int(r))), cfg.oracle_rollouts) for r in rows]
+    return _measured(cfg, at, policy_dir, starts, oracle_seed(cfg.seed, at.step, 2))
 
 
 def prefixes_level(cfg: TrainConfig, at: StepRef, policy_dir: str, chosen: pa.Table,

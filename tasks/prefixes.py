@@ -20,19 +20,26 @@ from trace_rl.rollout.treeio import StepTrees
 
 @task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)
 def score_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef,
-                   trees: StepTrees | None = None) -> pa.Table:
+                   trees: StepTrees | None = None, measured: pa.Table | None = None) -> pa.Table:
     """p = V~(H_ijt) and the observed outcome r_ij of every Stage 2 candidate of the step's bare
     rollouts (``TreeBatch.candidates``), with its tree's bare rollouts, ``seen`` (the rollouts
     below it that had the observed outcome: 1, or a root's bare rollouts) and rho for its depth
-    (``outcome_correlation``). ``trees``: the step's level-0 trees as the flow read them."""
+    (``outcome_correlation``). ``trees``: the step's level-0 trees as the flow read them. With
+    ``measured`` (``measure_prefixes``, same order), p is the Monte-Carlo oracle's success rate
+    instead of the predictor's."""
     trees = runtime.step_trees(at, trees)
     rho = outcome_correlation(cfg, allocator, at.workdir, at.run_id, at.step)
     at_rows, observed = trees.batch.candidates(allocator.branches_from_root)
     tree, depth = trees.tree_of_row[at_rows], trees.depth[at_rows]
     bare = trees.floats("allocated_k")[trees.offsets[tree]].astype(np.int64)
     histories = [trees.history(int(r)) for r in at_rows]
-    p = runtime.load_predictor(cfg.predictor, cfg.seed, at.workdir, at.run_id,
-                               at.step - 1).predict(histories) if histories else np.zeros(0)
+    if measured is not None:
+        if len(measured) != len(at_rows):
+            raise ValueError(f"score_prefixes: {len(measured)} measured, {len(at_rows)} candidates")
+        p = measured.column("successes").to_numpy() / measured.column("rollouts").to_numpy()
+    else:
+        p = runtime.load_predictor(cfg.predictor, cfg.seed, at.workdir, at.run_id,
+                                   at.step - 1).predict(histories) if histories else np.zeros(0)
     item = trees.column("item_id")
     return pa.table({"tree_id": pa.array(trees.tree_ids[tree], pa.int64()),
                      "local_index": pa.array(at_rows - trees.offsets[tree], pa.int64()),

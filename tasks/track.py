@@ -106,12 +106,15 @@ def allocation_metrics(roots: pa.Table, prefixes: pa.Table, waves: int) -> dict[
             "alloc/fresh_leaves": float(np.sum(roots.column("m").to_numpy()))}
 
 
-def oracle_metrics(measured: pa.Table | None) -> dict[str, float]:
-    """What the step's Monte-Carlo oracle cost (``tasks.expand.measure_roots``; none without
-    one): its rollouts and their generated tokens, apart from the ledger's."""
-    if measured is None:
+def oracle_metrics(*measured: pa.Table | None) -> dict[str, float]:
+    """What the step's Monte-Carlo oracle cost (``tasks.expand.measure_roots`` and
+    ``measure_prefixes``; none without one): its rollouts and their generated tokens, apart
+    from the ledger's."""
+    tables = [t for t in measured if t is not None]
+    if not tables:
         return {}
-    return {f"predictor/oracle_{name}": float(np.sum(measured.column(column).to_numpy()))
+    return {f"predictor/oracle_{name}":
+            float(sum(np.sum(t.column(column).to_numpy()) for t in tables))
             for name, column in (("rollouts", "rollouts"), ("tokens", "generated_tokens"))}
 
 

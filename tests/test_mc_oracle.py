@@ -1,6 +1,7 @@
-"""The Monte-Carlo oracle of Stage 1 (``TrainConfig.oracle_rollouts``): each candidate scored by
-the success rate of k extra rollouts of the current policy (``tasks.expand.measure_roots``),
-which are counted apart (``predictor/oracle_*``) and never stored or trained on."""
+"""The Monte-Carlo oracle (``TrainConfig.oracle_rollouts``): each Stage 1 and Stage 2 candidate
+scored by the success rate of k extra rollouts of the current policy from it
+(``tasks.expand.measure_roots``, ``measure_prefixes``), which are counted apart
+(``predictor/oracle_*``) and never stored or trained on."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ def test_measured_rates_are_the_values_as_they_are():
     assert v.tolist() == [0.0, 0.25, 1.0]
 
 
-def test_oracle_seed_is_per_step_and_apart_from_the_trees_seeds():
-    seeds = {oracle_seed(3, s) for s in range(50)}
+def test_oracle_seed_is_per_step_and_stage_and_apart_from_the_trees_seeds():
+    seeds = {oracle_seed(3, s, stage) for s in range(50) for stage in (1, 2)}
     kept = {rollout_seed(3, s, level, wave) for s in range(50) for level in (0, 1)
             for wave in range(3)}
-    assert len(seeds) == 50 and not seeds & kept
+    assert len(seeds) == 100 and not seeds & kept
 
 
 def test_oracle_rollouts_enter_the_run_id_only_when_set():
@@ -51,55 +52,95 @@ def _right(question: str) -> int:
     return int((K + 1) * uniform("oracle", question))
 
 
+CFG = {"engine": "hf", "steps": 1, "root_budget": 4, "pool_size": 8, "max_turns": 2,
+       "max_new_tokens": 48, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
+       "plot_every": 0, "eval_items": 0, "allocator": "trace_cover", "oracle_rollouts": K}
+
+
+def _values(store, run: str, level: int) -> list[dict]:
+    """The stored allocation decisions of one level: item, depth, prediction and the node's
+    backed-up value V^ (its leaves' mean reward; none for a candidate given no rollout)."""
+    return store.query("SELECT a.item_id, n.depth, a.predicted_v, n.value FROM allocations a "
+                       "LEFT JOIN nodes n USING (node_id) WHERE a.run_id = $r AND a.level = $l "
+                       "ORDER BY a.node_id", {"r": run, "l": level}).to_pylist()
+
+
+def _oracle_run(respond, tiny_model_dir, tmp_path):
+    from flows.train import train
+    from scripted_engine import scripted_rollouts
+    from tasks.runtime import items_for
+    from trace_rl.config import config_from_mapping
+    from trace_rl.storage.store import TreeStore
+
+    cfg = {**CFG, "policy": str(tiny_model_dir)}
+    with scripted_rollouts(respond):
+        summary = train(config=cfg, workdir=str(tmp_path))
+    items = items_for(config_from_mapping(cfg, "test"), "train")
+    return summary, TreeStore(tmp_path / "trace.duckdb", create=False), items
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.timeout(900)
 def test_a_run_with_the_monte_carlo_oracle(tiny_model_dir, tmp_path):
     """One step of trace_cover with ``oracle_rollouts`` K, scripted so that a request's copy j is
-    answered right iff j < ``_right(question)``: every candidate's stored Stage 1 value is that
-    count over K; the step's trees hold only the leaf budget's rollouts (the ledger too) and the
-    oracle's K rollouts per candidate and their tokens are the step's ``predictor/oracle_*``."""
+    answered right at once iff j < ``_right(question)``: every Stage 1 candidate's stored value is
+    that count over K, and so is every Stage 2 candidate's (one-turn episodes: each tree's root);
+    the step's trees hold only the leaf budget's rollouts (the ledger too) and the oracle's K
+    rollouts per candidate of both stages and their tokens are the step's ``predictor/oracle_*``."""
     from transformers import AutoTokenizer
 
-    from flows.train import train
-    from scripted_engine import arith_answer, question_of, say, scripted_rollouts
-    from trace_rl.storage.store import TreeStore
+    from scripted_engine import arith_answer, question_of, say
 
-    def respond(context: str, j: int, seed: int | None) -> str:
-        question = question_of(context)
-        gold = arith_answer(question)
-        return say("answer", gold if j < _right(question) else gold + 1, "at once")
+    def answer(question: str, j: int) -> str:
+        return say("answer", arith_answer(question) + (j >= _right(question)), "at once")
 
-    cfg = {"engine": "hf", "steps": 1, "root_budget": 4, "pool_size": 8, "max_turns": 2,
-           "max_new_tokens": 48, "multiplier": 1, "family": "synth_arith", "difficulty": 1,
-           "plot_every": 0, "eval_items": 0, "allocator": "trace_cover", "oracle_rollouts": K,
-           "policy": str(tiny_model_dir)}
-    with scripted_rollouts(respond):
-        summary = train(config=cfg, workdir=str(tmp_path))
-    store = TreeStore(tmp_path / "trace.duckdb", create=False)
-    run = summary["run_id"]
-    decided = store.query("SELECT item_id, predicted_v FROM allocations WHERE run_id = $r AND "
-                          "level = 0", {"r": run}).to_pylist()
-    from tasks.runtime import items_for
-    from trace_rl.config import config_from_mapping
-
-    items = items_for(config_from_mapping(cfg, "test"), "train")
-    questions = {d["item_id"]: items[d["item_id"]].question for d in decided}
-    assert len(decided) == cfg["pool_size"]
-    assert {d["item_id"]: d["predicted_v"] for d in decided} == \
-        {i: _right(q) / K for i, q in questions.items()}
-    assert len({d["predicted_v"] for d in decided}) > 1  # a ranking, not one value
-    m = summary["last_metrics"]
-    leaves = cfg["root_budget"] * (1 + cfg["multiplier"])
-    stored = store.query("SELECT count(*) AS n, sum(gen_tokens) AS t FROM nodes WHERE run_id = $r "
-                         "AND is_leaf", {"r": run}).to_pylist()[0]
+    summary, store, items = _oracle_run(lambda context, j, seed: answer(question_of(context), j),
+                                        tiny_model_dir, tmp_path)
+    run, m = summary["run_id"], summary["last_metrics"]
+    roots, prefixes = _values(store, run, 0), _values(store, run, 1)
+    assert len(roots) == CFG["pool_size"] and prefixes and {p["depth"] for p in prefixes} == {0}
+    for d in roots + prefixes:
+        assert d["predicted_v"] == _right(items[d["item_id"]].question) / K
+    assert len({d["predicted_v"] for d in roots}) > 1  # a ranking, not one value
+    stored = store.query("SELECT count(*) AS n FROM nodes WHERE run_id = $r AND is_leaf",
+                         {"r": run}).to_pylist()[0]
+    leaves = CFG["root_budget"] * (1 + CFG["multiplier"])
     assert stored["n"] == m["rollout/leaves"] == m["ledger/trajectories"] <= leaves
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    oracle_tokens = sum(len(tok.encode(say("answer", arith_answer(q) + (j >= _right(q)),
-                                           "at once"), add_special_tokens=False))
-                        for q in questions.values() for j in range(K))
-    assert m["predictor/oracle_rollouts"] == cfg["pool_size"] * K
+    tokens = {d["item_id"]: sum(len(tok.encode(answer(items[d["item_id"]].question, j),
+                                               add_special_tokens=False)) for j in range(K))
+              for d in roots}
+    oracle_tokens = sum(tokens.values()) + sum(tokens[p["item_id"]] for p in prefixes)
+    assert m["predictor/oracle_rollouts"] == (len(roots) + len(prefixes)) * K
     assert m["predictor/oracle_tokens"] == oracle_tokens
     row = store.query("SELECT metrics_json FROM steps WHERE run_id = $r", {"r": run}).to_pylist()
     assert json.loads(row[0]["metrics_json"])["predictor/oracle_tokens"] == oracle_tokens
     assert m["ledger/generated_tokens"] < oracle_tokens  # the oracle's cost is not the method's
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.timeout(900)
+def test_the_oracle_measures_prefixes_from_their_own_turns(tiny_model_dir, tmp_path):
+    """Two-turn episodes: copy j of a request makes the calculator call right iff
+    j < ``_right(question)``, then answers what the calculator returned, so an episode succeeds
+    iff its call was right. A prompt's oracle value is ``_right / K`` and a depth-1 prefix's is 1
+    or 0 by its call, exactly its backed-up value and not its prompt's: the oracle's
+    continuations were sampled from the prefix, not from the root."""
+    from scripted_engine import arith_problem, observations_of, question_of, say
+
+    def respond(context: str, j: int, seed: int | None) -> str:
+        question, seen = question_of(context), observations_of(context)
+        if seen:
+            return say("answer", seen[-1], "what it returned")
+        value, [(op, n)] = arith_problem(question)
+        return say("call", f"{value} {op} {n + (j >= _right(question))}", "one step")
+
+    summary, store, items = _oracle_run(respond, tiny_model_dir, tmp_path)
+    run = summary["run_id"]
+    for d in _values(store, run, 0):
+        assert d["predicted_v"] == _right(items[d["item_id"]].question) / K
+    deep = [d for d in _values(store, run, 1) if d["depth"] == 1]
+    assert deep and all(d["predicted_v"] == d["value"] in (0.0, 1.0) for d in deep)
+    assert any(d["predicted_v"] != _right(items[d["item_id"]].question) / K for d in deep)

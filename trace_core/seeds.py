@@ -36,11 +36,11 @@ def rollout_seed(seed: int, step: int, level: int, wave: int = 0) -> int:
     return seed * 100_003 + step * 17 + level + 7919 * wave
 
 
-def oracle_seed(seed: int, step: int) -> int:
-    """The engine's sampling seed of a step's Monte-Carlo oracle rollouts
-    (``TrainConfig.oracle_rollouts``): a level of its own after the tree's two, so the oracle's
-    draws are fixed per (run seed, step) and apart from the rollouts the step keeps."""
-    return rollout_seed(seed, step, 2)
+def oracle_seed(seed: int, step: int, stage: int) -> int:
+    """The engine's sampling seed of a step's Monte-Carlo oracle rollouts for Stage 1 or 2
+    (``TrainConfig.oracle_rollouts``): a level of their own after the tree's two, so the oracle's
+    draws are fixed per (run seed, step, stage) and apart from the rollouts the step keeps."""
+    return rollout_seed(seed, step, 1 + stage)
 
 
 def update_seed(seed: int, step: int) -> int:

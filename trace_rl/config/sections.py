@@ -161,10 +161,11 @@ class Allocation(Section):
     ``trace_core.posterior.oracle_values``) instead of the predictor, the reference for a
     perfect ranking."""
     oracle_rollouts: int = Field(0, ge=0)
-    """Stage 1 (trace, trace_cover, prompt_only) scores each candidate by the success rate of
-    this many extra rollouts of the current policy from it, a Monte-Carlo oracle for a policy
-    whose true success rates are unknown (0 = off): seeded per step, not trained on, not stored
-    in the trees or the ledger; their cost is the step's ``predictor/oracle_*`` metrics."""
+    """Stage 1 and Stage 2 score each candidate (prompt, prefix) by the success rate of this many
+    extra rollouts of the current policy from it instead of the predictor, a Monte-Carlo oracle
+    for a policy whose true success rates are unknown (0 = off): seeded per step, not trained
+    on, not stored in the trees or the ledger; their cost is the step's ``predictor/oracle_*``
+    metrics."""
 
     @property
     def leaf_budget(self) -> int:
