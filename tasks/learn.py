@@ -46,7 +46,8 @@ def fit_predictor(cfg: TrainConfig, at: StepRef, trees: StepTrees | None = None
     are those of the predictions made BEFORE the fit (what allocation actually used)."""
     trees = runtime.step_trees(at, trees)
     histories, y, weights = trees.predictor_examples(*trees.batch.backup())
-    predictor = runtime.load_predictor(cfg.predictor, cfg.seed, at.workdir, at.run_id, at.step - 1)
+    predictor = runtime.load_predictor(cfg.predictor, cfg.seed, at.workdir, at.run_id, at.step - 1,
+                                       take=True)
     before = predictor.predict(histories)
     stats = {"predictor/brier": brier(before, y), "predictor/examples": float(len(y))}
     hard = (y == 0) | (y == 1)

@@ -267,24 +267,33 @@ def new_predictor(settings: Predictor, seed: int) -> HashedNgramPredictor:
                                                 epochs=settings.predictor_epochs, seed=seed))
 
 
-def load_predictor(settings: Predictor, seed: int, workdir: str, run_id: str,
-                   step: int) -> HashedNgramPredictor:
-    """The predictor as saved after ``step`` (a fresh one before step 0)."""
-    predictor = new_predictor(settings, seed)
-    if step >= 0:
-        path = Paths(Path(workdir)).predictor_file(run_id, step)
-        if not path.exists():
-            raise FileNotFoundError(f"predictor checkpoint of step {step} missing: {path}")
-        predictor.load_state_dict(torch.load(path, weights_only=False))
+def load_predictor(settings: Predictor, seed: int, workdir: str, run_id: str, step: int,
+                   take: bool = False) -> HashedNgramPredictor:
+    """The predictor as saved after ``step`` (a fresh one before step 0): the one this process
+    fitted at ``step`` when the session kept it (``save_predictor``), else read from its file (a
+    resumed run, another process). The kept one is shared: predict with it, or ``take`` it to fit
+    it (it leaves the session)."""
+    predictor = new_predictor(settings, seed)  # seeds torch's generator, kept predictor or not
+    if step < 0:
+        return predictor
+    kept = Session.current().kept_predictor(workdir, run_id, step, take)
+    if kept is not None:
+        return kept
+    path = Paths(Path(workdir)).predictor_file(run_id, step)
+    if not path.exists():
+        raise FileNotFoundError(f"predictor checkpoint of step {step} missing: {path}")
+    predictor.load_state_dict(torch.load(path, weights_only=False))
     return predictor
 
 
 def save_predictor(predictor: HashedNgramPredictor, workdir: str, run_id: str, step: int) -> Path:
+    """Save the predictor fitted at ``step`` and keep it in the session for the next step."""
     path = Paths(Path(workdir)).predictor_file(run_id, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save(predictor.state_dict(), tmp)
     tmp.rename(path)
+    Session.current().keep_predictor(workdir, run_id, step, predictor)
     return path
 
 

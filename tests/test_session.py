@@ -58,6 +58,35 @@ def test_trainers_and_queued_jobs_belong_to_their_session(tmp_path):
     assert not s.queued(entry)
 
 
+def test_a_fitted_predictor_is_kept_for_the_next_step_and_equals_its_file(tmp_path):
+    import numpy as np
+    import torch
+
+    from tasks import runtime
+    from trace_rl.config import TrainConfig
+
+    cfg, wd, texts = TrainConfig(), str(tmp_path), [f"question {i} answer {i % 3}" for i in range(12)]
+    y = np.linspace(0, 1, 12)
+    with Session().use() as s:
+        fitted = runtime.load_predictor(cfg.predictor, cfg.seed, wd, "run", -1, take=True)
+        fitted.fit(texts, y)
+        runtime.save_predictor(fitted, wd, "run", 0)
+        assert runtime.load_predictor(cfg.predictor, cfg.seed, wd, "run", 0) is fitted  # scoring shares it
+        assert s.kept_predictor(wd, "run", 1) is None and s.kept_predictor(wd, "other", 0) is None
+        rng = torch.random.get_rng_state()
+        kept = runtime.load_predictor(cfg.predictor, cfg.seed, wd, "run", 0, take=True)
+        assert torch.equal(torch.random.get_rng_state(), rng)  # seeded as a read from disk is
+        assert kept is fitted and s.kept_predictor(wd, "run", 0) is None  # a fit takes it
+    with Session().use():  # a resumed run (another process) reads the file
+        read = runtime.load_predictor(cfg.predictor, cfg.seed, wd, "run", 0)
+        assert read is not fitted
+        np.testing.assert_array_equal(read.predict(texts), kept.predict(texts))
+        np.testing.assert_array_equal(read.fit(texts, 1 - y)["loss"], kept.fit(texts, 1 - y)["loss"])
+        np.testing.assert_array_equal(read.predict(texts), kept.predict(texts))
+        with pytest.raises(FileNotFoundError):
+            runtime.load_predictor(cfg.predictor, cfg.seed, wd, "run", 1)
+
+
 def test_current_is_the_session_in_use_else_the_process_s():
     assert Session.current() is PROCESS
     s = Session()

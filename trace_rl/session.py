@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 class Session:
     """Engines by (kind, run id) with the weights each holds, trainers by the checkpoint they
-    last saved, journal entries of logging jobs in flight, and bounded memos (stores,
+    last saved, each run's last fitted predictor, journal entries of logging jobs in flight, and bounded memos (stores,
     environments, items, code version, correlation estimates), each by its key."""
 
     def __init__(self) -> None:
@@ -38,6 +38,7 @@ class Session:
         self._engine_home: dict[tuple[str, str], str] = {}
         self._loaded: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._trainers: dict[str, Any] = {}
+        self._predictors: dict[tuple[str, str], tuple[int, Any]] = {}
         self._queued: set[Path] = set()
 
     @staticmethod
@@ -93,6 +94,23 @@ class Session:
         """Keep ``trainer`` (its optimiser state in memory) for the step after ``policy_dir``."""
         with self._lock:
             self._trainers[policy_dir] = trainer
+
+    def keep_predictor(self, workdir: str, run_id: str, step: int, predictor: Any) -> None:
+        """Keep the predictor a run fitted (and saved) at ``step``: the next step scores with it
+        and fits it further instead of reading it back. One per run: the last step's."""
+        with self._lock:
+            self._predictors[(workdir, run_id)] = (step, predictor)
+
+    def kept_predictor(self, workdir: str, run_id: str, step: int, take: bool = False) -> Any:
+        """The predictor kept for (``workdir``, ``run_id``) at ``step`` (None if another step's or
+        none); ``take``: removed from the session (a fit changes it in place)."""
+        with self._lock:
+            kept = self._predictors.get((workdir, run_id))
+            if kept is None or kept[0] != step:
+                return None
+            if take:
+                del self._predictors[(workdir, run_id)]
+            return kept[1]
 
     def queue(self, entry: Path) -> None:
         """A logging job's journal entry, submitted and not yet run."""
