@@ -48,13 +48,18 @@ def _estimate(workdir: str, run_id: str, first: int, stop: int, min_terms: int) 
 def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calibration.Term]:
     """``calibration.batch_terms`` of every stored tree of steps first .. stop - 1, with the
     predictions the allocation used (roots: the node's Stage 1 score; prefixes: the Stage 2
-    score in the allocations table)."""
-    store = runtime.store(workdir)
-    scores = store.query("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND "
-                         "step >= $a AND step < $b AND level = 1",
-                         {"r": run_id, "a": first, "b": stop})
-    terms = []
-    for s in range(first, stop):
-        trees = StepTrees(store.read_step(run_id, s))
-        terms += calibration.batch_terms(trees.batch, trees.allocation_scores(scores))
-    return terms
+    score in the allocations table); each step's read once per session (a window slides by one
+    step a step)."""
+    return [t for s in range(first, stop) for t in _step_terms(workdir, run_id, s)]
+
+
+def _step_terms(workdir: str, run_id: str, step: int) -> list[calibration.Term]:
+    """The terms of one stored step (complete, never rewritten: kept in the session)."""
+    def read() -> list[calibration.Term]:
+        store = runtime.store(workdir)
+        scores = store.query("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND "
+                             "step = $s AND level = 1", {"r": run_id, "s": step})
+        trees = StepTrees(store.read_step(run_id, step))
+        return calibration.batch_terms(trees.batch, trees.allocation_scores(scores))
+
+    return Session.current().memo("correlation-terms", (workdir, run_id, step), read, maxsize=64)
