@@ -111,7 +111,7 @@ def bind(task: Task, workdir: str) -> Task:
 
 class Phases:
     """A flow's tasks, looked up by name in the task modules (``phases.score_roots``), each bound
-    to the work dir on first use (``bind``: results and cache records kept there, so a re-run
+    to the work dir once per session (``bind``: results and cache records kept there, so a re-run
     finds its finished phases) and its runs named by step, level and wave (``tasks.track.named``).
     Each call runs in the flow's ``session`` (``trace_rl.session.Session``: the engines, stores,
     environments and items the tasks share; default the current one), made current for the
@@ -133,8 +133,10 @@ class Phases:
             raise AttributeError(f"Phases: no task named {name!r} in tasks.roots, prefixes, "
                                  "expand, learn, track or evaluate")
         task = found[0]
-        run, watch, phase = bind(track.named(task), self._workdir), self._watch, \
-            f"{self._where}{task.name}"
+        # bound once per session and work dir (``with_options`` costs ~20-40 ms a task here)
+        run = self.session.memo("bound-task", (task, self._workdir),
+                                lambda: bind(track.named(task), self._workdir), maxsize=64)
+        watch, phase = self._watch, f"{self._where}{task.name}"
 
         def bound(*args: Any, **kwargs: Any) -> Any:
             if watch is not None:

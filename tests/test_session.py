@@ -128,3 +128,17 @@ def test_phases_names_an_unknown_task_as_a_missing_attribute(tmp_path):
     assert not hasattr(phases, "score_rootz")
     with pytest.raises(AttributeError, match="no task named 'score_rootz'"):
         phases.score_rootz
+
+
+def test_phases_bind_a_task_once_per_session_and_work_dir(tmp_path, monkeypatch):
+    import flows.common
+    from flows.common import Phases
+
+    bound, real = [], flows.common.bind
+    monkeypatch.setattr(flows.common, "bind", lambda task, wd: bound.append(wd) or real(task, wd))
+    s, a, b = Session(), str(tmp_path / "a"), str(tmp_path / "b")
+    for step in range(3):  # the train flow makes a Phases per step
+        Phases(a, where=f"step {step}: ", session=s).backup
+    Phases(b, session=s).backup
+    Phases(a, session=Session()).backup
+    assert bound == [a, b, a]
