@@ -273,12 +273,13 @@ def load_predictor(settings: Predictor, seed: int, workdir: str, run_id: str, st
     fitted at ``step`` when the session kept it (``save_predictor``), else read from its file (a
     resumed run, another process). The kept one is shared: predict with it, or ``take`` it to fit
     it (it leaves the session)."""
-    predictor = new_predictor(settings, seed)  # seeds torch's generator, kept predictor or not
+    kept = Session.current().kept_predictor(workdir, run_id, step, take) if step >= 0 else None
+    if kept is not None:
+        torch.manual_seed(seed)  # the generator's state new_predictor leaves (its init restores it)
+        return kept
+    predictor = new_predictor(settings, seed)
     if step < 0:
         return predictor
-    kept = Session.current().kept_predictor(workdir, run_id, step, take)
-    if kept is not None:
-        return kept
     path = Paths(Path(workdir)).predictor_file(run_id, step)
     if not path.exists():
         raise FileNotFoundError(f"predictor checkpoint of step {step} missing: {path}")
