@@ -5,9 +5,9 @@ held-out items at a few checkpoints (``--eval-samples`` rollouts per item at
 benchmark (the tiny LM, end to end)"):
 
 * ``--protocol leaves``: every method spends M (1 + N) leaves a step; the report
-  (``bench.learning_report.report``) gives per method over seeds the final, best and
-  at-equal-generated-tokens held-out accuracy, the effective ratio, tokens and wall, TRACE minus
-  each method paired by seed, and a plot.
+  (``bench.learning_report.report``) gives per method over seeds the final and
+  at-equal-generated-tokens held-out accuracy, the effective ratio, tokens and wall, and TRACE
+  minus each method paired by seed.
 * ``--protocol tokens`` (``--regime paper`` names its configuration): the simulator's protocol.
   The reference ``trace_cover`` runs first at M (1 + N) leaves; each flat baseline (grpo, dapo,
   prompt_only) of the same seed then runs the same steps in whole groups sized so that its
@@ -100,7 +100,6 @@ class Structure:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(_parser(), argv)
     tokens = args.protocol == "tokens"
-    args.plot = str(Path(args.workdir) / "learning.png") if args.plot is None else args.plot
     if args.quick:
         args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
         args.seeds = args.seeds or "1"
@@ -143,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # earlier ones'.
     results = sorted((r for r in recorded_runs(records, st.signature) if r.method in methods),
                      key=lambda r: (r.seed, methods.index(r.method)))
-    return report(results, vars(args), st.start, records)
+    return report(results, st.start)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -207,14 +206,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="--protocol tokens: the negative control's one difficulty (no mix)")
     ap.add_argument("--final-of", type=int, default=1,
                     help="--protocol tokens: final accuracy = mean of the last this many evaluations")
-    ap.add_argument("--plot", default=None,
-                    help="the accuracy curves' picture (default <workdir>/learning.png; '': none)")
     ap.add_argument("--jobs", type=int, default=None,
                     help="(method, seed) runs in parallel worker processes, one torch thread "
                          "each (default: 2 on a machine with >= 2 cores, 1 with --quick); 1 = all "
                          "in this process, in one work dir per structure")
     ap.add_argument("--summarise-only", action="store_true",
-                    help="run nothing: re-print (and re-plot) the benchmark from its records "
+                    help="run nothing: re-print the benchmark from its records "
                          "(--protocol tokens: --records; else <workdir>/runs and start.json)")
     return ap
 
@@ -321,21 +318,16 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
 
 def summarise_recorded(args: argparse.Namespace) -> dict[str, Any]:
     """The equal-leaf report of the runs recorded in ``records_of(args)``: every run of the
-    settings ``start.json`` names (else of the one setting its runs hold); nothing runs. The
-    table's sizes come from the options given, as when the runs were made."""
+    settings ``start.json`` names (else of the one setting its runs hold); nothing runs."""
     records = records_of(args)
     path = records / "start.json"
-    if path.exists():
-        start = json.loads(path.read_text())
-    else:  # every recorded run's first evaluation is the start
-        sigs = {json.loads(p.read_text())["signature"] for p in (records / "runs").glob("*.json")}
-        if len(sigs) != 1:
-            raise FileNotFoundError(f"--summarise-only: no {path}, and records of {len(sigs)} "
-                                    f"settings in {records / 'runs'}")
-        sig = sigs.pop()
-        start = {"signature": sig, "accuracy": recorded_runs(records, sig)[0].accuracy[0]}
-    return report(recorded_runs(records, start["signature"]), vars(args), start["accuracy"],
-                  records)
+    sigs = ({json.loads(path.read_text())["signature"]} if path.exists() else
+            {json.loads(p.read_text())["signature"] for p in (records / "runs").glob("*.json")})
+    if len(sigs) != 1:
+        raise FileNotFoundError(f"--summarise-only: no {path}, and records of {len(sigs)} "
+                                f"settings in {records / 'runs'}")
+    runs = recorded_runs(records, sigs.pop())
+    return report(runs, runs[0].accuracy[0])
 
 
 # ----------------------------------------------------------------------------- the runs

@@ -9,20 +9,18 @@
   ``accuracy`` after each step, or, where a run is evaluated only at some steps (the LM), after
   each evaluation with ``eval_tokens`` the cumulative generated tokens there and ``final_of`` how
   many of the last evaluations make its final accuracy.
-* The equal-leaf benchmark (``report``): per method, held-out accuracy (final, best, area under
-  the curve, at equal generated tokens) over seeds, TRACE minus each baseline paired by seed with
-  Holm-corrected p values, the predictor's statistics, and the plot."""
+* The equal-leaf benchmark (``report``): per method, held-out accuracy (final, at equal generated
+  tokens) over seeds and TRACE minus each method paired by seed."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from bench.learning_runs import VARIANTS, RunResult
-from trace_core.stats import (Interval, detectable_effect, holm, mean_interval, median_ratio,
-                              paired_gain, seeds_needed, verdict)
+from trace_core.stats import (Interval, detectable_effect, mean_interval, median_ratio, paired_gain,
+                              verdict)
 
 LAST = 5
 """Final accuracy = the mean held-out accuracy of the last LAST steps (declared before any run:
@@ -188,19 +186,6 @@ def conclude(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None,
 
 # ----------------------------------------------------------------------------- equal leaves
 
-def area_under_curve(budget: Sequence[float], accuracy: Sequence[float]) -> float:
-    """Trapezoid area under accuracy vs cumulative budget, divided by the budget span: the mean
-    accuracy over the budget, in [0, 1]."""
-    x, y = np.asarray(budget, dtype=float), np.asarray(accuracy, dtype=float)
-    return float(np.trapezoid(y, x) / (x[-1] - x[0])) if x[-1] > x[0] else float(y[-1])
-
-
-def _auc(r: RunResult) -> float:
-    """Area under accuracy vs cumulative budget; the budget is proportional to the steps and the
-    area is normalised by its span, so steps stand in for leaves."""
-    return area_under_curve([e + 1 for e in r.eval_steps], r.accuracy)
-
-
 def token_budget(results: Sequence[RunResult]) -> float:
     """The generated-token budget every run reached: the smallest total any run spent (nan when
     no run recorded its tokens per evaluation)."""
@@ -222,56 +207,14 @@ def accuracy_at_tokens(r: RunResult, tokens: float) -> float:
     return float(np.interp(tokens, r.eval_tokens, r.accuracy))
 
 
-def late_root_auc(r: RunResult) -> float:
-    """Mean within-step root AUC of run ``r`` over its second half of steps (the per-prompt
-    posterior needs a few visits of a prompt), nan where none was defined."""
-    aucs = np.asarray(r.extra.get("root_auc", []), dtype=float)
-    return _nanmean(aucs[len(aucs) // 2:])
-
-
-def _nanmean(values: Sequence[float]) -> float:
-    v = np.asarray(values, dtype=float)
-    return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
-
-
-def summarise(results: list[RunResult], leaves_per_step: int) -> dict[str, dict[str, Any]]:
-    table: dict[str, dict[str, Any]] = {}
-    budget_tokens = token_budget(results)
-    for method in dict.fromkeys(r.method for r in results):
-        rs = [r for r in results if r.method == method]
-        spread = lambda v: (float(np.mean(v)), float(np.std(v)))  # noqa: E731
-        table[method] = {
-            "final": spread([r.accuracy[-1] for r in rs]),
-            "best": spread([max(r.accuracy[1:]) for r in rs]),
-            "auc": spread([_auc(r) for r in rs]),
-            "at_tokens": spread([accuracy_at_tokens(r, budget_tokens) for r in rs]),
-            "token_budget": budget_tokens,
-            "effective_ratio": float(np.mean([np.mean(r.effective_ratio) for r in rs])),
-            "root_auc": _nanmean([late_root_auc(r) for r in rs]),
-            **{k: float(np.mean([getattr(r, k) for r in rs]))
-               for k in ("generated_tokens", "tool_calls", "wall_s")},
-            "leaves": float(np.mean([sum(r.leaves) for r in rs])),
-            "curve_budget": [(s + 1) * leaves_per_step for s in rs[0].eval_steps],
-            "curve": np.mean([r.accuracy for r in rs], axis=0).tolist(),
-            "curve_tokens": (np.mean([r.eval_tokens for r in rs], axis=0).tolist()
-                             if all(r.eval_tokens for r in rs) else []),
-        }
-    return table
-
-
 def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at_tokens",
                  level: float = 0.95) -> dict[str, dict[str, Any]]:
-    """``method`` minus each other method on ``key`` (``at_tokens``: held-out accuracy at equal
-    generated tokens, the primary comparison; ``final``: at equal leaves; ``auc``), paired by
-    seed: mean, its ``level`` Student-t interval (``trace_core.stats.mean_interval``), the paired
-    t-test's two-sided p and the p after Holm's correction over the baselines (the ``VARIANTS`` of
-    TRACE get their own p and no correction, nan). A baseline with fewer than two shared seeds
-    has no interval or p (nan) and takes no part in the correction."""
-    from scipy import stats as st
-
-    budget_tokens = token_budget(results)
-    get = {"at_tokens": lambda r: accuracy_at_tokens(r, budget_tokens),
-           "final": lambda r: r.accuracy[-1], "auc": _auc}[key]
+    """``method`` minus each other method, paired by seed, on ``key`` (``at_tokens``: held-out
+    accuracy at equal generated tokens, the primary comparison; ``final``: at equal leaves): the
+    differences, their mean, its ``level`` Student-t interval (``trace_core.stats.mean_interval``),
+    their SD and the effect detectable at 80% power; nan below two shared seeds."""
+    budget = token_budget(results)
+    get = (lambda r: accuracy_at_tokens(r, budget)) if key == "at_tokens" else (lambda r: r.accuracy[-1])
     mine = {r.seed: r for r in results if r.method == method}
     out: dict[str, dict[str, Any]] = {}
     for other in dict.fromkeys(r.method for r in results if r.method != method):
@@ -280,149 +223,54 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
         d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
         d = d[np.isfinite(d)]
         nan = float("nan")
-        row: dict[str, Any] = {"seeds": seeds, "n": int(d.size), "diffs": d.tolist(),
-                               "mean": float(d.mean()) if d.size else nan, "low": nan,
-                               "high": nan, "p": nan, "sd": nan, "detectable": nan}
+        row = {"seeds": seeds, "n": int(d.size), "diffs": d.tolist(),
+               "mean": float(d.mean()) if d.size else nan, "low": nan, "high": nan, "sd": nan,
+               "detectable": nan}
         if d.size >= 2:
             iv, sd = mean_interval(d, level), float(d.std(ddof=1))
             row.update(low=iv.low, high=iv.high, sd=sd,
-                       detectable=detectable_effect(sd, int(d.size), level),
-                       p=float(st.ttest_1samp(d, 0.0).pvalue) if sd > 0 else float(iv.mean == 0))
+                       detectable=detectable_effect(sd, int(d.size), level))
         out[other] = row
-    tested = [m for m, row in out.items() if np.isfinite(row["p"]) and m not in VARIANTS]
-    adjusted = dict(zip(tested, holm([out[m]["p"] for m in tested]))) if tested else {}
-    for m in out:
-        out[m]["p_holm"] = float(adjusted.get(m, float("nan")))
     return out
 
 
-def versus_best(results: list[RunResult], table: dict[str, dict[str, Any]]
-                ) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The baseline best at equal generated tokens (``table``: ``summarise``) and TRACE and each
-    of its ``VARIANTS`` minus it, paired by seed (``paired_tests``)."""
-    baselines = [m for m in table if m != "trace" and m not in VARIANTS]
-    best = max(baselines, key=lambda m: table[m]["at_tokens"][0])
-    return best, {m: paired_tests(results, method=m, key="at_tokens")[best]
-                  for m in ["trace", *(v for v in VARIANTS if v in table)]}
-
-
-def print_tests(tests: dict[str, dict[str, Any]], key: str, method: str = "trace") -> None:
-    what = {"at_tokens": "at equal generated tokens", "final": "at equal leaves (final)",
-            "auc": "area under accuracy vs leaves"}[key]
-    for other, t in tests.items():
-        print(f"{method} - {other:<14} {what}: {100 * t['mean']:+5.1f} points (95% CI "
-              f"{100 * t['low']:+.1f}, {100 * t['high']:+.1f}), p {t['p']:.3f}, Holm-adjusted "
-              f"{t['p_holm']:.3f} over {t['n']} seeds; detectable at 80% power: "
-              f"{100 * t['detectable']:.1f} (paired sd {100 * t['sd']:.1f})")
-
-
-def _two(v: float) -> str:
-    return f"{v:.2f}" if np.isfinite(v) else "-"
-
-
-def print_table(table: dict[str, dict[str, Any]], seeds: int) -> None:
-    head = (f"{'method':<14}{'final acc':>14}{'best acc':>14}{'AUC':>14}{'@tokens':>14}{'eff.ratio':>10}"
-            f"{'root AUC':>9}{'leaves':>8}{'gen tokens':>12}{'tool calls':>11}{'wall s':>8}")
-    print(f"held-out accuracy: mean ± std over {seeds} seed(s)")
-    print(head)
-    print("-" * len(head))
+def report(results: list[RunResult], start: float) -> dict[str, Any]:
+    """The equal-leaf benchmark (``bench.learning --protocol leaves``): per method over seeds the
+    final held-out accuracy and that at equal generated tokens, TRACE minus each method paired by
+    seed at both, and the last line ``TRACE vs best baseline: ...``."""
+    budget = token_budget(results)
+    table: dict[str, dict[str, Any]] = {}
+    for m in dict.fromkeys(r.method for r in results):
+        rs = [r for r in results if r.method == m]
+        spread = lambda v: (float(np.mean(v)), float(np.std(v)))  # noqa: E731
+        table[m] = {"final": spread([r.accuracy[-1] for r in rs]),
+                    "at_tokens": spread([accuracy_at_tokens(r, budget) for r in rs]),
+                    "effective_ratio": float(np.mean([np.mean(r.effective_ratio) for r in rs])),
+                    "leaves": float(np.mean([sum(r.leaves) for r in rs])),
+                    **{k: float(np.mean([getattr(r, k) for r in rs]))
+                       for k in ("generated_tokens", "wall_s")}}
+    print(f"held-out accuracy from {100 * start:.1f}%, mean ± std over "
+          f"{len({r.seed for r in results})} seed(s); @tokens: at {budget:.0f} generated tokens "
+          "(the smallest total of any run), linear between evaluations")
+    print(f"{'method':<16}{'final acc':>14}{'@tokens':>14}{'eff.ratio':>10}{'leaves':>8}"
+          f"{'gen tokens':>12}{'wall s':>8}")
     pm = lambda v: f"{100 * v[0]:5.1f} ± {100 * v[1]:4.1f}"  # noqa: E731
     for m, t in table.items():
-        print(f"{m:<14}{pm(t['final']):>14}{pm(t['best']):>14}{pm(t['auc']):>14}"
-              f"{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}{_two(t['root_auc']):>9}"
-              f"{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}{t['tool_calls']:>11.0f}"
-              f"{t['wall_s']:>8.0f}")
-    budget = next(iter(table.values()), {}).get("token_budget", float("nan"))
-    print(f"@tokens: held-out accuracy at {budget:.0f} generated tokens (the smallest total of any "
-          "run), linear between evaluations; AUC, final, best: at equal leaves; root AUC: "
-          "Stage 1's within-step AUC of its root scores, mean over the second half of the steps")
-
-
-def plot(table: dict[str, dict[str, Any]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tokens = all(t.get("curve_tokens") for t in table.values())
-    fig, axes = plt.subplots(1, 2 if tokens else 1, figsize=(11 if tokens else 6, 4), squeeze=False)
-    for i, (key, label) in enumerate([("curve_budget", "cumulative budget (trajectories)"),
-                                      ("curve_tokens", "cumulative generated tokens")][:1 + tokens]):
-        ax = axes[0, i]
-        for m, t in table.items():
-            ax.plot(t[key], [100 * a for a in t["curve"]], marker="o", label=m,
-                    linewidth=2.5 if m == "trace" else 1.2)
-        ax.set_xlabel(label)
-        ax.set_ylabel("held-out accuracy (%)")
-        ax.legend()
-    axes[0, 0].set_title("accuracy vs sampling budget (mean over seeds)")
-    if tokens:
-        axes[0, 1].set_title("the same runs against generated tokens")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-
-
-def print_predictor(results: list[RunResult]) -> dict[str, dict[str, float]]:
-    """Per method whose runs kept them, the predictor's statistics over the second half of the
-    steps, mean over steps and seeds (nan-skipping): root and prefix AUC and Brier, and the
-    predicted against the realised flip rate of continuations (a calibrated Stage 2 has them
-    equal)."""
-    keys = ("root_auc", "root_brier", "prefix_auc", "prefix_brier", "flip_predicted", "flip_realised")
-    out: dict[str, dict[str, float]] = {}
-    for m in dict.fromkeys(r.method for r in results):
-        late = {k: [v for r in results if r.method == m
-                    for v in r.extra.get(k, [])[len(r.extra.get(k, [])) // 2:]] for k in keys}
-        row = {k: _nanmean(v) if v else float("nan") for k, v in late.items()}
-        if np.isfinite(row["flip_realised"]):  # the methods with a Stage 2
-            out[m] = row
-            print(f"predictor, {m} (steps of the second half): root AUC {_two(row['root_auc'])} "
-                  f"Brier {_two(row['root_brier'])}; prefix AUC {_two(row['prefix_auc'])} Brier "
-                  f"{_two(row['prefix_brier'])}; flip rate predicted {_two(row['flip_predicted'])}"
-                  f", realised {_two(row['flip_realised'])}")
-    return out
-
-
-def report(results: list[RunResult], args: dict[str, Any], start: float, record: Path
-           ) -> dict[str, Any]:
-    """The equal-leaf benchmark: print the table, the paired differences and the last line;
-    save the plot."""
-    leaves_per_step = args["root_budget"] * (1 + args["multiplier"])
-    table = summarise(results, leaves_per_step)
-    print(f"\nfamily {args['family']} (difficulty {args.get('mix') or args['difficulty']}), {args['steps']} "
-          f"steps x {leaves_per_step} leaves, starting accuracy {100 * start:.1f}% "
-          f"({args['eval_items']} held-out items x {args['eval_samples']} samples at temperature "
-          f"{args['eval_temperature']}), workdir {args['workdir']} (records: {record})")
-    print_table(table, len({r.seed for r in results}))
-    predictor = print_predictor(results)
-    tests = {}
-    if "trace" in table:
-        for key in ("at_tokens", "final"):
-            tests[key] = paired_tests(results, key=key)
-            print_tests(tests[key], key)
-    if args["plot"]:
-        plot(table, Path(args["plot"]))
-        print(f"plot: {args['plot']}")
-    baselines = {m: t for m, t in table.items() if m != "trace" and m not in VARIANTS}
+        print(f"{m:<16}{pm(t['final']):>14}{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}"
+              f"{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}{t['wall_s']:>8.0f}")
+    tests: dict[str, Any] = {}
+    baselines = [m for m in table if m != "trace" and m not in VARIANTS]
     if "trace" in table and baselines:
-        # The primary comparison: each TRACE row against the baseline best at equal tokens.
-        best_tok, versus = versus_best(results, table)
-        for m, t in versus.items():
-            print(f"{m} - best baseline ({best_tok}) at equal generated tokens: "
-                  f"{100 * t['mean']:+.1f} points (95% CI {100 * t['low']:+.1f}, "
-                  f"{100 * t['high']:+.1f}) over {t['n']} seeds")
-        t = tests["at_tokens"][best_tok]
-        if np.isfinite(t["sd"]):  # what this spread between seeds lets the benchmark see
-            print(f"power: with the paired sd of trace - {best_tok} ({100 * t['sd']:.1f} points), "
-                  f"{t['n']} seeds detect {100 * t['detectable']:.1f} points at 80% power; "
-                  + ", ".join(f"{e} points need {n or 'over 10000'} seeds" for e in (3, 5)
-                              for n in [seeds_needed(t["sd"], e / 100)]))
-        best = max(baselines, key=lambda m: baselines[m]["final"][0])
-        delta = 100 * (table["trace"]["final"][0] - baselines[best]["final"][0])
+        for key, what in (("at_tokens", "at equal generated tokens"), ("final", "at equal leaves")):
+            tests[key] = paired_tests(results, key=key)
+            for other, t in tests[key].items():
+                print(f"trace - {other:<14} {what}: {100 * t['mean']:+5.1f} points (95% CI "
+                      f"{100 * t['low']:+.1f}, {100 * t['high']:+.1f}) over {t['n']} seeds; "
+                      f"detectable at 80% power: {100 * t['detectable']:.1f}")
+        best = max(baselines, key=lambda m: table[m]["final"][0])
+        delta = 100 * (table["trace"]["final"][0] - table[best]["final"][0])
         ratio = (table["trace"]["effective_ratio"] / table["grpo"]["effective_ratio"]
                  if table.get("grpo", {}).get("effective_ratio") else float("nan"))
         print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
               f"effective ratio {ratio:.2f}x GRPO")
-    return {"table": table, "tests": tests, "predictor": predictor,
-            "results": [r.__dict__ for r in results]}
+    return {"table": table, "tests": tests, "results": [r.__dict__ for r in results]}

@@ -41,4 +41,4 @@ WS=${WS:-$root/ws/policies/warmstart-$family-smollm2-s0}
   --methods "${METHODS:-trace,grpo}" --seeds "${SEEDS:?set SEEDS, e.g. 0-2}" --steps 20 \
   --eval-every 10 --eval-items 100 --eval-samples 2 \
   --root-budget 16 --multiplier 1 --pool-size 32 --jobs 1 --learning-rate 2e-5 \
-  --workdir "$rl" --records "results/rl_$family" --plot "$rl/learning.png" "${learn[@]}"
+  --workdir "$rl" --records "results/rl_$family" "${learn[@]}"

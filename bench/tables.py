@@ -89,29 +89,6 @@ def learning_lm(root: Path = RECORDS) -> str:
     return "\n".join(lines)
 
 
-def learning_synth_chain(root: Path = RECORDS) -> str:
-    """The tiny LM on synth_chain at equal leaves: TRACE and its variants minus each method at
-    equal generated tokens, paired by seed (``bench.learning_report.paired_tests``)."""
-    from bench.learning_report import paired_tests, summarise, versus_best
-    from bench.learning_runs import VARIANTS, recorded_runs
-
-    folder = root / "learning_synth_chain"
-    runs = recorded_runs(folder, json.loads((folder / "start.json").read_text())["signature"])
-    tests = paired_tests(runs, key="at_tokens")
-    baselines = [m for m in tests if m not in VARIANTS]
-    lines = [f"| paired, at equal generated tokens (Student-t 95% CI, Holm over {len(baselines)} "
-             "baselines) | difference | Holm p | detectable at 80% power | seeds |", "|---" * 5 + "|"]
-    best, versus = versus_best(runs, summarise(runs, 1))  # as the report picks it
-    rows = [("trace", m, t) for m, t in tests.items() if m in baselines]
-    rows += [(v, best, t) for v, t in versus.items() if v != "trace"]
-    for mine, other, t in rows:  # Holm's correction is over TRACE's baselines only
-        holm = f"{t['p_holm']:.2f}" if mine == "trace" else ""
-        lines.append(f"| {mine} - {other}{' (best)' if other == best else ''} | "
-                     f"{100 * t['mean']:+.1f} ({100 * t['low']:+.1f}, {100 * t['high']:+.1f}) | "
-                     f"{holm} | {100 * t['detectable']:.1f} | {t['n']} |")
-    return "\n".join(lines)
-
-
 def peers(root: Path = RECORDS) -> str:
     """This project against TRL's GRPOTrainer, one invocation's three methods
     (``bench.peers.summarise``, ``parity``)."""
@@ -137,7 +114,7 @@ def peers(root: Path = RECORDS) -> str:
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,
-                                           "learning_synth_chain": learning_synth_chain, "peers": peers}
+                                           "peers": peers}
 """Every generated table, by the name its block carries in the page."""
 
 
