@@ -8,7 +8,7 @@ evaluation:
   generation batch is rolled out by this project's ReAct loop on the transformers engine loaded
   with the trainer's current weights; observation tokens go back as TRL's ``env_mask``, the
   sampled tokens' log-probs as ``logprobs``; the reward is the family's grader on the final
-  answer. ``trl_matched``: the same with this project's loss aggregation and advantage scale.
+  answer.
 * ``grpo``: this project's train flow with ``allocator=grpo`` (``bench.learning_runs.run_one``);
   ``trace``: the same flow with the default allocator.
 
@@ -31,7 +31,6 @@ Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -42,10 +41,9 @@ import numpy as np
 
 from bench import RECORDS
 from bench.learning import _policy_and_base, _start_accuracy, run_options
-from bench.learning_report import accuracy_at_tokens, paired_tests, token_budget
+from bench.learning_report import accuracy_at_tokens, paired_tests, run_log, token_budget, tokens_to_reach
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, load_run,
                                  parse_seeds, run_one, save_run, signature, tokens_at_evals)
-from bench.learning_report import run_log, tokens_to_reach
 from trace_core.stats import median_ratio
 
 METHODS = ("trl_grpo", "grpo", "trace")
@@ -139,8 +137,7 @@ class _Rollouts:
 
 def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_steps: Sequence[int],
             eval_items: int, start_accuracy: float, eval_skip: int, eval_samples: int,
-            eval_temperature: float, loss_type: str = "dapo", scale_rewards: str = "group",
-            method: str = "trl_grpo") -> RunResult:
+            eval_temperature: float) -> RunResult:
     """One seed of TRL's ``GRPOTrainer`` (see the module docstring), its checkpoints at
     ``eval_steps`` evaluated exactly as ``run_one`` evaluates the train flow's."""
     import datasets
@@ -151,6 +148,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
     from tasks import runtime
     from trace_rl.config import config_from_mapping
 
+    method = "trl_grpo"
     config = {**base, "allocator": "grpo", "seed": seed, "policy": policy,
               "run_name": f"peers-{method}-s{seed}"}
     cfg = config_from_mapping(config, "bench.peers")
@@ -177,7 +175,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
         epsilon=cfg.clip_low, epsilon_high=cfg.clip_high, beta=cfg.kl_coef,
         temperature=cfg.temperature, top_p=1.0,
         max_completion_length=cfg.max_turns * (cfg.max_new_tokens + 64),
-        loss_type=loss_type, scale_rewards=scale_rewards, shuffle_dataset=True,
+        loss_type="dapo", scale_rewards="group", shuffle_dataset=True,  # TRL's defaults
         dataloader_num_workers=0, bf16=False, fp16=False)
 
     saved: dict[int, str] = {}
@@ -223,8 +221,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                             "eval_wall_s": [0.0, *(at_step[s]["t"] for s in eval_steps)],
                             "rollout_s": rollouts.rollout_s,
                             "reward_mismatches": rollouts.reward_mismatches,
-                            "torch_threads": max(a["threads"] for a in at_step), "trl_log": history[-3:],
-                            "loss_type": loss_type, "scale_rewards": scale_rewards},
+                            "torch_threads": max(a["threads"] for a in at_step), "trl_log": history[-3:]},
                      eval_tokens=tokens_at_evals(metrics, eval_steps))
 
 
@@ -275,18 +272,13 @@ def summarise(results: list[RunResult], steps: int) -> dict[str, dict[str, Any]]
     table: dict[str, dict[str, Any]] = {}
     for m in dict.fromkeys(r.method for r in results):
         rs = [r for r in results if r.method == m]
-        rate = [r.generated_tokens / r.wall_s for r in rs]
         table[m] = {"seeds": [r.seed for r in rs],
                     "final": [r.accuracy[-1] for r in rs],
                     "at_tokens": [accuracy_at_tokens(r, budget) for r in rs],
                     "at_wall": [accuracy_at_wall(r, wall_budget) for r in rs],
                     "tokens": [r.generated_tokens for r in rs],
                     "wall_per_step": [r.wall_s / steps for r in rs],
-                    "in_step_s": [float(np.nanmean(r.extra["step_s"])) for r in rs],
-                    "tokens_per_s": rate,
-                    "curve_tokens": [r.eval_tokens for r in rs],
-                    "curve_wall": [r.extra["eval_wall_s"] for r in rs],
-                    "curve_acc": [r.accuracy for r in rs]}
+                    "tokens_per_s": [r.generated_tokens / r.wall_s for r in rs]}
     return {"budget_tokens": budget, "budget_wall_s": wall_budget, "methods": table}
 
 
@@ -308,17 +300,20 @@ def _ratio(table: dict[str, Any], ours: str, ref: str, key: str) -> float:
     return float(np.exp(np.mean(np.log(r)))) if r else float("nan")
 
 
-def _x(ratio: float) -> str:
-    """A budget ratio as read: 0.85x, or "never" for a method that never reaches the target."""
-    return f"{ratio:.2f}x" if np.isfinite(ratio) else "never"
-
-
-def _ms(values: Sequence[float], scale: float = 1.0) -> str:
+def ms(values: Sequence[float], scale: float = 1.0) -> str:
+    """Mean ± sample SD over seeds (finite values only), as the tables print it."""
     v = np.asarray(values, dtype=float) * scale
     v = v[np.isfinite(v)]
-    if not v.size:
-        return "n/a"
-    return f"{v.mean():.1f} +- {v.std(ddof=1):.1f}" if v.size > 1 else f"{v.mean():.1f}"
+    return (f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if v.size > 1 else f"{v.mean():.1f}") if v.size else "n/a"
+
+
+def closing(results: list[RunResult], table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The closing line (this project's GRPO against TRL's) and its figures."""
+    p = parity(results)
+    wall, rate = (_ratio(table, "grpo", "trl_grpo", k) for k in ("wall_per_step", "tokens_per_s"))
+    return (f"vs TRL GRPOTrainer: wall per step {wall:.2f}x, tokens/s {rate:.2f}x, GRPO parity "
+            f"{p['mean']:+.1f} points (95% CI {p['lo']:+.1f}, {p['hi']:+.1f})",
+            {"parity": p, "wall_ratio": wall, "rate_ratio": rate})
 
 
 def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]:
@@ -327,48 +322,34 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
     print(f"start accuracy {100 * start:.1f}%; equal-token budget {s['budget_tokens']:.0f} tokens, "
           f"equal-wall budget {s['budget_wall_s']:.0f} s")
     print(f"{'method':10} {'seeds':>5} {'final %':>12} {'@tokens %':>12} {'@wall %':>12} "
-          f"{'tokens':>14} {'wall s/step':>12} {'in-step s':>10} {'tok/s':>12}")
+          f"{'tokens':>14} {'wall s/step':>12} {'tok/s':>12}")
     for m, row in t.items():
-        print(f"{m:10} {len(row['seeds']):>5} {_ms(row['final'], 100):>12} "
-              f"{_ms(row['at_tokens'], 100):>12} {_ms(row['at_wall'], 100):>12} "
-              f"{_ms(row['tokens']):>14} {_ms(row['wall_per_step']):>12} "
-              f"{_ms(row['in_step_s']):>10} {_ms(row['tokens_per_s']):>12}")
-    for m, row in t.items():  # the curves, seed by seed
-        for seed, tok, wall, acc in zip(row["seeds"], row["curve_tokens"], row["curve_wall"],
-                                        row["curve_acc"]):
-            pts = ", ".join(f"{a * 100:.0f}%@{k:.0f}tok/{w:.0f}s" for a, k, w in zip(acc, tok, wall))
-            print(f"  {m} s{seed}: {pts}")
+        print(f"{m:10} {len(row['seeds']):>5} " + " ".join(
+            f"{ms(row[k], 100):>12}" for k in ("final", "at_tokens", "at_wall"))
+              + f" {ms(row['tokens']):>14} {ms(row['wall_per_step']):>12} {ms(row['tokens_per_s']):>12}")
     out: dict[str, Any] = {"summary": s}
-    if "grpo" in t and "trl_grpo" in t:
-        p = parity(results)
-        for other in [m for m in t if m not in ("grpo", "trl_grpo")]:
-            q = parity(results, other, "trl_grpo")
-            print(f"{other} minus trl_grpo at equal tokens: {q['mean']:+.1f} points "
-                  f"(95% CI {q['lo']:+.1f}, {q['hi']:+.1f}; seeds {q['seeds']})")
-            out[f"parity_{other}"] = q
-            ref = {r.seed: r for r in results if r.method == "trl_grpo"}
-            mine = [r for r in results if r.method == other and r.seed in ref]
-            target = {s: 100 * ref[s].accuracy[-1] for s in ref}
-            need = [tokens_to_reach(run_log(r), target[r.seed]) for r in mine]
-            # TRL's own first crossing of its final accuracy (its curve need not rise monotonically)
-            base = [tokens_to_reach(run_log(ref[r.seed]), target[r.seed]) for r in mine]
-            print(f"{other} tokens to trl_grpo's final accuracy (same seed): "
-                  + ", ".join(f"s{r.seed} {n:.0f}" if np.isfinite(n) else f"s{r.seed} not reached "
-                              f"in {r.generated_tokens:.0f}" for r, n in zip(mine, need))
-                  + " (trl_grpo: " + ", ".join(f"{b:.0f}" for b in base) + ")")
-            if mine:
-                ratio, lo, hi, never = median_ratio(need, base)
-                print(f"{other} tokens to trl_grpo's final / trl_grpo's: median {_x(ratio)} "
-                      f"(95% CI {_x(lo)}, {_x(hi)}; {never} of {len(need)} seeds never reach it)")
-                out[f"reach_ratio_{other}"] = {"median": ratio, "lo": lo, "hi": hi,
-                                                "never": never}
-            out[f"tokens_to_trl_final_{other}"] = need
-        wall = _ratio(t, "grpo", "trl_grpo", "wall_per_step")
-        rate = _ratio(t, "grpo", "trl_grpo", "tokens_per_s")
-        out.update(parity=p, wall_ratio=wall, rate_ratio=rate)
-        print(f"vs TRL GRPOTrainer: wall per step {wall:.2f}x, tokens/s {rate:.2f}x, "
-              f"GRPO parity {p['mean']:+.1f} points (95% CI {p['lo']:+.1f}, {p['hi']:+.1f})")
-    return out
+    if "grpo" not in t or "trl_grpo" not in t:
+        return out
+    ref = {r.seed: r for r in results if r.method == "trl_grpo"}
+    for other in [m for m in t if m not in ("grpo", "trl_grpo")]:
+        q = out[f"parity_{other}"] = parity(results, other, "trl_grpo")
+        print(f"{other} minus trl_grpo at equal tokens: {q['mean']:+.1f} points "
+              f"(95% CI {q['lo']:+.1f}, {q['hi']:+.1f}; seeds {q['seeds']})")
+        mine = [r for r in results if r.method == other and r.seed in ref]
+        target = {s: 100 * ref[s].accuracy[-1] for s in ref}
+        need = out[f"tokens_to_trl_final_{other}"] = [tokens_to_reach(run_log(r), target[r.seed])
+                                                       for r in mine]
+        # TRL's own first crossing of its final accuracy (its curve need not rise monotonically)
+        base = [tokens_to_reach(run_log(ref[r.seed]), target[r.seed]) for r in mine]
+        if mine:
+            ratio, lo, hi, never = median_ratio(need, base)
+            x = [f"{v:.2f}x" if np.isfinite(v) else "never" for v in (ratio, lo, hi)]
+            print(f"{other} tokens to trl_grpo's final / trl_grpo's: median {x[0]} (95% CI "
+                  f"{x[1]}, {x[2]}; {never} of {len(need)} seeds never reach it)")
+            out[f"reach_ratio_{other}"] = {"median": ratio, "lo": lo, "hi": hi, "never": never}
+    line, figures = closing(results, t)
+    print(line)
+    return {**out, **figures}
 
 
 # ----------------------------------------------------------------------------- main
@@ -378,14 +359,9 @@ def _parser() -> argparse.ArgumentParser:
     run_options(ap)  # bench.learning's: the family, policy, seeds, steps, leaves, evaluation
     ap.set_defaults(seeds="3", steps=10, eval_items=100, eval_samples=2, multiplier=1,
                     workdir="bench_runs/peers")
-    ap.add_argument("--methods", default=",".join(METHODS),
-                    help="trl_grpo, grpo, trace, and trl_matched (TRL with this project's loss "
-                         "aggregation and advantage scale: dr_grpo, no std scaling)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="of trl_grpo, grpo, trace")
     ap.add_argument("--group-size", type=int, default=4,
                     help="rollouts per prompt; grpo and TRL: M (1 + N) / group-size prompts a step")
-    ap.add_argument("--trl-loss", default="dapo", help="TRL loss_type of trl_grpo (TRL's default)")
-    ap.add_argument("--trl-scale-rewards", default="group",
-                    help="TRL scale_rewards of trl_grpo (TRL's default)")
     ap.add_argument("--results", default="",
                     help="records folder (default results/peers; with --quick <workdir>/records)")
     return ap
@@ -401,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     workdir = Path(args.workdir)
     results = Path(args.results or (workdir / "records" if args.quick else RECORDS / "peers"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if set(methods) - set(METHODS):
+        raise SystemExit(f"--methods: unknown {sorted(set(methods) - set(METHODS))}; of {METHODS}")
     seeds = parse_seeds(args.seeds, args.seed_start)
     policy, base, skip = _policy_and_base(args, workdir)
     base["group_size"] = args.group_size
@@ -419,15 +397,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if load_run(results, sig, m, seed) is not None:
                 continue
             print(f"[peers] {m} seed {seed} ...", file=sys.stderr, flush=True)
-            common = dict(start_accuracy=start, **ev)
-            if m == "trl_grpo":
-                r = run_trl(seed, base, policy, workdir, eval_steps, loss_type=args.trl_loss,
-                            scale_rewards=args.trl_scale_rewards, **common)
-            elif m == "trl_matched":
-                r = run_trl(seed, base, policy, workdir, eval_steps, loss_type="dr_grpo",
-                            scale_rewards="none", method=m, **common)
-            else:
-                r = run_ours(m, seed, base, policy, workdir, eval_steps, **common)
+            r = (run_trl(seed, base, policy, workdir, eval_steps, start_accuracy=start, **ev)
+                 if m == "trl_grpo" else
+                 run_ours(m, seed, base, policy, workdir, eval_steps, start_accuracy=start, **ev))
             save_run(results, sig, RunResult(**{**r.__dict__, "extra": {**r.extra, **meta}}))
             print(f"[peers] {m} seed {seed}: {r.wall_s:.0f} s, final {100 * r.accuracy[-1]:.1f}%",
                   file=sys.stderr, flush=True)
@@ -437,11 +409,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{args.eval_items} held-out items x {args.eval_samples}; seeds {seeds}; TRL {version}; "
           f"{meta['machine']}; this invocation {time.perf_counter() - t_all:.0f} s (Prefect's "
           f"one-time start {warm_s:.0f} s not counted)")
-    out = report(recorded, args.steps, start)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / f"summary-{sig}.json").write_text(json.dumps(
-        {"signature": sig, **meta, "start_accuracy": start, **out}, indent=1, default=float) + "\n")
-    return out
+    return report(recorded, args.steps, start)
 
 
 if __name__ == "__main__":

@@ -91,15 +91,14 @@ def learning_lm(root: Path = RECORDS) -> str:
 
 def peers(root: Path = RECORDS) -> str:
     """This project against TRL's GRPOTrainer, one invocation's three methods
-    (``bench.peers.summarise``, ``parity``)."""
+    (``bench.peers.summarise``, ``closing``)."""
     from bench.learning_runs import RunResult
-    from bench.peers import METHODS, _ratio, parity, summarise
+    from bench.peers import METHODS, closing, ms, summarise
 
     runs = [RunResult(**json.loads(p.read_text())["result"])
             for p in sorted((root / "peers" / "runs").glob("*.json"))]
     runs = [r for r in runs if r.method in METHODS]
     s = summarise(runs, len(runs[0].leaves))
-    ms = lambda v, k=1.0: f"{k * np.mean(v):.1f} ± {k * np.std(v, ddof=1):.1f}"  # noqa: E731
     lines = [f"| method | final % | at {s['budget_tokens'] / 1000:.1f}k tokens % | at "
              f"{s['budget_wall_s']:.0f} s % | gen. tokens | wall s/step | tokens/s |", "|---" * 7 + "|"]
     for m in METHODS:
@@ -107,10 +106,7 @@ def peers(root: Path = RECORDS) -> str:
         lines.append(f"| {m} | {ms(row['final'], 100)} | {ms(row['at_tokens'], 100)} | "
                      f"{ms(row['at_wall'], 100)} | {np.mean(row['tokens']):.0f} | "
                      f"{ms(row['wall_per_step'])} | {ms(row['tokens_per_s'])} |")
-    p, ratio = parity(runs), lambda key: _ratio(s["methods"], "grpo", "trl_grpo", key)  # noqa: E731
-    return "\n".join([*lines, "", f"`vs TRL GRPOTrainer: wall per step {ratio('wall_per_step'):.2f}x, "
-                       f"tokens/s {ratio('tokens_per_s'):.2f}x, GRPO parity {p['mean']:+.1f} points "
-                       f"(95% CI {p['lo']:+.1f}, {p['hi']:+.1f})`"])
+    return "\n".join([*lines, "", f"`{closing(runs, s['methods'])[0]}`"])
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,
