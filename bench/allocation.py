@@ -3,15 +3,10 @@
     python -m bench.allocation [--steps S] [--seed 0] [--roots 128] [--multiplier 2] [--pool 512] [--explore X]
 
 Per step, all methods see the same candidate pool (common random numbers); each method that reads
-predictions owns a HashedNgramPredictor that learns online from its own trees (targets V^ and
-weights n from trace_core.tree.backup). Printed: one table (effective ratio, mixed-anchor share,
-sibling contrast pairs per 100 leaves, simulated tokens per step, each with its ratio to the
-oracle) and the learned predictor's Brier score against a constant predictor on held-out
-rollouts. The last line reads ``TRACE effective ratio: <x>x GRPO, <y>x oracle``.
-
-The definitions of the figures (effective ratio, also over the second half of the steps, after
-the predictors' warm-up; mixed-anchor share; sibling contrast pairs; simulated tokens; the
-predictor's held-out scores): docs/algorithm.md, "Allocation benchmark".
+predictions owns a HashedNgramPredictor that learns online from its own trees. Printed: the table
+(each figure with its ratio to the oracle's), the predictors' held-out scores and the last line
+``TRACE effective ratio: <x>x GRPO, <y>x oracle``. Definitions: docs/algorithm.md, "Allocation
+benchmark (bench/allocation.py): definitions".
 """
 
 from __future__ import annotations
@@ -36,22 +31,14 @@ METHODS = ("grpo", "dapo", "prompt_only", "random_prefix", "trace", "oracle")
 class BenchConfig:
     """One benchmark run."""
 
-    steps: int = 150
-    """Training steps per method."""
-    seed: int = 0
-    """Seeds the dataset, the pools, every method's sampling and the predictors."""
-    roots: int = 128
-    """M: root budget of the tree methods."""
-    multiplier: int = 2
-    """N: continuation multiplier (total leaves per step = M (1 + N) for every method)."""
+    steps: int = 150  # per method
+    seed: int = 0  # the dataset, the pools, every method's sampling and the predictors
+    roots: int = 128  # M; every method spends M (1 + N) leaves a step
+    multiplier: int = 2  # N
     dataset_size: int = 2000
-    """Prompts in the fixed training set."""
-    pool_size: int = 512
-    """Candidate prompts drawn (uniformly, without replacement) per step."""
-    eval_prompts: int = 400
-    """Held-out rollouts (one per prompt drawn from the dataset) for the predictor's Brier score."""
-    methods: tuple[str, ...] = METHODS
-    """Allocators to run (names in trace_core.allocators.ALLOCATORS)."""
+    pool_size: int = 512  # candidate prompts drawn per step, without replacement
+    eval_prompts: int = 400  # held-out rollouts for the predictors' scores
+    methods: tuple[str, ...] = METHODS  # names in trace_core.allocators.ALLOCATORS
     allocator: AllocatorConfig = AllocatorConfig(
         group_size=8, tree_group=4, min_per_root=2, max_per_root=None, exploration=0.003,
         branch_from_root=True, joint_split=False)
@@ -60,9 +47,7 @@ class BenchConfig:
     of 4, and in this stationary process exploration only costs (docs/results.md, "Why the
     defaults are what they are"), hence 0.003 rather than the 0.1 a drifting policy needs."""
     head: HeadConfig = HeadConfig()
-    """Predictor head and online training."""
     sim: SimConfig = SimConfig()
-    """The synthetic task process."""
 
     def __post_init__(self) -> None:
         unknown = set(self.methods) - set(ALLOCATORS)
@@ -86,9 +71,8 @@ class MethodRun:
         self.config = config
         self.sim = sim
         self.allocator: Allocator = ALLOCATORS[name](config.allocator)
-        self.predictor: Predictor | None = (
-            HashedNgramPredictor(head=config.head) if self.allocator.uses_predictor else None
-        )
+        self.predictor: Predictor | None = (HashedNgramPredictor(head=config.head)
+                                            if self.allocator.uses_predictor else None)
         self.rng = np.random.default_rng([config.seed, 1 + index])
         self.last_sampled = np.full(config.dataset_size, -1, dtype=np.int64)
         self.first_offered = np.full(config.dataset_size, -1, dtype=np.int64)
@@ -109,14 +93,11 @@ class MethodRun:
         offered = self.first_offered[pool_idx]
         self.first_offered[pool_idx] = np.where(offered >= 0, offered, step)
         last = self.last_sampled[pool_idx]
-        pool = RootPool(
-            predicted=self.predict([p.text for p in pool_prompts]),
-            # Steps since last rolled out; a never-sampled prompt counts the steps since it was
-            # first offered (as tasks.roots.staleness does in the pipeline).
-            staleness=np.where(last >= 0, step - last,
-                               step - self.first_offered[pool_idx]).astype(np.float64),
-            true_value=np.array([self.sim.true_value(p) for p in pool_prompts]),
-        )
+        pool = RootPool(predicted=self.predict([p.text for p in pool_prompts]),
+                        # Steps since last rolled out, or since first offered (tasks.roots.staleness)
+                        staleness=np.where(last >= 0, step - last,
+                                           step - self.first_offered[pool_idx]).astype(np.float64),
+                        true_value=np.array([self.sim.true_value(p) for p in pool_prompts]))
         # Root stage (with DAPO's refill waves).
         step_trees = Grower()
         tree_of: dict[int, int] = {}  # pool position -> tree
@@ -165,11 +146,9 @@ class MethodRun:
                 self._roll(step_trees, root)
             return
         prompt, prefix = step_trees.prompts[k], step_trees.prefix
-        prefixes = PrefixSet(
-            predicted=self.predict([render(prompt, prefix[n]) for n in nodes]),
-            observed=observed,
-            true_value=np.array([self.sim.true_value(prompt, prefix[n]) for n in nodes]),
-        )
+        prefixes = PrefixSet(predicted=self.predict([render(prompt, prefix[n]) for n in nodes]),
+                             observed=observed,
+                             true_value=np.array([self.sim.true_value(prompt, prefix[n]) for n in nodes]))
         k_per = alloc.allocate_prefixes(prefixes, leaves, self.rng)
         if int(k_per.sum()) != leaves:
             raise AssertionError(f"{self.name}: prefix stage spent {int(k_per.sum())} of {leaves} leaves")
@@ -191,9 +170,8 @@ class MethodRun:
         return self.predictor.fit(histories, value[internal], n_leaves[internal].astype(np.float64))
 
 
-def evaluate_predictor(
-    predictor: Predictor, sim: Simulator, prompts: list[Prompt], n: int, rng: np.random.Generator
-) -> dict[str, float]:
+def evaluate_predictor(predictor: Predictor, sim: Simulator, prompts: list[Prompt], n: int,
+                       rng: np.random.Generator) -> dict[str, float]:
     """Held-out check: one fresh rollout per prompt; every non-terminal prefix on it (root included)
     is scored against the rollout's outcome and against the exact V. The constant predictor is the
     held-out base rate itself (the best constant in hindsight)."""
@@ -209,15 +187,9 @@ def evaluate_predictor(
     y, v = np.asarray(outcome), np.asarray(truth)
     pred = predictor.predict(histories)
     const = np.full_like(y, y.mean())
-    return {
-        "examples": float(len(y)),
-        "brier": brier(pred, y),
-        "brier_constant": brier(const, y),
-        "mse_true_v": brier(pred, v),
-        "mse_true_v_constant": brier(const, v),
-        "ece": ece(pred, y),
-        "auc": auc(pred, y),
-    }
+    return {"examples": float(len(y)), "brier": brier(pred, y), "brier_constant": brier(const, y),
+            "mse_true_v": brier(pred, v), "mse_true_v_constant": brier(const, v), "ece": ece(pred, y),
+            "auc": auc(pred, y)}
 
 
 @dataclass
@@ -241,86 +213,66 @@ def run_bench(config: BenchConfig) -> BenchResult:
         if run.predictor is not None:
             eval_rng = np.random.default_rng([config.seed, 20_000])  # the same held-out rollouts for every predictor
             predictor_stats[run.name] = evaluate_predictor(run.predictor, sim, prompts, config.eval_prompts, eval_rng)
-    return BenchResult(
-        figures={run.name: run.totals.figures() for run in runs},
-        predictor=predictor_stats,
-        seconds={run.name: run.totals.seconds for run in runs},
-    )
+    return BenchResult(figures={run.name: run.totals.figures() for run in runs}, predictor=predictor_stats,
+                       seconds={run.name: run.totals.seconds for run in runs})
+
+
+COLUMNS = (("effective_ratio", "eff. ratio", ".3f"),
+           ("effective_ratio_late", "eff. ratio, 2nd half", ".3f"),
+           ("mixed_anchor_share", "mixed anchors", ".3f"),
+           ("contrast_per_100_leaves", "contrast/100 leaves", ".1f"),
+           ("tokens_per_step", "tokens/step", ".0f"))
 
 
 def format_table(result: BenchResult) -> str:
-    cols = [
-        ("effective_ratio", "eff. ratio", "{:.3f}"),
-        ("effective_ratio_late", "eff. ratio, 2nd half", "{:.3f}"),
-        ("mixed_anchor_share", "mixed anchors", "{:.3f}"),
-        ("contrast_per_100_leaves", "contrast/100 leaves", "{:.1f}"),
-        ("tokens_per_step", "tokens/step", "{:.0f}"),
-    ]
+    """A markdown table: per method its roots and leaves per step and each of ``COLUMNS`` with,
+    where the oracle ran, its ratio to the oracle's."""
     oracle = result.figures.get("oracle")
-    header = ["method", "roots/step", "leaves/step"]
-    for _, label, _ in cols:
-        header += [label] + (["x oracle"] if oracle else [])
-    rows = [header]
+    head = ["method", "roots/step", "leaves/step",
+            *(h for _, label, _ in COLUMNS for h in ((label, "x oracle") if oracle else (label,)))]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, fig in result.figures.items():
-        row = [name, f"{fig['roots_per_step']:.1f}", f"{fig['leaves_per_step']:.0f}"]
-        for key, _, fmt in cols:
-            row.append(fmt.format(fig[key]))
+        cells = [name, f"{fig['roots_per_step']:.1f}", f"{fig['leaves_per_step']:.0f}"]
+        for key, _, fmt in COLUMNS:
+            cells.append(format(fig[key], fmt))
             if oracle:
-                row.append(f"{fig[key] / oracle[key]:.2f}" if oracle[key] else "n/a")
-        rows.append(row)
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(r, widths)) + " |" for r in rows]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+                cells.append(f"{fig[key] / oracle[key]:.2f}" if oracle[key] else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def format_predictor(result: BenchResult) -> str:
-    lines = []
-    for name, s in result.predictor.items():
-        lines.append(
-            f"predictor ({name}): Brier {s['brier']:.4f} vs constant {s['brier_constant']:.4f}; "
-            f"MSE to true V {s['mse_true_v']:.4f} vs constant {s['mse_true_v_constant']:.4f}; "
-            f"ECE {s['ece']:.3f}; AUC {s['auc']:.3f} ({s['examples']:.0f} held-out prefixes)"
-        )
-    return "\n".join(lines)
+    return "\n".join(f"predictor ({name}): Brier {s['brier']:.4f} vs constant {s['brier_constant']:.4f}; "
+                     f"MSE to true V {s['mse_true_v']:.4f} vs constant {s['mse_true_v_constant']:.4f}; "
+                     f"ECE {s['ece']:.3f}; AUC {s['auc']:.3f} ({s['examples']:.0f} held-out prefixes)"
+                     for name, s in result.predictor.items())
 
 
 def headline(result: BenchResult) -> str:
-    trace = result.figures["trace"]["effective_ratio"]
-    return (
-        f"TRACE effective ratio: {trace / result.figures['grpo']['effective_ratio']:.2f}x GRPO, "
-        f"{trace / result.figures['oracle']['effective_ratio']:.2f}x oracle"
-    )
+    trace, fig = result.figures["trace"]["effective_ratio"], result.figures
+    return (f"TRACE effective ratio: {trace / fig['grpo']['effective_ratio']:.2f}x GRPO, "
+            f"{trace / fig['oracle']['effective_ratio']:.2f}x oracle")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.allocation", description=__doc__.split("\n\n")[0])
     d = BenchConfig()
-    parser.add_argument("--steps", type=int, default=d.steps, help="training steps per method")
-    parser.add_argument("--seed", type=int, default=d.seed, help="seed of the whole run")
-    parser.add_argument("--roots", type=int, default=d.roots, help="root budget M of the tree methods")
-    parser.add_argument("--multiplier", type=int, default=d.multiplier, help="continuation multiplier N")
-    parser.add_argument("--pool", type=int, default=d.pool_size, help="candidate prompts per step")
-    parser.add_argument(
-        "--explore", type=float, default=d.allocator.exploration, help="exploration strength (trace, prompt_only)"
-    )
+    for flag, default, help in (("--steps", d.steps, "training steps per method"),
+                                ("--seed", d.seed, "seed of the whole run"), ("--roots", d.roots, "root budget M"),
+                                ("--multiplier", d.multiplier, "continuation multiplier N"),
+                                ("--pool", d.pool_size, "candidate prompts per step")):
+        parser.add_argument(flag, type=int, default=default, help=help)
+    parser.add_argument("--explore", type=float, default=d.allocator.exploration,
+                        help="exploration strength (trace, prompt_only)")
     args = parser.parse_args(argv)
     # The predictor's small matmuls and Adam updates run fastest single-threaded; extra intra-op
     # threads only contend on a shared CPU.
     torch.set_num_threads(1)
-    config = BenchConfig(
-        steps=args.steps,
-        seed=args.seed,
-        roots=args.roots,
-        multiplier=args.multiplier,
-        pool_size=args.pool,
-        allocator=replace(d.allocator, exploration=args.explore),
-    )
-    print(
-        f"allocation bench: steps={config.steps} seed={config.seed} M={config.roots} N={config.multiplier} "
-        f"leaves/step={config.budget.total} pool={config.pool_size} dataset={config.dataset_size} "
-        f"explore={config.allocator.exploration}"
-    )
+    config = BenchConfig(steps=args.steps, seed=args.seed, roots=args.roots, multiplier=args.multiplier,
+                         pool_size=args.pool, allocator=replace(d.allocator, exploration=args.explore))
+    print(f"allocation bench: steps={config.steps} seed={config.seed} M={config.roots} N={config.multiplier} "
+          f"leaves/step={config.budget.total} pool={config.pool_size} dataset={config.dataset_size} "
+          f"explore={config.allocator.exploration}")
     result = run_bench(config)
     print(format_table(result))
     print(format_predictor(result))
