@@ -1,32 +1,21 @@
 """TRACE against the baselines, end to end on a CPU: every method is the same ``train`` flow with
 another ``allocator`` (or a ``VARIANTS`` row) from the same bootstrapped tiny policy, evaluated on
-held-out items at a few checkpoints (``--eval-samples`` rollouts per item at
-``--eval-temperature``; greedy decoding saturates). Two protocols (docs/results.md, "Learning
-benchmark (the tiny LM, end to end)"):
-
-* ``--protocol leaves``: every method spends M (1 + N) leaves a step; the report
-  (``bench.learning_report.report``) gives per method over seeds the final and
-  at-equal-generated-tokens held-out accuracy, the effective ratio, tokens and wall, and TRACE
-  minus each method paired by seed.
-* ``--protocol tokens`` (``--regime paper`` names its configuration): the simulator's protocol.
-  The reference ``trace_cover`` runs first at M (1 + N) leaves; each flat baseline (grpo, dapo,
-  prompt_only) of the same seed then runs the same steps in whole groups sized so that its
-  generated tokens per step match the reference's (``matched_budget``); tree rows keep the leaf
-  budget. Every method of ``CONTROL_METHODS`` also runs on a negative control, the family at one
-  constant difficulty (``--control-difficulty``), in the same invocation. The report
-  (``protocol_report``) ends with the power statement and the closing line ``TRACE-cover vs best
-  baseline at equal tokens and steps: ...; control ...``.
+held-out items at a few checkpoints (docs/results.md, "Learning benchmark (the tiny LM, end to
+end)"). ``--protocol leaves``: every method spends M (1 + N) leaves a step
+(``bench.learning_report.report``). ``--protocol tokens`` (``--regime paper``): the simulator's
+protocol; the reference ``trace_cover`` runs first, each flat baseline of the same seed then spends
+its generated tokens per step in whole groups (``matched_budget``), ``CONTROL_METHODS`` also run on
+a negative control at ``--control-difficulty``, and the report (``protocol_report``) ends with
+the power statement and the closing line.
 
     python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
-    python -m bench.learning                 # the equal-leaf benchmark (see --help)
-    python -m bench.learning --quick         # a small configuration (what the test suite runs)
-    python -m bench.learning --summarise-only [options]   # re-print a benchmark from its records
+    python -m bench.learning --quick                       # a small configuration (the tests')
+    python -m bench.learning --summarise-only [options]    # re-print a benchmark from its records
 
-Records: one JSON per (structure, method, seed) under ``--records`` (``<records>/runs/``; the tokens
-protocol's under ``<records>/<main|control>/runs/``), written as each run ends; a later invocation
-with the same settings runs only what is missing and reports on every recorded seed. ``--jobs 2``
-(the default on 2 cores) runs them on two worker processes, each in its own work dir
-(``<workdir>/job-<method>-s<seed>``); ``--jobs 1`` in this process, one work dir per structure.
+Records: one JSON per (structure, method, seed) under ``--records`` (``<records>/runs/``; the
+tokens protocol's under ``<records>/<main|control>/runs/``), written as each run ends; a later
+invocation with the same settings runs only what is missing. ``--jobs 2`` runs them on two worker
+processes, each in its own work dir; ``--jobs 1`` in this process.
 """
 
 from __future__ import annotations
@@ -58,10 +47,8 @@ ORACLE = "trace_cover_oracle"
 """The reference with its predictor replaced by a Monte-Carlo oracle (``oracle_rollouts``)."""
 TOKEN_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "cover_oracle", ORACLE)
 OPTIONAL = (ORACLE,)
-"""Rows a seed is complete without, run after every seed's other rows: a diagnostic whose
-oracle costs several times the run's own rollouts. Each is reported over the complete seeds
-that hold it, paired with the best baseline and the reference on those seeds, with the oracle's
-generated tokens per step beside its own (``optional_row``)."""
+"""Rows a seed is complete without, run after every seed's other rows (their oracle costs several
+times the run's own rollouts), each reported over the seeds that hold it (``optional_row``)."""
 CONTROL_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only")
 """The control needs the reference and the baselines the closing line's best is taken from."""
 LM_RESULTS = RECORDS / "learning_lm"
@@ -72,13 +59,9 @@ REGIMES: dict[str, dict[str, Any]] = {
               "eval_items": 300, "eval_samples": 2, "final_of": 2,
               "methods": f"trace_cover,grpo,dapo,prompt_only,trace,{ORACLE}"},
 }
-"""``--regime``: defaults for the command line (explicit options override them). ``paper``: the
-default run's bootstrapped tiny policy (synth_arith, d = 1) trained on a pool of one d = 1 item to
-two d = 2 items, where sampling four rollouts of each prompt from the start mixes ~1/3 of the
-groups, as the paper's GRPO mixes 0.27-0.35; control: all items at d = 1. synth_arith has no
-oracle (``Environment.oracle_success``), so ``cover_oracle`` is not among its methods; its oracle
-row is ``trace_cover_oracle``, the policy's success rates measured by 8 extra rollouts per
-candidate (``OPTIONAL``)."""
+"""``--regime``: defaults under the explicit options. ``paper``: the default run's policy on a pool
+of one d = 1 item to two d = 2 items, where GRPO mixes ~1/3 of its groups as the paper's does;
+synth_arith has no oracle, so its oracle row is ``trace_cover_oracle`` (``OPTIONAL``)."""
 
 
 @dataclass
@@ -100,10 +83,7 @@ class Structure:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(_parser(), argv)
     tokens = args.protocol == "tokens"
-    if args.quick:
-        args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
-        args.seeds = args.seeds or "1"
-        args.root_budget, args.pool_size = 4, 8
+    quick(args, root_budget=4)
     if args.summarise_only:
         return protocol_report(records_of(args), args.final_of, vars(args)) if tokens \
             else summarise_recorded(args)
@@ -129,8 +109,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name, b, ms, wd, rec in plan:
         sig = signature(b, eval_steps, ev, policy)
         check_signatures(rec, sig)  # records of other settings are not silently mixed in
-        start = _start_accuracy(b, policy, rec if not tokens else wd, sig, args.eval_items, skip,
-                                args.eval_samples, args.eval_temperature)
+        start = _start_accuracy(b, policy, rec if not tokens else wd, sig, ev)
         structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens)
     jobs = [j for j in job_order(seeds, {n: st.methods for n, st in structures.items()}, tokens)
             if load_run(structures[j[0]].records, structures[j[0]].signature, j[1], j[2]) is None]
@@ -143,6 +122,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results = sorted((r for r in recorded_runs(records, st.signature) if r.method in methods),
                      key=lambda r: (r.seed, methods.index(r.method)))
     return report(results, st.start)
+
+
+def quick(args: argparse.Namespace, **sizes: int) -> None:
+    """``--quick`` (the tests'): two steps, 8 held-out items x 2, a pool of 8, one seed; ``sizes``."""
+    if args.quick:
+        for key, value in {"steps": 2, "eval_every": 2, "eval_items": 8, "eval_samples": 2,
+                           "pool_size": 8, "seeds": args.seeds or "1", **sizes}.items():
+            setattr(args, key, value)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -164,8 +151,8 @@ def records_of(args: argparse.Namespace) -> Path:
     return Path(args.workdir) if args.quick else RECORDS / f"learning_{args.family}"
 
 
-def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str, items: int,
-                    skip: int, samples: int, temperature: float) -> float:
+def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str,
+                    ev: dict[str, Any]) -> float:
     """The starting policy's held-out accuracy for these settings (``signature``): the first
     accuracy of a recorded run of them, else kept in ``<folder>/start.json`` (measured once per
     settings, so that a later invocation adding seeds or methods does not measure it again)."""
@@ -175,8 +162,7 @@ def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str, i
     path = folder / "start.json"
     if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
         return float(kept["accuracy"])
-    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, items,
-                     skip, samples, temperature)
+    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, **ev)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"signature": sig, "accuracy": accuracy}, indent=1) + "\n")
     return accuracy
@@ -187,32 +173,21 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     run_options(ap)
     ap.add_argument("--methods", default=",".join(METHODS),
-                    help=f"allocators, or variants: {', '.join(VARIANTS)} (--protocol tokens: "
-                         "trace_cover, the reference, among them)")
+                    help=f"allocators, or variants: {', '.join(VARIANTS)} (tokens: trace_cover among them)")
     ap.add_argument("--protocol", choices=("leaves", "tokens"), default="leaves",
-                    help="leaves: every method at the same leaf budget; tokens: the learning "
-                         "protocol: grpo, dapo and prompt_only sized to "
-                         "trace_cover's generated tokens per step, equal steps, a negative control "
-                         "in the same invocation, records under --records")
+                    help="leaves: equal leaf budgets; tokens: baselines sized to trace_cover's "
+                         "generated tokens per step, equal steps, a negative control")
     ap.add_argument("--regime", choices=sorted(REGIMES), default=None,
-                    help="a named configuration of the tokens protocol, as defaults under the "
-                         "explicit options: paper = " + " ".join(
-                             f"--{k.replace('_', '-')} {v}" for k, v in REGIMES["paper"].items()))
-    ap.add_argument("--records", default="",
-                    help="where each run's record goes (default results/learning_<family>; "
-                         "--protocol tokens: results/learning_lm/<regime>, without a regime "
-                         "<workdir>/records; with --quick the work dir)")
-    ap.add_argument("--control-difficulty", type=int, default=1,
-                    help="--protocol tokens: the negative control's one difficulty (no mix)")
+                    help="defaults under the explicit options: paper = " + " ".join(
+                        f"--{k.replace('_', '-')} {v}" for k, v in REGIMES["paper"].items()))
+    ap.add_argument("--records", default="", help="default results/learning_<family>; tokens: "
+                    "results/learning_lm/<regime> (no regime: <workdir>/records); --quick: the work dir")
+    ap.add_argument("--control-difficulty", type=int, default=1, help="tokens: the control's difficulty")
     ap.add_argument("--final-of", type=int, default=1,
-                    help="--protocol tokens: final accuracy = mean of the last this many evaluations")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help="(method, seed) runs in parallel worker processes, one torch thread "
-                         "each (default: 2 on a machine with >= 2 cores, 1 with --quick); 1 = all "
-                         "in this process, in one work dir per structure")
-    ap.add_argument("--summarise-only", action="store_true",
-                    help="run nothing: re-print the benchmark from its records "
-                         "(--protocol tokens: --records; else <workdir>/runs and start.json)")
+                    help="tokens: final accuracy = mean of the last this many evaluations")
+    ap.add_argument("--jobs", type=int, default=None, help="worker processes, one torch thread each "
+                    "(default 2 on >= 2 cores, 1 with --quick; 1: in this process)")
+    ap.add_argument("--summarise-only", action="store_true", help="run nothing: re-print the report")
     return ap
 
 
@@ -221,48 +196,31 @@ def run_options(ap: argparse.ArgumentParser) -> None:
     policy (``_policy_and_base``), the seeds, the steps and leaves, the evaluation."""
     ap.add_argument("--family", default="synth_arith")
     ap.add_argument("--difficulty", type=int, default=1)
-    ap.add_argument("--mix", default="",
-                    help="item difficulties taken in turn, e.g. 1,2,3 (a pool of uneven prompts; "
-                         "--difficulty must be >= the largest); default: all at --difficulty")
+    ap.add_argument("--mix", default="", help="item difficulties taken in turn, e.g. 1,2,3 "
+                    "(--difficulty >= the largest); default: all at --difficulty")
     ap.add_argument("--policy-difficulty", type=int, default=None,
-                    help="bootstrap the starting policy at this difficulty without a mix (default: "
-                         "at --difficulty and --mix)")
-    ap.add_argument("--policy", default=None,
-                    help="start every run from this Hugging Face policy directory instead of the "
-                         "family's bootstrapped tiny policy (a bootstrap.json beside it tells "
-                         "which test items to skip)")
-    ap.add_argument("--seeds", default=None,
-                    help="a count (3: seeds seed-start .. seed-start + 2) or a range (3-5). Each "
-                         "(method, seed) run is kept in <records>/runs/, and a later invocation "
-                         "with the same settings reuses it, so seeds accumulate: the report covers "
-                         "every recorded seed (default 3; 1 with --quick)")
-    ap.add_argument("--seed-start", type=int, default=0,
-                    help="first seed of a --seeds count")
+                    help="bootstrap the starting policy at this difficulty, no mix")
+    ap.add_argument("--policy", default=None, help="a Hugging Face policy directory to start from "
+                    "instead of the family's bootstrapped tiny policy")
+    ap.add_argument("--seeds", default=None, help="a count (3: from --seed-start) or a range (3-5); "
+                    "recorded seeds are reused (default 3; 1 with --quick)")
+    ap.add_argument("--seed-start", type=int, default=0, help="first seed of a --seeds count")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-items", type=int, default=200)
-    ap.add_argument("--eval-samples", type=int, default=4,
-                    help="rollouts per held-out item; accuracy is their mean reward")
+    ap.add_argument("--eval-samples", type=int, default=4, help="rollouts per held-out item")
     ap.add_argument("--eval-temperature", type=float, default=1.0,
-                    help="sampling temperature of the evaluation (1.0 = the training rollouts'; "
-                         "greedy saturates: the bootstrapped policy answers 100%% of held-out "
-                         "items greedily while sampling succeeds ~50%%)")
-    ap.add_argument("--learning-rate", type=float, default=None,
-                    help="policy learning rate for every method (default: the config's)")
-    ap.add_argument("--root-budget", type=int, default=16,
-                    help="M: bare rollouts per step of the tree methods (leaves per step: M (1 + N))")
-    ap.add_argument("--multiplier", type=int, default=2,
-                    help="N: continuation multiplier (2: the smallest of the paper's budget "
-                         "configurations, as in bench/allocation.py)")
+                    help="of the evaluation (greedy saturates: 100%% greedy against ~50%% sampled)")
+    ap.add_argument("--learning-rate", type=float, default=None, help="default: the config's")
+    ap.add_argument("--root-budget", type=int, default=16, help="M (leaves per step: M (1 + N))")
+    ap.add_argument("--multiplier", type=int, default=2, help="N: continuation multiplier")
     ap.add_argument("--pool-size", type=int, default=32)
     ap.add_argument("--train-items", type=int, default=None,
-                    help="size of the train split (default: the family's, 2000 for the synthetic "
-                         "ones, so a 20-step run rarely rolls out a prompt twice); a smaller split "
-                         "makes prompts recur across steps, as in multi-epoch training")
+                    help="size of a synthetic family's train split (default 2000; fewer: prompts recur)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="further TrainConfig fields for every method (e.g. loss_agg=seq-mean-token-mean)")
+                    help="further TrainConfig fields for every method")
     ap.add_argument("--workdir", default="bench_runs/learning",
-                    help="keeps the bootstrapped policy (cached) and every run's trees and metrics")
+                    help="the cached bootstrapped policy and every run's trees and metrics")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
 
 

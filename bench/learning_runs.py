@@ -20,16 +20,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cover_oracle": {"allocator": "trace_cover", "root_oracle": True},
     "trace_cover_oracle": {"allocator": "trace_cover", "oracle_rollouts": 8},
 }
-"""Methods beyond the allocators: TRACE with Stage 1 scored by the family's oracle
-(``TrainConfig.root_oracle``: on synth_chain 0.5 per homonym, scaled to the policy's success so
-far; what a predictor ranking prompts by their hidden hazards would give), TRACE with the
-per-prompt posterior (``root_posterior`` 4), and TRACE whose continuation leaves go wherever they
-buy the most expected mixed groups, new prompts included (``joint_split``: where continuations
-repeat their prefix's outcome, as they do on synth_chain, they go to prompts), and the
-coverage-aware Stage 1 (``trace_cover``) scored by the family's oracle as ``trace_oracle`` is,
-or, on a family without one, by a Monte-Carlo oracle (``oracle_rollouts`` 8: each candidate's
-success rate in 8 extra rollouts of the current policy, outside the run's budget; their
-generated tokens are the record's ``steps["oracle_tokens"]``)."""
+"""Methods beyond the allocators, as ``TrainConfig`` overrides: Stage 1 scored by the family's
+oracle (``root_oracle``), the per-prompt posterior, the joint split, and the coverage-aware
+``trace_cover`` scored by the family's oracle or, on a family without one, by a Monte-Carlo oracle
+(``oracle_rollouts``: 8 extra rollouts per candidate, outside the budget; their generated tokens
+are the record's ``steps["oracle_tokens"]``)."""
 
 
 @dataclass
@@ -56,24 +51,21 @@ def eval_run_id(policy: str) -> str:
     return "learn-eval-" + hashlib.sha256(str(Path(policy).resolve()).encode()).hexdigest()[:8]
 
 
-def _eval(cfg_dict: dict[str, Any], policy_dir: str, items: int, skip: int, samples: int,
-          temperature: float) -> float:
-    """Mean reward of ``samples`` rollouts per item at ``temperature`` on test items the bootstrap
-    never saw: it picks its SFT epoch by success on the first ``eval_items`` test items and reports
-    on the next ``report_items``, so accuracy on those is biased upward (measured: 27% there vs 16%
-    on train items for the same policy)."""
+def _eval(cfg_dict: dict[str, Any], policy_dir: str, eval_items: int, eval_skip: int,
+          eval_samples: int, eval_temperature: float) -> float:
+    """Mean reward of ``eval_samples`` rollouts per item on test items past the ``eval_skip`` the
+    bootstrap chose its epoch on (accuracy on those is biased upward: 27% there against 16%)."""
     from flows.evaluate import evaluate_rollouts
     from trace_rl.config import config_from_mapping
 
     cfg = config_from_mapping(cfg_dict, "bench.learning")
-    out = evaluate_rollouts.fn(cfg, policy_dir, cfg.eval_split, items, samples,
-                               temperature, skip=skip)
+    out = evaluate_rollouts.fn(cfg, policy_dir, cfg.eval_split, eval_items, eval_samples,
+                               eval_temperature, skip=eval_skip)
     return out["accuracy"]
 
 
 def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
-            eval_steps: Sequence[int], eval_items: int, start_accuracy: float,
-            eval_skip: int, eval_samples: int, eval_temperature: float) -> RunResult:
+            eval_steps: Sequence[int], start_accuracy: float, **ev: Any) -> RunResult:
     """One (method, seed) run of the train flow in ``workdir``, its checkpoints at ``eval_steps``
     evaluated on the test split, so that the record is whole once the run ends and its work dir
     (the checkpoints) can go."""
@@ -95,8 +87,7 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
     acc = [start_accuracy]
     eval_cfg = {**config, "run_id": eval_run_id(policy)}  # one evaluation engine, weights reloaded
     for s in eval_steps:
-        acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), eval_items, eval_skip,
-                         eval_samples, eval_temperature))
+        acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), **ev))
     return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
                      effective_ratio=[m["tree/effective_ratio"] for m in metrics],
                      leaves=[m["rollout/leaves"] for m in metrics],
@@ -135,18 +126,12 @@ def step_costs(store: Any, run_id: str, metrics: Sequence[dict[str, Any]]) -> di
 PREDICTOR_KEYS = ("root_auc", "prefix_auc", "root_brier", "prefix_brier", "flip_predicted",
                   "flip_realised")
 """Per-step predictor statistics kept in a run record (``tasks.track.prediction_metrics``, under
-``predictor/``): how well the allocation's scores predicted the outcomes: Stage 1's within-step
-root AUC and Brier, Stage 2's prefix AUC and Brier, and the predicted and realised flip rate of the
-continuations (the share whose outcome differs from their prefix's bare rollout); nan where the
-step had no such score, or (AUC) its outcomes all agreed."""
+``predictor/``); nan where the step had no such score."""
 UPDATE_KEYS = ("rollout/reward_mean", "loss/pg_loss", "loss/grad_norm", "loss/approx_kl",
                "loss/approx_kl_max", "loss/ratio_max", "loss/entropy_proxy", "loss/kl_stopped",
                "loss/kl_after_step_max", "time/step_s", "time/rollout_s")
 """Per-step statistics of the rollouts and the update kept in a run record (``extra["per_step"]``),
-so that a run's stability can be read after its store is gone (a replaced machine keeps only the
-committed records), and each step's seconds: a run resumed in a later process (``flows.train``
-resumes after the last complete step) has a ``wall_s`` of that process only, while the steps'
-seconds cover every step, whichever process ran it."""
+readable after its store is gone; the steps' seconds also cover steps of an earlier process."""
 
 
 def curves(metrics: Sequence[dict[str, Any]], keys: Sequence[str],
@@ -197,16 +182,10 @@ def check_signatures(records: Path, sig: str) -> None:
                          f"--records folder")
 
 
-def run_record(workdir: Path, method: str, seed: int) -> Path:
-    """Where the result of one (method, seed) run is kept, so that seeds accumulate across
-    invocations (``--seeds 3-5`` adds three to a benchmark of seeds 0-2)."""
-    return workdir / "runs" / f"{method}-s{seed}.json"
-
-
 def save_run(workdir: Path, signature: str, r: RunResult, compact: bool = False) -> Path:
-    """Record run ``r`` (``run_record``); ``compact``: on one line, floats to 6 significant
-    digits (records kept in git)."""
-    path = run_record(workdir, r.method, r.seed)
+    """Record run ``r`` in ``<workdir>/runs/<method>-s<seed>.json``; ``compact``: on one line,
+    floats to 6 significant digits (records kept in git)."""
+    path = workdir / "runs" / f"{r.method}-s{r.seed}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     body = {"signature": signature, "result": _rounded(r.__dict__) if compact else r.__dict__}
@@ -228,7 +207,7 @@ def _rounded(value: Any) -> Any:
 
 def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult | None:
     """The recorded run of (method, seed) made with the same settings (``signature``), or None."""
-    path = run_record(workdir, method, seed)
+    path = workdir / "runs" / f"{method}-s{seed}.json"
     if not path.exists():
         return None
     data = json.loads(path.read_text())

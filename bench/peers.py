@@ -1,28 +1,16 @@
 """This project against the trainer users would pick instead: TRL's ``GRPOTrainer``
-(docs/results.md, "Against TRL"). Three methods, each from the same bootstrapped tiny policy
-(``bench.learning``'s cached bootstrap), on the same family, training split, held-out items and
-evaluation:
+(docs/results.md, "Against TRL"). From the same bootstrapped tiny policy, family, split, held-out
+items and evaluation: ``trl_grpo`` (TRL's ``GRPOTrainer`` at its defaults, trained on the
+multi-turn ReAct task through its ``rollout_func``: this project's ReAct loop on a transformers
+engine holding the trainer's weights, observation tokens masked by ``env_mask``, the family's
+grader as reward), ``grpo`` (the train flow with ``allocator=grpo``) and ``trace`` (the default
+allocator). Shared knobs: group size, rollouts per step, learning rate, PPO clip, KL, optimiser
+steps per batch, gradient-norm clip 1, constant-rate AdamW, temperature 1, token and turn caps,
+one torch thread. Reported: held-out accuracy against generated tokens and wall time, wall per
+step, tokens/s, and parity (ours GRPO minus TRL's at equal tokens, a 95% t interval). Each
+(method, seed) result is one JSON under ``--results`` (default ``results/peers/runs/``).
 
-* ``trl_grpo``: TRL's ``GRPOTrainer`` (TRL's advantages, loss, clipping, KL, optimiser and
-  scheduler), trained on the multi-turn ReAct task through its ``rollout_func`` hook: each
-  generation batch is rolled out by this project's ReAct loop on the transformers engine loaded
-  with the trainer's current weights; observation tokens go back as TRL's ``env_mask``, the
-  sampled tokens' log-probs as ``logprobs``; the reward is the family's grader on the final
-  answer.
-* ``grpo``: this project's train flow with ``allocator=grpo`` (``bench.learning_runs.run_one``);
-  ``trace``: the same flow with the default allocator.
-
-Shared knobs: group size, rollouts per step (``--root-budget`` x (1 + ``--multiplier``)), learning
-rate, PPO clip, KL coefficient, optimiser steps per batch (``ppo_epochs`` = TRL's
-``num_iterations``), gradient-norm clip 1, constant-rate AdamW, temperature 1, token and turn caps,
-one torch thread. Left at each one's default: advantages, loss aggregation and this project's
-``target_kl`` early stop. Reported per method, paired over seeds: held-out accuracy against
-generated tokens and wall time, wall seconds per step, generated tokens per second end to end,
-and learning parity (ours GRPO minus TRL's at equal generated tokens, a 95% t interval). Each
-(method, seed) result is one JSON under ``--results`` (default ``results/peers/runs/``), reused by
-a later invocation of the same settings, so seeds accumulate.
-
-    python -m bench.peers                  # 3 seeds, the default sizes (about 40 min on 2 loaded cores)
+    python -m bench.peers                  # 3 seeds (about 40 min on 2 loaded cores)
     python -m bench.peers --quick          # one seed, two steps (the test)
 
 Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
@@ -40,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning import _policy_and_base, _start_accuracy, run_options
+from bench.learning import _policy_and_base, _start_accuracy, quick, run_options
 from bench.learning_report import accuracy_at_tokens, paired_tests, run_log, token_budget, tokens_to_reach
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, load_run,
                                  parse_seeds, run_one, save_run, signature, tokens_at_evals)
@@ -136,8 +124,7 @@ class _Rollouts:
 
 
 def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_steps: Sequence[int],
-            eval_items: int, start_accuracy: float, eval_skip: int, eval_samples: int,
-            eval_temperature: float) -> RunResult:
+            start_accuracy: float, **ev: Any) -> RunResult:
     """One seed of TRL's ``GRPOTrainer`` (see the module docstring), its checkpoints at
     ``eval_steps`` evaluated exactly as ``run_one`` evaluates the train flow's."""
     import datasets
@@ -208,8 +195,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
         raise RuntimeError(f"TRL ran {len(at_step)} RL steps, expected {cfg.steps}")
     history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
     eval_cfg = {**config, "run_id": eval_run_id(policy)}
-    acc = [start_accuracy] + [_eval(eval_cfg, saved[s], eval_items, eval_skip, eval_samples,
-                                    eval_temperature) for s in eval_steps]
+    acc = [start_accuracy] + [_eval(eval_cfg, saved[s], **ev) for s in eval_steps]
     per_step_tokens = np.diff([0.0] + [a["tokens"] for a in at_step])
     metrics = [{"ledger/generated_tokens": float(t)} for t in per_step_tokens]
     steps_t = np.diff([0.0] + [a["t"] for a in at_step])
@@ -357,7 +343,7 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     run_options(ap)  # bench.learning's: the family, policy, seeds, steps, leaves, evaluation
-    ap.set_defaults(seeds="3", steps=10, eval_items=100, eval_samples=2, multiplier=1,
+    ap.set_defaults(steps=10, eval_items=100, eval_samples=2, multiplier=1,
                     workdir="bench_runs/peers")
     ap.add_argument("--methods", default=",".join(METHODS), help="of trl_grpo, grpo, trace")
     ap.add_argument("--group-size", type=int, default=4,
@@ -370,23 +356,19 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     version = require_trl()
     args = _parser().parse_args(argv)
-    if args.quick:
-        args.steps, args.eval_every, args.eval_items, args.eval_samples = 2, 2, 8, 2
-        args.root_budget, args.multiplier, args.pool_size = 8, 1, 8
-        args.seeds = "1" if args.seeds == "3" else args.seeds
+    quick(args, root_budget=8, multiplier=1)
     workdir = Path(args.workdir)
     results = Path(args.results or (workdir / "records" if args.quick else RECORDS / "peers"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if set(methods) - set(METHODS):
         raise SystemExit(f"--methods: unknown {sorted(set(methods) - set(METHODS))}; of {METHODS}")
-    seeds = parse_seeds(args.seeds, args.seed_start)
+    seeds = parse_seeds(args.seeds or "3", args.seed_start)
     policy, base, skip = _policy_and_base(args, workdir)
     base["group_size"] = args.group_size
     eval_steps, ev = eval_plan(args, skip)
     sig = signature({**base, "bench": "peers"}, eval_steps, ev, policy)
     check_signatures(results, sig)
-    start = _start_accuracy(base, policy, workdir, sig, args.eval_items, skip, args.eval_samples,
-                            args.eval_temperature)
+    start = _start_accuracy(base, policy, workdir, sig, ev)
     meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
             "settings": {k: v for k, v in vars(args).items() if k not in ("set",)}}
     warm_s = _warm_prefect() if any(m in ("grpo", "trace") for m in methods) else 0.0

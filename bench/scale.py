@@ -1,32 +1,21 @@
-"""Scale-out benchmark: the engine pool and the trainer group on a Ray cluster (docs/cluster.md).
+"""Scale-out benchmark: the engine pool and the trainer group on a Ray cluster (docs/cluster.md;
+figures: docs/results.md, "Scaling out on Ray"). On the same seeded requests in every
+configuration: **rollout** (one tree level on pools of ``--engines`` engine actors, tokens/s after
+a warm-up batch); **prefix cache** (pools of 2+: level-0 requests, then one continuation of every
+sampled first turn, sticky against round-robin routing: vLLM's hit counters and, for any engine,
+the routed-prefix rate, an upper bound); **update** (one policy update on each of ``--ranks``
+trainer ranks, DDP or FSDP2, the second call timed: Ray actors, or ``--update-on mp``
+torch.multiprocessing ranks after Ray is shut down); **sync** (``--update-on ray``: disk against
+broadcast). A GPU machine (``scripts/gpu_check.sh``) runs it with ``--engine vllm``.
 
-    python -m bench.scale [--cluster local:2] [--engine hf|vllm] [--engines 1,2]
-                          [--ranks 1,2] [--strategy ddp|fsdp2] [--update-on ray|mp]
-                          [--items 16] [--k 4] [--max-tokens 48]
-                          [--policy tiny|smollm2|DIR] [--out FILE.json] [--engine-opts JSON]
-
-Measured on the same seeded requests in every configuration:
-
-* **rollout**: one tree level through ``run_episodes`` on a pool of 1, 2 (4) engine actors: wall
-  seconds and generated tokens/s, after one warm-up batch per pool;
-* **prefix cache** (pools of 2 or more): level-0 requests (``k`` samples per item), then one
-  continuation of every sampled first turn, sticky routing (a tree stays on one engine) against
-  round-robin: vLLM's own hit counters (``nan`` for the transformers engine) and, for any engine,
-  the routed-prefix rate (``routed_prefix_tokens``: an upper bound for a cache of blocks);
-* **update**: one policy update of the rolled-out paths (advantages +-1 by reward) on 1 and 2
-  trainer ranks (``--strategy`` DDP or FSDP2), the second call timed: the ranks as Ray actors or,
-  ``--update-on mp``, as torch.multiprocessing processes after Ray is shut down (out of reach of
-  Ray's memory monitor; no save);
-* **sync** (``--update-on ray``): new weights into every engine, ``disk`` against ``broadcast``.
-
-On a 2-core machine no speed-up is expected and none is claimed (two actors share the two cores);
-a GPU machine (``scripts/gpu_check.sh``) runs the same command with ``--engine vllm``.
+    python -m bench.scale --cluster local:1 --engine hf --engines 1,2 --ranks 1,2 --update-on mp
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -108,18 +97,10 @@ def routed_prefix_tokens(n: int, level0: list[GenRequest], owners0: list[int],
         held[e] += [tuple(req.prompt_ids) + tuple(c.token_ids) for c in cs]
     routed = 0
     for req, e in zip(cont, owners1):
-        routed += max((_common_prefix(req.prompt_ids, seq) for seq in held[e]), default=0)
+        routed += max((len(os.path.commonprefix([tuple(req.prompt_ids), seq])) for seq in held[e]),
+                      default=0)
         held[e].append(tuple(req.prompt_ids))
     return routed
-
-
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _paths(episodes: list[Any]) -> list[Any]:
@@ -142,19 +123,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--engine", default="hf", choices=("hf", "vllm"))
     ap.add_argument("--engines", default="1,2", help="pool sizes to measure (comma-separated)")
     ap.add_argument("--ranks", default="1,2", help="trainer group sizes to measure")
-    ap.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp2"),
-                    help="how the trainer ranks share the update")
+    ap.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp2"))
     ap.add_argument("--update-on", default="ray", choices=("ray", "mp"),
-                    help="the trainer ranks as Ray actors (ray) or torch.multiprocessing "
-                    "processes without Ray (mp: no Ray actors or object store beside them)")
+                    help="trainer ranks as Ray actors or torch.multiprocessing processes without Ray")
     ap.add_argument("--items", type=int, default=16)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--policy", default="tiny", help="tiny (built here), smollm2, or an HF dir")
-    ap.add_argument("--engine-opts", default="{}", help="JSON of engine options (e.g. "
-                    '\'{"gpu_memory_utilization": 0.3}\' for two vLLM actors on one GPU)')
+    ap.add_argument("--engine-opts", default="{}", help="JSON of engine options")
     ap.add_argument("--gpu-share", type=float, default=1.0,
-                    help="GPU fraction of each engine actor and trainer rank (0.3: three share a GPU)")
+                    help="GPU fraction of each engine actor and trainer rank")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     args.engine_opts = json.loads(args.engine_opts)
