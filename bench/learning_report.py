@@ -1,16 +1,12 @@
-"""The learning benchmarks' report, one for the simulator (``bench.learning_sim``) and the tiny LM
-(``bench.learning``), with one interval kind: Student t over paired seeds (``trace_core.stats``).
+"""The learning benchmarks' report, shared by the simulator (``bench.learning_sim``) and the tiny LM
+(``bench.learning``); intervals are Student t over paired seeds (``trace_core.stats``).
 
-* The learning protocol (equal generated tokens per step and equal optimiser steps): per-method
-  rows (``rows_of``), the paired differences from GRPO, tokens to reach GRPO's final accuracy (a
-  ratio with a bootstrap interval over seeds), the power statement and the closing line. A run's
-  log is a dict of per-step lists (``tokens``, ``train_tokens``, ``leaves``, ``mixed``, ``active``;
-  ``cosine`` where known) and its held-out accuracy: ``acc0`` before the first step and
-  ``accuracy`` after each step, or, where a run is evaluated only at some steps (the LM), after
-  each evaluation with ``eval_tokens`` the cumulative generated tokens there and ``final_of`` how
-  many of the last evaluations make its final accuracy.
-* The equal-leaf benchmark (``report``): per method, held-out accuracy (final, at equal generated
-  tokens) over seeds and TRACE minus each method paired by seed."""
+* The learning protocol: per-method rows (``rows_of``), the paired differences from GRPO, tokens
+  to reach GRPO's final accuracy, the power statement and the closing line. A run's log is a dict
+  of per-step lists (``tokens``, ``train_tokens``, ``leaves``, ``mixed``, ``active``; ``cosine``
+  where known), ``acc0`` and ``accuracy`` after each step or, for the LM, each evaluation (with
+  ``eval_tokens`` and ``final_of``).
+* The equal-leaf benchmark (``report``)."""
 
 from __future__ import annotations
 
@@ -22,13 +18,9 @@ from bench.learning_runs import VARIANTS, RunResult
 from trace_core.stats import (Interval, detectable_effect, mean_interval, median_ratio, paired_gain,
                               verdict)
 
-LAST = 5
-"""Final accuracy = the mean held-out accuracy of the last LAST steps (declared before any run:
-averaging the last checkpoints cuts the seed-to-seed noise of a single step)."""
-START = 5
-"""GRPO's effective ratio "at the start" is pooled over its first START steps."""
-BASELINES = ("grpo", "dapo", "prompt_only")
-"""The baselines the closing line's best is taken from (at equal tokens and steps)."""
+LAST = 5  # final accuracy = the mean held-out accuracy of the last LAST steps (declared up front)
+START = 5  # GRPO's effective ratio "at the start" is pooled over its first START steps
+BASELINES = ("grpo", "dapo", "prompt_only")  # the closing line's best is taken from these
 
 
 # ----------------------------------------------------------------------------- the protocol

@@ -1,28 +1,14 @@
 """A fast learning simulator for the mechanism: exact return and gradient of a tabular policy on a
-model of the multi-hop chain family (``trace_rl.sim``), trained with the project's own allocators,
-trees, backup, advantage estimators, calibration and per-prompt posterior at ``TrainConfig``'s
-defaults. bench.learning trains the tiny LM, a few seeds an hour; a 3-point effect needs 20+
-paired seeds; here a policy is 12 numbers and a seed takes seconds.
+model of the multi-hop chain family (``trace_rl.sim``), trained with the project's allocators,
+trees, backup, advantages, calibration and posterior at ``TrainConfig``'s defaults; a seed takes
+seconds where the tiny LM takes an hour. The protocol, the regimes and the report:
+docs/results.md, "Learning simulator" (``--protocol leaves``: equal leaves for everyone; every
+seed also runs the negative control ``arith``). Records: one JSON per (structure, method, seed)
+under ``--records`` (default ``results/learning_sim/<regime>-<protocol>``); seeds already there
+are skipped and reported on.
 
     python -m bench.learning_sim --regime paper --seeds 0-39     # the chain family and the control
     python -m bench.learning_sim --regime default --seeds 0-39
-
-The protocol (docs/results.md, "Learning simulator"): equal generated tokens per step and equal
-optimiser steps; the reference ``trace_cover`` spends M (1 + N) leaves a step, and each flat
-baseline (grpo, dapo, prompt_only) spends whole groups sized at every step to the reference's
-tokens (``Run.matched_budget``); tree rows keep the leaf budget (``--protocol leaves``: the
-equal-leaf budget for everyone). Every seed also runs every method on the negative control
-(``arith``: every item the same one-homonym chain), whose closing difference must come out ~0.
-``--regime default``: hops 2:0.35,3:0.40,4:0.25, hazard Beta(1, 2); ``paper``: hops
-1:0.2,6:0.4,8:0.4, hazard Beta(1, 1), where GRPO mixes ~1/3 of its groups, as the paper's.
-
-Reported per method (``bench.learning_report``): mixed prompts per step, the effective ratio,
-prompts, generated and training tokens and leaves per step, the gradient cosine, the final
-held-out accuracy (mean of the last ``LAST`` steps' exact expected return), its paired difference
-from GRPO and the tokens to reach GRPO's final accuracy; the closing line ``TRACE-cover vs best
-baseline at equal tokens and steps: ...; control ...``. Records: one JSON per (structure, method,
-seed) under ``--records`` (default ``results/learning_sim/<regime>-<protocol>``), written as each
-seed finishes; a later invocation skips the seeds already there and reports on every seed held.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""The tables of docs/results.md, regenerated from the records in results/ (results/README.md):
+"""The tables of docs/results.md, regenerated from the records in results/ (results/README.md),
+each between ``<!-- bench.tables NAME -->`` and ``<!-- /bench.tables -->``; nothing is run.
 
     python -m bench.tables            # print every generated table
     python -m bench.tables --write    # rewrite them in docs/results.md
     python -m bench.tables --check    # exit 1 where the page differs from the records
-
-A generated table sits in the page between ``<!-- bench.tables NAME -->`` and
-``<!-- /bench.tables -->``; the text around it is written by hand. Nothing is run: each table
-is the benchmark's own report (``bench.learning_report``, ``bench.peers``) over its records."""
+"""
 
 from __future__ import annotations
 
