@@ -318,12 +318,10 @@ def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]],
     rows, so that paired seeds of the closing line complete as early as they can, and the
     ``OPTIONAL`` rows of every seed after all of these."""
     def rank(m: str) -> int:
-        return 0 if m == REFERENCE else 1 if m in MATCHED else 3 if m in OPTIONAL else 2
+        return (0 if m == REFERENCE else 1 if m in MATCHED else 3 if m in OPTIONAL else 2) if ranked else 0
 
-    order = [(name, m, s) for s in seeds for r in ((0, 1, 2) if ranked else (None,))
-             for name, ms in methods.items() for m in ms if r is None or rank(m) == r]
-    return order + [(name, m, s) for s in seeds for name, ms in methods.items() for m in ms
-                    if ranked and rank(m) == 3]
+    jobs = [(name, m, s) for s in seeds for name, ms in methods.items() for m in ms]
+    return sorted(jobs, key=lambda j: (rank(j[1]) == 3, seeds.index(j[2]), rank(j[1])))
 
 
 def _budget(st: Structure, method: str, seed: int) -> dict[str, int] | None:

@@ -45,15 +45,16 @@ def _starts(items: int, k: int) -> tuple[Any, list[Start]]:
     return env, [Start(it, k=k) for it in env.load("train")[:items]]
 
 
-def rollout(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings) -> dict[str, float]:
-    """One level's episodes on ``pool``: seconds, generated tokens, tokens/s."""
+def rollout(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings
+            ) -> tuple[dict[str, float], list[Any]]:
+    """One level's episodes on ``pool``: (seconds, generated tokens, tokens/s; the episodes)."""
     run_episodes(pool, env, starts[:2], sampling=sampling, max_turns=3, seed=1)  # warm-up
     t0 = time.perf_counter()
     eps = run_episodes(pool, env, starts, sampling=sampling, max_turns=3, seed=7)
     seconds = time.perf_counter() - t0
     tokens = sum(e.ledger.generated_tokens for e in eps)
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
-            "episodes": len(eps), "_episodes": eps}
+            "episodes": len(eps)}, eps
 
 
 def prefix_hits(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings) -> dict[str, float]:
@@ -104,16 +105,15 @@ def routed_prefix_tokens(n: int, level0: list[GenRequest], owners0: list[int],
 
 
 def _paths(episodes: list[Any]) -> list[Any]:
+    """The episodes as update paths, advantage +-1 by reward, in groups of 4."""
+    from trace_rl.policy.sft import episode_example
     from trace_rl.policy.update import PathSample
 
     out = []
     for g, ep in enumerate(episodes):
-        ids, mask = list(ep.prompt_ids), [0] * len(ep.prompt_ids)
-        for t in ep.turns:
-            ids += t.gen_ids + t.obs_ids
-            mask += [1] * len(t.gen_ids) + [0] * len(t.obs_ids)
-        a = 1.0 if (ep.reward or 0) > 0 else -1.0
-        out.append(PathSample(ids, mask, [a * m for m in mask], group=g // 4))
+        ex, a = episode_example(ep), 1.0 if (ep.reward or 0) > 0 else -1.0
+        out.append(PathSample(list(ex.token_ids), list(ex.loss_mask), [a * m for m in ex.loss_mask],
+                              group=g // 4))
     return out
 
 
@@ -154,9 +154,8 @@ def measure_pools(args: argparse.Namespace, policy: str, result: dict[str, Any])
         pool = EnginePool(args.engine, policy, n, gpu_share=args.gpu_share, **args.engine_opts)
         start_s = time.perf_counter() - t0
         try:
-            r = rollout(pool, env, starts, sampling)
-            episodes = episodes or r.pop("_episodes")
-            r.pop("_episodes", None)
+            r, eps = rollout(pool, env, starts, sampling)
+            episodes = episodes or eps
             result["rollout"][n] = {"pool_start_s": start_s, **r}
             print(f"rollout, {n} engine actor(s): {r['tokens']} tokens in {r['seconds']:.1f} s = "
                   f"{r['tokens_per_s']:.0f} tok/s (pool start {start_s:.0f} s)", flush=True)

@@ -76,16 +76,6 @@ def test_tokens_at_evaluations_by_hand():
         tokens_at_evals(metrics, [1, 4])
 
 
-def test_holm_by_hand():
-    from trace_core.stats import holm
-
-    # sorted 0.01, 0.02, 0.04 times 3, 2, 1 -> 0.03, 0.04, 0.04 (kept non-decreasing), in place
-    assert holm([0.04, 0.01, 0.02]).tolist() == pytest.approx([0.04, 0.03, 0.04])
-    assert holm([0.5, 0.6]).tolist() == pytest.approx([1.0, 1.0])  # capped at 1
-    with pytest.raises(ValueError, match="p-values"):
-        holm([0.1, 1.5])
-
-
 def test_seeds_accumulate_and_pair_by_seed(tmp_path):
     from bench.learning_runs import load_run, parse_seeds, save_run
 

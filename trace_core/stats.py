@@ -101,21 +101,6 @@ def verdict(mean: float, low: float, high: float) -> str:
     return "not distinguishable from noise (the interval holds 0)"
 
 
-def holm(pvalues: Sequence[float]) -> np.ndarray:
-    """Holm's step-down adjustment of ``pvalues`` (one per comparison of a family): the k-th
-    smallest is multiplied by (m - k + 1), made non-decreasing in that order, capped at 1. A
-    comparison is significant at level alpha for the family when its adjusted p is <= alpha."""
-    p = np.asarray(pvalues, dtype=np.float64)  # [m]
-    if p.ndim != 1 or np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
-        raise ValueError(f"holm: need a flat sequence of p-values in [0, 1], got {pvalues!r}")
-    m = p.size
-    order = np.argsort(p, kind="mergesort")
-    stepped = np.maximum.accumulate(p[order] * (m - np.arange(m)))
-    out = np.empty(m)
-    out[order] = np.minimum(stepped, 1.0)
-    return out
-
-
 def detectable_effect(sd: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
     """The smallest true paired difference that the two-sided paired t-test at ``level`` detects
     with probability ``power`` over ``n`` paired units (seeds) whose differences have standard
