@@ -29,7 +29,6 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trace_core.loss import engine_mismatch, policy_loss, tis_weights
 from trace_rl.policy.freeze import freeze_lower_layers
@@ -232,6 +231,10 @@ class PolicyTrainer:
     def __init__(self, model_dir: str | Path, settings: UpdateSettings, *, seed: int = 0,
                  reference_dir: str | Path | None = None, ranks: Ranks | None = None):
         """``ranks``: this trainer's place in a group of ranks (None: one process)."""
+        # Here, not at module level: importing the flows (deployments.deploy, a flow run's start,
+        # the CLI) need not pay transformers' ~3 s of CPU until a trainer is built.
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         torch.manual_seed(seed)
         self.ranks = ranks if ranks is not None and ranks.world > 1 else None
         self.settings = settings
