@@ -28,34 +28,31 @@ uv_dir=$(mktemp -d)
 ( while sleep 20; do echo "setup: still installing ($SECONDS s)" >&2; done ) &
 heartbeat=$!
 trap 'kill "$heartbeat" 2>/dev/null || true; rm -rf "$uv_dir"' EXIT
-# pip resolves (its indexes, find-links and constraints, its choice among a version's files) and
-# uv installs exactly those files: it downloads, unpacks and byte-compiles them in parallel, where
-# pip does one after another. uv (pinned) runs from a temporary directory, not from .venv. Any
-# failure of the uv path (uv not on the index, a report scripts/pip_to_uv.py cannot translate, an
-# install error) installs with pip as before; TRACE_SETUP_PIP=1 skips uv.
+# uv installs the same packages as pip several times faster (parallel downloads and unpacking, one
+# pass of byte-compilation): uv (pinned) runs from a temporary directory, not from .venv, with
+# pip's own configuration (indexes, find-links, constraints) turned into its flags by
+# scripts/uv_options.py. Then pip's own command runs: it finds every requirement satisfied at the
+# versions the constraints pin, installs the editable project as before, and installs whatever uv
+# left out. Any failure of uv (not on the index, a pip setting it cannot mirror, an install error)
+# installs with pip alone; TRACE_SETUP_PIP=1 skips uv.
 uv=""
 if [ "${TRACE_SETUP_PIP:-0}" != 1 ] \
-        && .venv/bin/python scripts/pip_to_uv.py env > "$uv_dir/env" \
+        && .venv/bin/python scripts/uv_options.py > "$uv_dir/options" \
+        && .venv/bin/python scripts/uv_options.py --env > "$uv_dir/env" \
         && .venv/bin/pip install -q --target "$uv_dir/uv" uv==0.13.9 >&2 \
         && [ -x "$uv_dir/uv/bin/uv" ]; then
     uv="$uv_dir/uv/bin/uv"
 fi
 install() {  # pip install's arguments (without -q)
     if [ -n "$uv" ]; then
-        rm -f "$uv_dir/report.json"
         # --compile-bytecode: pip byte-compiles what it installs, and PYTHONDONTWRITEBYTECODE=1
-        # environments would otherwise compile at every import. Then pip itself installs what
-        # remains (the editable project: its build as before; nothing else is left to install).
-        if .venv/bin/pip install -q --dry-run --report "$uv_dir/report.json" "$@" \
-                && .venv/bin/python scripts/pip_to_uv.py requirements "$uv_dir/report.json" \
-                    > "$uv_dir/files.txt" \
-                && mapfile -t vars < "$uv_dir/env" \
-                && { [ ! -s "$uv_dir/files.txt" ] || env "${vars[@]}" "$uv" pip install -q \
-                    --python .venv/bin/python --no-deps --compile-bytecode -r "$uv_dir/files.txt"; } \
-                && .venv/bin/pip install -q --no-deps "$@"; then
-            return 0
+        # environments would otherwise compile at every import (uv compiles all of site-packages
+        # at each call: the one large install goes through uv, the single packages after it not).
+        if ! { mapfile -t opts < "$uv_dir/options" && mapfile -t vars < "$uv_dir/env" \
+                && env "${vars[@]}" "$uv" pip install -q --python .venv/bin/python \
+                    --compile-bytecode "${opts[@]}" "$@"; }; then
+            echo "setup: uv failed; installing with pip" >&2
         fi
-        echo "setup: installing with uv failed; installing with pip" >&2
         uv=""
     fi
     .venv/bin/pip install -q "$@"
