@@ -35,8 +35,8 @@ from bench import RECORDS
 from bench.learning_report import (best_baseline, conclude, describe, print_rows, report, rows_of,
                                    run_log, structure_rows)
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan,
-                                 eval_run_id, load_run, parse_seeds, recorded_runs, run_one,
-                                 save_run, signature)
+                                 eval_run_id, load_run, parse_seeds, read_records, recorded_runs,
+                                 run_one, save_run, signature)
 from trace_core.stats import paired_gain
 
 REFERENCE = "trace_cover"
@@ -280,7 +280,7 @@ def summarise_recorded(args: argparse.Namespace) -> dict[str, Any]:
     records = records_of(args)
     path = records / "start.json"
     sigs = ({json.loads(path.read_text())["signature"]} if path.exists() else
-            {json.loads(p.read_text())["signature"] for p in (records / "runs").glob("*.json")})
+            {s for s, _ in read_records(records)})
     if len(sigs) != 1:
         raise FileNotFoundError(f"--summarise-only: no {path}, and records of {len(sigs)} "
                                 f"settings in {records / 'runs'}")
@@ -405,13 +405,10 @@ def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structu
 def load_structure(folder: Path) -> dict[int, dict[str, RunResult]]:
     """{seed: {method: run}} of every record in ``folder`` (one signature: else an error)."""
     out: dict[int, dict[str, RunResult]] = {}
-    sigs = set()
-    for path in sorted((folder / "runs").glob("*.json")):
-        data = json.loads(path.read_text())
-        sigs.add(data["signature"])
-        r = RunResult(**data["result"])
+    records = read_records(folder)
+    for _, r in records:
         out.setdefault(r.seed, {})[r.method] = r
-    if len(sigs) > 1:
+    if len(sigs := {s for s, _ in records}) > 1:
         raise ValueError(f"{folder}: records of {len(sigs)} settings; keep one per folder")
     return dict(sorted(out.items()))
 

@@ -214,12 +214,15 @@ def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult
     return RunResult(**data["result"]) if data.get("signature") == signature else None
 
 
+def read_records(workdir: Path) -> list[tuple[str, RunResult]]:
+    """(signature, run) of every record under ``<workdir>/runs/``, in file-name order."""
+    return [(d.get("signature"), RunResult(**d["result"]))
+            for d in (json.loads(p.read_text()) for p in sorted((workdir / "runs").glob("*.json")))]
+
+
 def recorded_runs(workdir: Path, signature: str) -> list[RunResult]:
-    """Every run recorded under ``workdir`` with these settings (``signature``), by seed then
-    method name."""
-    runs = [json.loads(p.read_text()) for p in sorted((workdir / "runs").glob("*.json"))]
-    return sorted((RunResult(**d["result"]) for d in runs if d.get("signature") == signature),
-                  key=lambda r: (r.seed, r.method))
+    """Every run recorded under ``workdir`` with these settings, by seed then method name."""
+    return sorted((r for s, r in read_records(workdir) if s == signature), key=lambda r: (r.seed, r.method))
 
 
 def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any], policy: str) -> str:

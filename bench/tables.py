@@ -90,12 +90,10 @@ def learning_lm(root: Path = RECORDS) -> str:
 def peers(root: Path = RECORDS) -> str:
     """This project against TRL's GRPOTrainer, one invocation's three methods
     (``bench.peers.summarise``, ``closing``)."""
-    from bench.learning_runs import RunResult
+    from bench.learning_runs import read_records
     from bench.peers import METHODS, closing, ms, summarise
 
-    runs = [RunResult(**json.loads(p.read_text())["result"])
-            for p in sorted((root / "peers" / "runs").glob("*.json"))]
-    runs = [r for r in runs if r.method in METHODS]
+    runs = [r for _, r in read_records(root / "peers") if r.method in METHODS]
     s = summarise(runs, len(runs[0].leaves))
     lines = [f"| method | final % | at {s['budget_tokens'] / 1000:.1f}k tokens % | at "
              f"{s['budget_wall_s']:.0f} s % | gen. tokens | wall s/step | tokens/s |", "|---" * 7 + "|"]
