@@ -1,21 +1,17 @@
 """TRACE against the baselines, end to end on a CPU: every method is the same ``train`` flow with
 another ``allocator`` (or a ``VARIANTS`` row) from the same bootstrapped tiny policy, evaluated on
 held-out items at a few checkpoints (docs/results.md, "Learning benchmark (the tiny LM, end to
-end)"). ``--protocol leaves``: every method spends M (1 + N) leaves a step
-(``bench.learning_report.report``). ``--protocol tokens`` (``--regime paper``): the simulator's
-protocol; the reference ``trace_cover`` runs first, each flat baseline of the same seed then spends
-its generated tokens per step in whole groups (``matched_budget``), ``CONTROL_METHODS`` also run on
-a negative control at ``--control-difficulty``, and the report (``protocol_report``) ends with
-the power statement and the closing line.
+end)": both protocols). ``--protocol leaves``: equal leaf budgets (``report``); ``--protocol
+tokens`` (``--regime paper``): the flat baselines sized to the reference's generated tokens per
+step (``matched_budget``), a negative control, the power statement and the closing line
+(``protocol_report``).
 
     python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
     python -m bench.learning --quick                       # a small configuration (the tests')
     python -m bench.learning --summarise-only [options]    # re-print a benchmark from its records
 
-Records: one JSON per (structure, method, seed) under ``--records`` (``<records>/runs/``; the
-tokens protocol's under ``<records>/<main|control>/runs/``), written as each run ends; a later
-invocation with the same settings runs only what is missing. ``--jobs 2`` runs them on two worker
-processes, each in its own work dir; ``--jobs 1`` in this process.
+Records: one JSON per (structure, method, seed) under ``records_of(args)``, written as each run
+ends; a later invocation with the same settings runs only what is missing (``--jobs``: workers).
 """
 
 from __future__ import annotations
@@ -90,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
     workdir, records = Path(args.workdir), records_of(args)
-    seeds = parse_seeds(args.seeds or "3", args.seed_start)
+    seeds = parse_seeds(args.seeds or "3")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if tokens and REFERENCE not in methods:
         raise SystemExit(f"--protocol tokens: the methods must include the reference {REFERENCE}")
@@ -202,9 +198,8 @@ def run_options(ap: argparse.ArgumentParser) -> None:
                     help="bootstrap the starting policy at this difficulty, no mix")
     ap.add_argument("--policy", default=None, help="a Hugging Face policy directory to start from "
                     "instead of the family's bootstrapped tiny policy")
-    ap.add_argument("--seeds", default=None, help="a count (3: from --seed-start) or a range (3-5); "
+    ap.add_argument("--seeds", default=None, help="a count (3: seeds 0-2) or a range (3-5); "
                     "recorded seeds are reused (default 3; 1 with --quick)")
-    ap.add_argument("--seed-start", type=int, default=0, help="first seed of a --seeds count")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--eval-items", type=int, default=200)

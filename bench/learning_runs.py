@@ -149,11 +149,11 @@ def tokens_at_evals(metrics: Sequence[dict[str, Any]], eval_steps: Sequence[int]
     return [0.0, *(float(spent[s]) for s in eval_steps)]
 
 
-def parse_seeds(text: str, start: int = 0, count: bool = True) -> list[int]:
+def parse_seeds(text: str, count: bool = True) -> list[int]:
     """``--seeds``: ranges and lists (``"3-5"``: seeds 3, 4 and 5; ``"0-2,7"``) or, with
-    ``count``, a lone number as a count (``"3"``: three seeds from ``start``; else seed 3)."""
+    ``count``, a lone number as a count (``"3"``: seeds 0, 1 and 2; else seed 3)."""
     try:
-        seeds = list(range(start, start + int(text))) if count and str(text).isdigit() else [
+        seeds = list(range(int(text))) if count and str(text).isdigit() else [
             s for part in str(text).split(",") for lo, _, hi in [part.partition("-")]
             for s in (range(int(lo), int(hi) + 1) if hi else [int(lo)])]
     except ValueError:

@@ -1,13 +1,7 @@
-"""This project against the trainer users would pick instead: TRL's ``GRPOTrainer``
-(docs/results.md, "Against TRL"). From the same bootstrapped tiny policy, family, split, held-out
-items and evaluation: ``trl_grpo`` (TRL's ``GRPOTrainer`` at its defaults, trained on the
-multi-turn ReAct task through its ``rollout_func``: this project's ReAct loop on a transformers
-engine holding the trainer's weights, observation tokens masked by ``env_mask``, the family's
-grader as reward), ``grpo`` (the train flow with ``allocator=grpo``) and ``trace`` (the default
-allocator). Shared knobs: group size, rollouts per step, learning rate, PPO clip, KL, optimiser
-steps per batch, gradient-norm clip 1, constant-rate AdamW, temperature 1, token and turn caps,
-one torch thread. Reported: held-out accuracy against generated tokens and wall time, wall per
-step, tokens/s, and parity (ours GRPO minus TRL's at equal tokens, a 95% t interval). Each
+"""This project against TRL's ``GRPOTrainer`` (docs/results.md, "Against TRL": the shared
+settings and what is reported): ``trl_grpo`` (TRL at its defaults, on the multi-turn task through
+its ``rollout_func``, ``_Rollouts``), ``grpo`` (the train flow with ``allocator=grpo``) and
+``trace`` (the default allocator), from the same bootstrapped tiny policy and held-out items. Each
 (method, seed) result is one JSON under ``--results`` (default ``results/peers/runs/``).
 
     python -m bench.peers                  # 3 seeds (about 40 min on 2 loaded cores)
@@ -362,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if set(methods) - set(METHODS):
         raise SystemExit(f"--methods: unknown {sorted(set(methods) - set(METHODS))}; of {METHODS}")
-    seeds = parse_seeds(args.seeds or "3", args.seed_start)
+    seeds = parse_seeds(args.seeds or "3")
     policy, base, skip = _policy_and_base(args, workdir)
     base["group_size"] = args.group_size
     eval_steps, ev = eval_plan(args, skip)

@@ -1,12 +1,7 @@
-"""Scale-out benchmark: the engine pool and the trainer group on a Ray cluster (docs/cluster.md;
-figures: docs/results.md, "Scaling out on Ray"). On the same seeded requests in every
-configuration: **rollout** (one tree level on pools of ``--engines`` engine actors, tokens/s after
-a warm-up batch); **prefix cache** (pools of 2+: level-0 requests, then one continuation of every
-sampled first turn, sticky against round-robin routing: vLLM's hit counters and, for any engine,
-the routed-prefix rate, an upper bound); **update** (one policy update on each of ``--ranks``
-trainer ranks, DDP or FSDP2, the second call timed: Ray actors, or ``--update-on mp``
-torch.multiprocessing ranks after Ray is shut down); **sync** (``--update-on ray``: disk against
-broadcast). A GPU machine (``scripts/gpu_check.sh``) runs it with ``--engine vllm``.
+"""Scale-out benchmark: the engine pool and the trainer group on a Ray cluster, on the same
+seeded requests in every configuration: rollout tokens/s per pool size, prefix-cache hits by
+routing, one policy update per trainer group size (Ray actors or ``--update-on mp``), weight sync
+by disk against broadcast (docs/cluster.md; figures: docs/results.md, "Scaling out on Ray").
 
     python -m bench.scale --cluster local:1 --engine hf --engines 1,2 --ranks 1,2 --update-on mp
 """
