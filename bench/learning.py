@@ -152,9 +152,9 @@ def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str,
     """The starting policy's held-out accuracy for these settings (``signature``): the first
     accuracy of a recorded run of them, else kept in ``<folder>/start.json`` (measured once per
     settings, so that a later invocation adding seeds or methods does not measure it again)."""
-    for record in sorted((folder / "runs").glob("*.json")):
-        if (data := json.loads(record.read_text())).get("signature") == sig:
-            return float(data["result"]["accuracy"][0])
+    for s, run in read_records(folder):
+        if s == sig:
+            return float(run.accuracy[0])
     path = folder / "start.json"
     if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
         return float(kept["accuracy"])
@@ -344,7 +344,7 @@ def _job(st: Structure, method: str, seed: int, budget: dict[str, int], policy: 
                 eval_steps, start_accuracy=st.start, **ev)
     if st.matched:
         r.extra["budget"] = budget
-    return str(save_run(st.records, st.signature, r, compact=True))
+    return str(save_run(st.records, st.signature, r))
 
 
 def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structure], workers: int,

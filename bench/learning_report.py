@@ -62,15 +62,14 @@ def tokens_to_reach(log: dict, target: float) -> float:
     return float(tokens[k - 1] + frac * (tokens[k] - tokens[k - 1]))
 
 
-def reach_ratio(logs: list[dict], grpo: list[dict], seed: int = 0,
-                draws: int = 2000) -> tuple[float, float, float, int]:
+def reach_ratio(logs: list[dict], grpo: list[dict]) -> tuple[float, float, float, int]:
     """(median ratio, 95% low, high, seeds that never reach): per seed, the generated tokens a
     method needs to reach GRPO's final accuracy over the tokens GRPO needs (its first crossing);
     ``trace_core.stats.median_ratio`` over seeds."""
     targets = [final_accuracy(g) for g in grpo]
     need = [tokens_to_reach(lg, t) for lg, t in zip(logs, targets)]
     base = [tokens_to_reach(g, t) for g, t in zip(grpo, targets)]
-    return median_ratio(need, base, seed, draws)
+    return median_ratio(need, base)
 
 
 def rows_of(results: list[dict], names: list[str]) -> tuple[list[dict], dict[str, np.ndarray]]:

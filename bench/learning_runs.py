@@ -182,15 +182,14 @@ def check_signatures(records: Path, sig: str) -> None:
                          f"--records folder")
 
 
-def save_run(workdir: Path, signature: str, r: RunResult, compact: bool = False) -> Path:
-    """Record run ``r`` in ``<workdir>/runs/<method>-s<seed>.json``; ``compact``: on one line,
-    floats to 6 significant digits (records kept in git)."""
+def save_run(workdir: Path, signature: str, r: RunResult) -> Path:
+    """Record run ``r`` in ``<workdir>/runs/<method>-s<seed>.json``, on one line, floats to 6
+    significant digits (records kept in git)."""
     path = workdir / "runs" / f"{r.method}-s{r.seed}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    body = {"signature": signature, "result": _rounded(r.__dict__) if compact else r.__dict__}
-    tmp.write_text((json.dumps(body, separators=(",", ":")) if compact
-                    else json.dumps(body, indent=1)) + "\n")
+    body = {"signature": signature, "result": _rounded(r.__dict__)}
+    tmp.write_text(json.dumps(body, separators=(",", ":")) + "\n")
     tmp.rename(path)
     return path
 

@@ -65,7 +65,7 @@ def test_matched_baselines_start_after_their_seeds_reference(tmp_path, monkeypat
         started.append((st.name, method, seed, budget))
         r = _run(method, seed, [0.5, 0.6, 0.7])
         r.extra["budget"] = budget
-        return str(save_run(st.records, st.signature, r, compact=True))
+        return str(save_run(st.records, st.signature, r))
 
     monkeypatch.setattr(protocol, "_job", fake_job)
     st = protocol.Structure("main", {"group_size": 4}, "sig", 0.5, tmp_path / "wd",
@@ -84,7 +84,7 @@ def test_matched_baselines_start_after_their_seeds_reference(tmp_path, monkeypat
 
 def _write(root, name, method, accs, tokens=1000.0):
     for seed, acc in enumerate(accs):
-        save_run(root / name, "sig-" + name, _run(method, seed, acc, tokens), compact=True)
+        save_run(root / name, "sig-" + name, _run(method, seed, acc, tokens))
 
 
 def test_report_statistics_on_hand_made_records(tmp_path, capsys):
@@ -133,8 +133,8 @@ def test_an_evaluated_curve_reads_its_own_token_totals():
 
 
 def test_a_folder_of_two_settings_is_refused(tmp_path):
-    save_run(tmp_path / "main", "a", _run("grpo", 0, [0.5, 0.6, 0.7]), compact=True)
-    save_run(tmp_path / "main", "b", _run("grpo", 1, [0.5, 0.6, 0.7]), compact=True)
+    save_run(tmp_path / "main", "a", _run("grpo", 0, [0.5, 0.6, 0.7]))
+    save_run(tmp_path / "main", "b", _run("grpo", 1, [0.5, 0.6, 0.7]))
     with pytest.raises(ValueError, match="2 settings"):
         protocol.load_structure(tmp_path / "main")
     st = protocol.Structure("main", {}, "a", 0.5, tmp_path, tmp_path / "main", ("grpo",))
@@ -176,7 +176,7 @@ def test_the_oracle_row_is_reported_over_the_seeds_that_hold_it(tmp_path, capsys
     for seed, acc in enumerate([[0.5, 0.70, 0.74], [0.5, 0.70, 0.78]]):  # finals 72, 74
         r = _run(protocol.ORACLE, seed, acc)
         r.extra["steps"]["oracle_tokens"] = [8000.0, 9000.0]
-        save_run(rec / "main", "sig-main", r, compact=True)
+        save_run(rec / "main", "sig-main", r)
     for m in ("trace_cover", "grpo", "dapo", "prompt_only"):
         _write(rec, "control", m, [[0.5, 0.6, 0.7]] * 3)
     args = {"family": "synth_arith", "mix": "1,2,2", "difficulty": 2, "control_difficulty": 1,
