@@ -1,15 +1,9 @@
-"""Engines benchmark: generated tokens/s of vLLM vs transformers, and vLLM's prefix-cache share
-(docs/results.md, "Engines benchmark").
+"""Engines benchmark: per model, vLLM against transformers on the same seeded requests: start-up,
+tokens/s, weight sync, the engine/trainer log-prob mismatch, and vLLM's prefix-cache share on
+two-turn trajectories (docs/results.md, "Engines benchmark").
 
     python -m bench.engines [--models tiny,smollm2] [--prompts 8] [--n 4] [--max-tokens 64]
                             [--continuations 2] [--device cpu|cuda]
-
-Per model, both engines get the same seeded requests after one warm-up call: start-up seconds,
-tokens/s, a weight sync's seconds, and the engine/trainer mismatch of the sampled tokens' log-probs
-(``trace_core.loss.engine_mismatch``). vLLM's prefix cache: two-turn ReAct-shaped trajectories,
-then ``--continuations`` samples from every turn-level prefix, its counters over the
-continuations. Last line: ``vLLM/transformers tokens/s: <x>x; prefix-cache hit: <p>%`` (SmolLM2's
-where it ran).
 """
 
 from __future__ import annotations

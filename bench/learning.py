@@ -55,9 +55,8 @@ REGIMES: dict[str, dict[str, Any]] = {
               "eval_items": 300, "eval_samples": 2, "final_of": 2,
               "methods": f"trace_cover,grpo,dapo,prompt_only,trace,{ORACLE}"},
 }
-"""``--regime``: defaults under the explicit options. ``paper``: the default run's policy on a pool
-of one d = 1 item to two d = 2 items, where GRPO mixes ~1/3 of its groups as the paper's does;
-synth_arith has no oracle, so its oracle row is ``trace_cover_oracle`` (``OPTIONAL``)."""
+"""``--regime``: defaults under the explicit options (docs/results.md, "Learning benchmark (the
+tiny LM, end to end)": why the paper regime is this)."""
 
 
 @dataclass
@@ -107,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         check_signatures(rec, sig)  # records of other settings are not silently mixed in
         start = _start_accuracy(b, policy, rec if not tokens else wd, sig, ev)
         structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens)
-    jobs = [j for j in job_order(seeds, {n: st.methods for n, st in structures.items()}, tokens)
+    jobs = [j for j in job_order(seeds, {n: st.methods for n, st in structures.items()})
             if load_run(structures[j[0]].records, structures[j[0]].signature, j[1], j[2]) is None]
     run_jobs(jobs, structures, args.jobs, policy, eval_steps, ev)
     if tokens:
@@ -306,14 +305,13 @@ def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[s
     return {"root_budget": leaves, "multiplier": 0}
 
 
-def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]],
-              ranked: bool = True) -> list[tuple[str, str, int]]:
-    """(structure, method, seed) in the order runs start: seed by seed; ``ranked``, the references
-    of every structure first, then the matched baselines (which wait for them), then the other
-    rows, so that paired seeds of the closing line complete as early as they can, and the
-    ``OPTIONAL`` rows of every seed after all of these."""
+def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]]) -> list[tuple[str, str, int]]:
+    """(structure, method, seed) in the order runs start: seed by seed, the references of every
+    structure first, then the matched baselines (which wait for them), then the other rows, so
+    that paired seeds of the closing line complete as early as they can, and the ``OPTIONAL`` rows
+    of every seed after all of these."""
     def rank(m: str) -> int:
-        return (0 if m == REFERENCE else 1 if m in MATCHED else 3 if m in OPTIONAL else 2) if ranked else 0
+        return 0 if m == REFERENCE else 1 if m in MATCHED else 3 if m in OPTIONAL else 2
 
     jobs = [(name, m, s) for s in seeds for name, ms in methods.items() for m in ms]
     return sorted(jobs, key=lambda j: (rank(j[1]) == 3, seeds.index(j[2]), rank(j[1])))
@@ -464,13 +462,12 @@ def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = 
                       f"{row['oracle_tokens']:.0f} generated tokens per step apart:")
                 print_rows([row])
                 tables[name].append(row)
+                if "vs" in row:
+                    print(f"{m} over its {row['seeds']} seeds: " + "; ".join(
+                        f"vs {b} {describe(iv)}" for b, iv in row["vs"].items()))
     main = finals.get("main", {})
     out: dict[str, Any] = {"tables": tables, "finals": finals}
     if REFERENCE in main and len(main[REFERENCE]) >= 2:
-        for row in tables["main"]:
-            if row["method"] in OPTIONAL and "vs" in row:
-                print(f"{row['method']} over its {row['seeds']} seeds: " + "; ".join(
-                    f"vs {m} {describe(iv)}" for m, iv in row["vs"].items()))
         out.update(conclude(main, finals.get("control"), REFERENCE, beside=("trace", "cover_oracle")))
     else:
         print("\nno closing line: fewer than 2 complete seeds")

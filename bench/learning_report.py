@@ -1,12 +1,8 @@
 """The learning benchmarks' report, shared by the simulator (``bench.learning_sim``) and the tiny LM
-(``bench.learning``); intervals are Student t over paired seeds (``trace_core.stats``).
-
-* The learning protocol: per-method rows (``rows_of``), the paired differences from GRPO, tokens
-  to reach GRPO's final accuracy, the power statement and the closing line. A run's log is a dict
-  of per-step lists (``tokens``, ``train_tokens``, ``leaves``, ``mixed``, ``active``; ``cosine``
-  where known), ``acc0`` and ``accuracy`` after each step or, for the LM, each evaluation (with
-  ``eval_tokens`` and ``final_of``).
-* The equal-leaf benchmark (``report``)."""
+(``bench.learning``): the learning protocol's tables, power statement and closing line over a
+run's log (per-step lists ``tokens``, ``train_tokens``, ``leaves``, ``mixed``, ``active``, maybe
+``cosine``; ``acc0``, ``accuracy`` and, for the LM, ``eval_tokens`` and ``final_of``), and the
+equal-leaf benchmark (``report``); intervals Student t over paired seeds (``trace_core.stats``)."""
 
 from __future__ import annotations
 

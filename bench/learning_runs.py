@@ -20,11 +20,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cover_oracle": {"allocator": "trace_cover", "root_oracle": True},
     "trace_cover_oracle": {"allocator": "trace_cover", "oracle_rollouts": 8},
 }
-"""Methods beyond the allocators, as ``TrainConfig`` overrides: Stage 1 scored by the family's
-oracle (``root_oracle``), the per-prompt posterior, the joint split, and the coverage-aware
-``trace_cover`` scored by the family's oracle or, on a family without one, by a Monte-Carlo oracle
-(``oracle_rollouts``: 8 extra rollouts per candidate, outside the budget; their generated tokens
-are the record's ``steps["oracle_tokens"]``)."""
+"""Methods beyond the allocators, as ``TrainConfig`` overrides (``trace_cover_oracle``'s
+Monte-Carlo oracle tokens: the record's ``steps["oracle_tokens"]``)."""
 
 
 @dataclass

@@ -84,9 +84,7 @@ class _Rollouts:
                                 max_turns=self.cfg.max_turns, tool_timeout_s=self.cfg.tool_timeout_s,
                                 seed=self.seed * 100_003 + self.calls, max_context=self.max_context)
         self.calls += 1
-        out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs",
-                                                     "env_mask", "answer", "answered",
-                                                     "episode_reward")}
+        rows = []
         for ep in episodes:
             ids, logps, mask = [], [], []
             for t in ep.turns:
@@ -96,15 +94,11 @@ class _Rollouts:
                 self.generated_tokens += len(t.gen_ids)
             last = ep.turns[-1].action if ep.turns else None
             answered = last is not None and last.kind == "answer"
-            out["prompt_ids"].append(list(ep.prompt_ids))
-            out["completion_ids"].append(ids)
-            out["logprobs"].append(logps)
-            out["env_mask"].append(mask)
-            out["answer"].append(last.answer if answered else None)
-            out["answered"].append(answered)
-            out["episode_reward"].append(float(ep.reward or 0.0))
+            rows.append({"prompt_ids": list(ep.prompt_ids), "completion_ids": ids, "logprobs": logps,
+                         "env_mask": mask, "answer": last.answer if answered else None,
+                         "answered": answered, "episode_reward": float(ep.reward or 0.0)})
         self.rollout_s += time.perf_counter() - t0
-        return out
+        return {k: [r[k] for r in rows] for k in rows[0]}
 
     def reward(self, prompts: list[str], completions: list[Any], answer: list[Any],
                answered: list[bool], episode_reward: list[float], **_: Any) -> list[float]:
