@@ -15,6 +15,7 @@ from prefect import Task
 from tasks.runtime import PHASE_KEY, Paths, PhaseKey
 from trace_rl.environ import resolve_workdir
 from trace_rl.session import Session
+from trace_rl.storage.published import released
 
 
 def _release_engines(flow: Any, flow_run: Any, state: Any) -> None:
@@ -109,6 +110,17 @@ def bind(task: Task, workdir: str) -> Task:
                              cache_policy=policy.configure(key_storage=str(results / "keys")))
 
 
+KEEP_CONNECTION = frozenset({
+    "sample-roots", "score-roots", "allocate-roots", "expand-roots", "score-prefixes",
+    "allocate-prefixes", "expand-prefixes", "backup", "fit-predictor", "tree-advantages",
+    "tree-metrics"})
+"""Phases that use the store briefly or not at all (the expansions let it go while they generate,
+``tasks.expand``): inside a ``held`` block of the store (a train step), they keep its one
+connection open for the next; every other phase (the update, the sync, logging, evaluation)
+first closes it (``released``), so that it is not held while they run long or wait for the
+logging thread."""
+
+
 class Phases:
     """A flow's tasks, looked up by name in the task modules (``phases.score_roots``), each bound
     to the work dir once per session (``bind``: results and cache records kept there, so a re-run
@@ -137,12 +149,16 @@ class Phases:
         run = self.session.memo("bound-task", (task, self._workdir),
                                 lambda: bind(track.named(task), self._workdir), maxsize=64)
         watch, phase = self._watch, f"{self._where}{task.name}"
+        keeps = task.name in KEEP_CONNECTION
 
         def bound(*args: Any, **kwargs: Any) -> Any:
             if watch is not None:
                 watch.note(phase)
             with self.session.use():
-                return run(*args, **kwargs)
+                if keeps:
+                    return run(*args, **kwargs)
+                with released():
+                    return run(*args, **kwargs)
         setattr(self, name, bound)  # looked up once
         return bound
 

@@ -125,8 +125,9 @@ def train(config: TrainConfig = TrainConfig(), workdir: str | None = None,
             run.logger.info("held-out accuracy before training: %.3f (%d items x %d samples)",
                             before["accuracy"], before["items"], before["samples"])
         for step in run.steps(first):
-            policy_dir, metrics = run_step(cfg, run.at(step), policy_dir, run.mlflow_run_id,
-                                           run.watch)
+            with run.store.held():  # the step's short phases share a connection (``Phases``)
+                policy_dir, metrics = run_step(cfg, run.at(step), policy_dir, run.mlflow_run_id,
+                                               run.watch)
             run.complete(step, metrics)
             history.append(metrics)
         if cfg.eval_items:

@@ -150,6 +150,56 @@ def test_a_failure_inside_the_transaction_rolls_the_level_back(store):
     assert not store.has_level("run1", 0, 2)
 
 
+def test_a_held_block_shares_one_connection_publishes_writes_and_lets_go(store, monkeypatch):
+    """Inside ``held`` the reads and writes of a thread share one connection (opened at the first
+    use); each write is published as at a close; ``released`` closes it and the next use opens
+    another; another thread waits for the block; a failed use closes the connection."""
+    import duckdb
+
+    from trace_rl.storage import published
+
+    opened = []
+    real = duckdb.connect
+    monkeypatch.setattr(published.duckdb, "connect",
+                        lambda *a, **k: opened.append(a) or real(*a, **k))
+    reader = TreeStore(store.path, create=False)
+    other: list[int] = []
+    with store.held():
+        assert opened == []
+        assert store.read_step("run1", 0).num_rows == 12
+        store.update_values("run1", 0, pa.table({"node_id": [nid(2)], "value": [1.0]}))
+        store.mark_step("run1", 0, "complete", {"x": 1.0})
+        assert store.last_complete_step("run1") == 0 and len(opened) == 1
+        assert published.PublishedDatabase._pending.get(store.path) in (None, store)
+        store.flush()
+        opened.clear()
+        assert reader.query("SELECT value FROM nodes WHERE node_id = $n",
+                            {"n": nid(2)}).to_pylist() == [{"value": 1.0}]  # published
+        opened.clear()
+        waiting = threading.Thread(target=lambda: other.append(store.read_step("run1", 0).num_rows))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()  # the block's connection is open: the other thread waits
+        with published.released():
+            waiting.join(30)
+            assert other == [12]
+            opened.clear()
+            with store.snapshot() as con:  # suspended: each use its own connection, as outside
+                con.execute("SELECT * FROM nodes")  # a result left unfinished
+            assert store.read_step("run1", 0).num_rows == 12 and len(opened) == 2
+            opened.clear()
+        with store.snapshot() as con:  # each use of the block's connection is its own cursor,
+            con.execute("SELECT * FROM nodes")  # so a result left unfinished is no one else's
+        assert store.read_step("run1", 0).num_rows == 12
+        assert store.get_run("run1") is not None and len(opened) == 1  # a fresh one
+        with pytest.raises(StoreError, match="only SELECT"):
+            store.query("DELETE FROM nodes")
+        assert store.get_run("run1") is not None and len(opened) == 2  # the failed one closed
+    assert published.PublishedDatabase._holds.files == {}
+    assert store.query("SELECT value FROM nodes WHERE node_id = $n",
+                       {"n": nid(2)}).to_pylist() == [{"value": 1.0}]
+
+
 def python_paths(rows):
     """Reference: root-to-leaf paths from parent pointers, by walking up from each leaf."""
     parent = {r["node_id"]: r["parent_id"] for r in rows}

@@ -40,7 +40,7 @@ import shutil
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -81,6 +81,37 @@ def _is_lock_error(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
 
 
+class _Hold:
+    """A ``held`` block's database, its connection (None until its first use) and the lock it
+    holds."""
+
+    def __init__(self, db: "PublishedDatabase") -> None:
+        self.db = db
+        self.con: duckdb.DuckDBPyConnection | None = None
+        self.stack: ExitStack | None = None
+
+
+@contextmanager
+def released() -> Iterator[None]:
+    """Suspend this thread's ``held`` blocks (closing their connections) for a stretch that runs
+    long without the store (generation, the update) or waits for another thread that uses it
+    (logging), so that other threads and processes get their turn: inside it each use opens and
+    closes its own connection, as outside any block; after it the next use opens another.
+    Outside any ``held`` block: nothing."""
+    files = getattr(PublishedDatabase._holds, "files", None)
+    if not files:
+        yield
+        return
+    for hold in list(files.values()):
+        hold.db._let_go()
+    suspended = dict(files)
+    files.clear()
+    try:
+        yield
+    finally:
+        files.update(suspended)
+
+
 class PublishedDatabase:
     """A DuckDB file that one writer changes and any number of readers read (the protocol in
     this module's docstring); ``TreeStore`` adds the tables and what is done with them.
@@ -96,6 +127,8 @@ class PublishedDatabase:
     _locks_guard = threading.Lock()
     _pending: dict[Path, "PublishedDatabase"] = {}
     """Published path -> the writer of this process whose last writes are not published yet."""
+    _holds = threading.local()
+    """Per thread: file -> its ``_Hold`` while a ``held`` block of that file runs."""
 
     def __init__(self, path: str | Path, *, create: bool = True, read_timeout_s: float = 30.0,
                  write_timeout_s: float = 120.0):
@@ -131,9 +164,11 @@ class PublishedDatabase:
 
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
-        """This thread's turn, then (writers) this process's turn, on the file it opens."""
+        """This thread's turn, then (writers) this process's turn, on the file it opens (already
+        this thread's while a ``held`` block of it has its connection open)."""
         with self._lock:
-            if not self.writer:
+            hold = self._hold()
+            if not self.writer or hold is not None and hold.con is not None:
                 yield
                 return
             try:
@@ -187,17 +222,78 @@ class PublishedDatabase:
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 0.05)
 
+    def _hold(self) -> "_Hold | None":
+        return getattr(PublishedDatabase._holds, "files", {}).get(self._file)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Within the block, this thread's reads and writes of the file share one connection
+        (a writer's is read-write; each use gets a cursor of it), opened at the first of them and
+        closed at the block's end or at a ``released`` block; while it is open the file is this
+        thread's, as during any one connection. Opening a connection costs 10-40 ms here, so a run of short phases that read
+        and write the store saves one per use. Each write is checkpointed and published (or
+        deferred) as if its connection had closed; a failed use closes the connection. Nested
+        blocks are one block. Never wait for another thread that uses the store while the
+        connection is open: close it first (``released``)."""
+        files = PublishedDatabase._holds.__dict__.setdefault("files", {})
+        if self._file in files:
+            yield
+            return
+        files[self._file] = _Hold(self)
+        try:
+            yield
+        finally:
+            try:
+                self._let_go()
+            finally:
+                del files[self._file]
+
+    def _let_go(self) -> None:
+        hold = self._hold()
+        if hold is None or hold.con is None:
+            return
+        con, stack = hold.con, hold.stack
+        hold.con = hold.stack = None
+        with stack:  # the lock is let go after the close
+            con.close()
+
     @contextmanager
     def _connect(self, read_only: bool,
                  publish: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection to this store's file. A writer's read-write one publishes on success:
-        always with ``publish``, else when due (``_publish_due``)."""
+        """A connection to this store's file (inside a ``held`` block: the block's). A writer's
+        read-write one publishes on success: always with ``publish``, else when due
+        (``_publish_due``)."""
         if not read_only and not self.writer:
             raise StoreError(f"this TreeStore of {self.path} was opened with create=False "
                              f"(a reader); open TreeStore(path) to write")
         pending = None if self.writer else PublishedDatabase._pending.get(self.path)
         if pending is not None:  # a reader in the writer's own process reads its writes
             pending.flush()
+        hold = self._hold()
+        if hold is not None:
+            if hold.con is None:
+                stack = ExitStack()
+                stack.enter_context(self._writer_lock())
+                try:
+                    hold.con = self._open(self._file, read_only=not self.writer)
+                except BaseException:
+                    stack.close()
+                    raise
+                hold.stack = stack
+            opened = time.perf_counter()
+            cursor = hold.con.cursor()  # a use of its own: its results and registrations
+            try:
+                yield cursor
+                if not read_only:  # as a close leaves it: the file holds everything, no WAL
+                    _exec(cursor, "CHECKPOINT")
+            except BaseException:
+                cursor.close()
+                self._let_go()
+                raise
+            cursor.close()
+            if not read_only:
+                self._published(opened, publish)
+            return
         with self._writer_lock():
             opened = time.perf_counter()
             con = self._open(self._file, read_only)
@@ -208,11 +304,16 @@ class PublishedDatabase:
                 raise
             con.close()  # DuckDB checkpoints on close: the file holds everything, no WAL
             if not read_only:
-                self.lock_seconds.append(time.perf_counter() - opened)
-                if publish or self._publish_due():
-                    self._publish()
-                else:
-                    self._defer_publish()
+                self._published(opened, publish)
+
+    def _published(self, opened: float, publish: bool) -> None:
+        """After a write (connection ``opened`` then): publish it, always with ``publish``, else
+        when due, else soon."""
+        self.lock_seconds.append(time.perf_counter() - opened)
+        if publish or self._publish_due():
+            self._publish()
+        else:
+            self._defer_publish()
 
     def _publish(self) -> None:
         """Copy the private file to a temporary name and rename it onto the published file
@@ -282,7 +383,9 @@ class PublishedDatabase:
 
         The connection is read-only with external access disabled and its configuration locked
         (``READ_CONFIG``), and any other kind of statement is refused before it runs: the SQL can
-        read the store's tables and views, nothing else, and change nothing."""
+        read the store's tables and views, nothing else, and change nothing. (Inside a writer's
+        ``held`` block, the writer's own reads, it runs on the block's read-write connection,
+        still refusing any other statement.)"""
         with self._connect(read_only=True) as con:
             try:
                 statements = con.extract_statements(sql)
@@ -301,6 +404,7 @@ class PublishedDatabase:
     def snapshot(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """One read-only connection (``READ_CONFIG``) for several reads that must agree: they all
         see the same snapshot. Closed on exit, so nothing stays held between uses (``trace
-        view`` opens one per page). Run only SELECTs on it; the connection refuses writes."""
+        view`` opens one per page). Run only SELECTs on it; the connection refuses writes
+        (inside a writer's ``held`` block it is the block's read-write one)."""
         with self._connect(read_only=True) as con:
             yield con
