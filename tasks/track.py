@@ -29,53 +29,64 @@ from trace_rl.view.page import step_page
 
 @task(name="tree-metrics", cache_policy=runtime.PHASE_KEY)
 def tree_metrics(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
-    """Contrast and cost figures of a finished step, read with the same SQL users run, on one
-    read-only snapshot (one connection instead of one per figure), and how well its allocation
-    inputs predicted its outcomes (``prediction_metrics``). ``trees``: the step's trees as the
-    flow read them (else read here)."""
+    """Contrast and cost figures of a finished step, read with the same SQL users run (one
+    query), and how well its allocation inputs predicted its outcomes (``prediction_metrics``),
+    on one read-only snapshot. ``trees``: the step's trees as the flow read them (else read
+    here)."""
     with runtime.store(at.workdir).snapshot() as con:
-        figures = _tree_metrics(lambda sql: con.sql(sql, params={"r": at.run_id, "s": at.step})
-                                .to_arrow_table().to_pylist()[0])
-    return {**figures, **prediction_metrics(at, trees)}
+        params = {"r": at.run_id, "s": at.step}
+        figures = _tree_metrics(con.sql(TREE_METRICS_SQL, params=params).to_arrow_table()
+                                .to_pylist()[0])
+        scores = con.sql(SCORES_SQL, params=params).to_arrow_table()
+    return {**figures, **prediction_metrics(at, trees, scores)}
 
 
-def _tree_metrics(one: Any) -> dict[str, float]:
-    """The figures of ``tree_metrics``, ``one(sql)`` giving the first row of a query."""
-    leaves = one("SELECT count(*) AS n, avg(reward) AS mean_reward, avg(depth) AS depth "
-                 "FROM nodes WHERE run_id = $r AND step = $s AND is_leaf")
-    internal = one("SELECT count(*) AS n FROM nodes WHERE run_id = $r AND step = $s "
-                   "AND NOT is_leaf")
-    roots = one("SELECT count(*) AS n, count(*) FILTER (WHERE value > 0 AND value < 1) AS mixed "
-                "FROM nodes WHERE run_id = $r AND step = $s AND depth = 0")
-    anchors = one("SELECT count(*) AS n FROM mixed_anchors WHERE run_id = $r AND step = $s")
-    pairs = one("SELECT count(*) AS n FROM contrast_pairs WHERE run_id = $r AND step = $s")
-    ledger = one("SELECT sum(trajectories) AS trajectories, sum(prompt_tokens) AS prompt_tokens, "
-                 "sum(generated_tokens) AS generated_tokens, sum(tool_calls) AS tool_calls, "
-                 "sum(wall_seconds) AS wall_seconds FROM ledger WHERE run_id = $r AND step = $s")
-    n_leaves = max(leaves["n"], 1)
+TREE_METRICS_SQL = (
+    "SELECT count(*) FILTER (WHERE is_leaf) AS leaves, "
+    "avg(reward) FILTER (WHERE is_leaf) AS mean_reward, "
+    "avg(depth) FILTER (WHERE is_leaf) AS depth, count(*) FILTER (WHERE NOT is_leaf) AS internal, "
+    "count(*) FILTER (WHERE depth = 0) AS roots, "
+    "count(*) FILTER (WHERE depth = 0 AND value > 0 AND value < 1) AS mixed, "
+    "(SELECT count(*) FROM mixed_anchors WHERE run_id = $r AND step = $s) AS anchors, "
+    "(SELECT count(*) FROM contrast_pairs WHERE run_id = $r AND step = $s) AS pairs, "
+    "(SELECT struct_pack(trajectories := sum(trajectories), prompt_tokens := sum(prompt_tokens), "
+    "generated_tokens := sum(generated_tokens), tool_calls := sum(tool_calls), "
+    "wall_seconds := sum(wall_seconds)) FROM ledger WHERE run_id = $r AND step = $s) AS ledger "
+    "FROM nodes WHERE run_id = $r AND step = $s")
+"""The figures of ``tree_metrics`` in one row: leaves (their mean reward and depth), internal
+nodes, roots (mixed ones), mixed anchors, contrast pairs and the ledger's sums."""
+SCORES_SQL = ("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step = $s AND "
+              "level = 1")
+"""Stage 2's scores of a step's prefixes, as the allocation used them."""
+
+
+def _tree_metrics(row: Mapping[str, Any]) -> dict[str, float]:
+    """``tree_metrics``' figures from the row of ``TREE_METRICS_SQL``."""
+    n_leaves = max(row["leaves"], 1)
     out = {
-        "rollout/reward_mean": float(leaves["mean_reward"] or 0.0),
-        "rollout/leaves": float(leaves["n"]),
-        "rollout/depth_mean": float(leaves["depth"] or 0.0),
-        "tree/effective_ratio": roots["mixed"] / roots["n"] if roots["n"] else 0.0,
-        "tree/mixed_anchor_share": anchors["n"] / internal["n"] if internal["n"] else 0.0,
-        "tree/contrast_pairs_per_100_leaves": 100.0 * pairs["n"] / n_leaves,
-        "alloc/active_roots": float(roots["n"]),
+        "rollout/reward_mean": float(row["mean_reward"] or 0.0),
+        "rollout/leaves": float(row["leaves"]),
+        "rollout/depth_mean": float(row["depth"] or 0.0),
+        "tree/effective_ratio": row["mixed"] / row["roots"] if row["roots"] else 0.0,
+        "tree/mixed_anchor_share": row["anchors"] / row["internal"] if row["internal"] else 0.0,
+        "tree/contrast_pairs_per_100_leaves": 100.0 * row["pairs"] / n_leaves,
+        "alloc/active_roots": float(row["roots"]),
     }
-    out.update({f"ledger/{k}": float(v or 0.0) for k, v in ledger.items()})
+    out.update({f"ledger/{k}": float(v or 0.0) for k, v in row["ledger"].items()})
     return out
 
 
-def prediction_metrics(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
+def prediction_metrics(at: StepRef, trees: StepTrees | None = None,
+                       scores: pa.Table | None = None) -> dict[str, float]:
     """How well the step's allocation inputs predicted its outcomes (``trace_core.calibration.
     batch_pairs``, ``batch_terms``): Stage 1's root predictions against the bare rollouts'
     rewards, Stage 2's prefix predictions against the reward of the bare rollout each prefix lies
     on (AUC where both outcomes occur, Brier), and the continuations' flip rate: predicted (a
     continuation of a prefix whose bare rollout ended in r flips with probability 1 - q, q the
-    predicted chance of r, as independent draws) against realised. Read from the store."""
-    scores = runtime.store(at.workdir).query(
-        "SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step = $s AND "
-        "level = 1", {"r": at.run_id, "s": at.step})
+    predicted chance of r, as independent draws) against realised. Read from the store
+    (``scores``: the rows of ``SCORES_SQL`` when already read)."""
+    if scores is None:
+        scores = runtime.store(at.workdir).query(SCORES_SQL, {"r": at.run_id, "s": at.step})
     trees = runtime.step_trees(at, trees)
     predicted = trees.allocation_scores(scores)
     pairs = calibration.batch_pairs(trees.batch, predicted)
