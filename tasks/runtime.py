@@ -86,19 +86,31 @@ class StepRef:
 
 
 def _source_hash(fn: Any) -> str:
-    try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):
-        src = repr(fn)
-    return hashlib.sha256(src.encode()).hexdigest()[:12]
+    """A task function's source, hashed once per function (``inspect.getsource`` took ~3 ms a
+    task run here)."""
+    found = _SOURCE_HASHES.get(fn)
+    if found is None:
+        try:
+            src = inspect.getsource(fn)
+        except (OSError, TypeError):
+            src = repr(fn)
+        found = _SOURCE_HASHES[fn] = hashlib.sha256(src.encode()).hexdigest()[:12]
+    return found
+
+
+_SOURCE_HASHES: dict[Any, str] = {}
 
 
 def code_version() -> str:
     """Hash of every module a phase can run (trace_core, trace_rl, tasks): a task's own source is
     not enough, since a change in what it calls changes its result too. Computed once per
     session."""
-    root = Path(__file__).resolve().parents[1]
-    return Session.current().memo("code-version", str(root), lambda: _code_hash(root), maxsize=1)
+    return Session.current().memo("code-version", str(_ROOT), lambda: _code_hash(_ROOT),
+                                  maxsize=1)
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout the phases run from (resolved once: ~5 ms a cache key here)."""
 
 
 def _code_hash(root: Path) -> str:
