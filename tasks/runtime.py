@@ -86,19 +86,17 @@ class StepRef:
 
 
 def _source_hash(fn: Any) -> str:
-    """A task function's source, hashed once per function (``inspect.getsource`` took ~3 ms a
+    """A task function's source, hashed once per session (``inspect.getsource`` took ~3 ms a
     task run here)."""
-    found = _SOURCE_HASHES.get(fn)
-    if found is None:
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError):
-            src = repr(fn)
-        found = _SOURCE_HASHES[fn] = hashlib.sha256(src.encode()).hexdigest()[:12]
-    return found
+    return Session.current().memo("source-hash", fn, lambda: _hash_source(fn), maxsize=64)
 
 
-_SOURCE_HASHES: dict[Any, str] = {}
+def _hash_source(fn: Any) -> str:
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = repr(fn)
+    return hashlib.sha256(src.encode()).hexdigest()[:12]
 
 
 def code_version() -> str:
