@@ -281,6 +281,17 @@ def ms(values: Sequence[float], scale: float = 1.0) -> str:
     return (f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if v.size > 1 else f"{v.mean():.1f}") if v.size else "n/a"
 
 
+def markdown(s: dict[str, Any]) -> str:
+    """``summarise``'s table as docs/results.md shows it (``bench.tables``)."""
+    lines = [f"| method | final % | at {s['budget_tokens'] / 1000:.1f}k tokens % | at "
+             f"{s['budget_wall_s']:.0f} s % | gen. tokens | wall s/step | tokens/s |", "|---" * 7 + "|"]
+    for m, row in s["methods"].items():
+        lines.append(f"| {m} | {ms(row['final'], 100)} | {ms(row['at_tokens'], 100)} | "
+                     f"{ms(row['at_wall'], 100)} | {np.mean(row['tokens']):.0f} | "
+                     f"{ms(row['wall_per_step'])} | {ms(row['tokens_per_s'])} |")
+    return "\n".join(lines)
+
+
 def closing(results: list[RunResult], table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The closing line (this project's GRPO against TRL's) and its figures."""
     p = parity(results)
@@ -293,14 +304,7 @@ def closing(results: list[RunResult], table: dict[str, Any]) -> tuple[str, dict[
 def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]:
     s = summarise(results, steps)
     t = s["methods"]
-    print(f"start accuracy {100 * start:.1f}%; equal-token budget {s['budget_tokens']:.0f} tokens, "
-          f"equal-wall budget {s['budget_wall_s']:.0f} s")
-    print(f"{'method':10} {'seeds':>5} {'final %':>12} {'@tokens %':>12} {'@wall %':>12} "
-          f"{'tokens':>14} {'wall s/step':>12} {'tok/s':>12}")
-    for m, row in t.items():
-        print(f"{m:10} {len(row['seeds']):>5} " + " ".join(
-            f"{ms(row[k], 100):>12}" for k in ("final", "at_tokens", "at_wall"))
-              + f" {ms(row['tokens']):>14} {ms(row['wall_per_step']):>12} {ms(row['tokens_per_s']):>12}")
+    print(f"start accuracy {100 * start:.1f}%; mean ± SD over seeds\n{markdown(s)}")
     out: dict[str, Any] = {"summary": s}
     if "grpo" not in t or "trl_grpo" not in t:
         return out

@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
 from bench import RECORDS
 from bench.learning_sim import DEFAULT_ROWS, load_records
 from bench.learning_report import ci_text as _ci, closing, reach_text, rows_of
@@ -91,18 +89,12 @@ def peers(root: Path = RECORDS) -> str:
     """This project against TRL's GRPOTrainer, one invocation's three methods
     (``bench.peers.summarise``, ``closing``)."""
     from bench.learning_runs import read_records
-    from bench.peers import METHODS, closing, ms, summarise
+    from bench.peers import METHODS, closing, markdown, summarise
 
-    runs = [r for _, r in read_records(root / "peers") if r.method in METHODS]
+    runs = sorted((r for _, r in read_records(root / "peers") if r.method in METHODS),
+                  key=lambda r: METHODS.index(r.method))
     s = summarise(runs, len(runs[0].leaves))
-    lines = [f"| method | final % | at {s['budget_tokens'] / 1000:.1f}k tokens % | at "
-             f"{s['budget_wall_s']:.0f} s % | gen. tokens | wall s/step | tokens/s |", "|---" * 7 + "|"]
-    for m in METHODS:
-        row = s["methods"][m]
-        lines.append(f"| {m} | {ms(row['final'], 100)} | {ms(row['at_tokens'], 100)} | "
-                     f"{ms(row['at_wall'], 100)} | {np.mean(row['tokens']):.0f} | "
-                     f"{ms(row['wall_per_step'])} | {ms(row['tokens_per_s'])} |")
-    return "\n".join([*lines, "", f"`{closing(runs, s['methods'])[0]}`"])
+    return f"{markdown(s)}\n\n`{closing(runs, s['methods'])[0]}`"
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,
