@@ -17,7 +17,7 @@ against a matmul roofline measured in the same run: the model's own linear layer
 and the backward's two matmuls) on as many rows as one packed and one padded micro-batch of the
 step hold, at the update's torch threads. Its finding (packed 5.03x padded) is in docs/results.md,
 "The overhead of a step, and the optimiser against the machine"; it ran on the last step of
-``studies.overhead``'s default case (``--keep``).
+``bench.overhead``'s default case (``--keep``).
 
     python -m studies.optimiser WORKDIR [--run RUN_ID] [--step N] [--repeats 2]
 """

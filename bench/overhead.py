@@ -1,4 +1,4 @@
-"""Where a training step's wall time goes: ``python -m studies.overhead`` (a profile of the step,
+"""Where a training step's wall time goes: ``python -m bench.overhead`` (a profile of the step,
 docs/results.md, "The overhead of a step, and the optimiser against the machine").
 
 Runs the real ``train`` flow (Prefect, DuckDB, MLflow, the tiny policy bootstrapped as ``trace
@@ -11,9 +11,9 @@ rollout engine's start (once per process) is timed on its own, not counted as ov
 ``default`` (``trace train``'s defaults, evaluation off, ``--steps`` steps; the share is over the
 steps after step 0, which also warms caches) and ``4096`` (one step of 4,096 leaves).
 
-    python -m studies.overhead --out bench_runs/overhead.json            # both cases
-    python -m studies.overhead --case default --steps 4
-    python -m studies.overhead --case default --ref main   # the same case on main's code first
+    python -m bench.overhead --out bench_runs/overhead.json            # both cases
+    python -m bench.overhead --case default --steps 4
+    python -m bench.overhead --case default --ref main   # the same case on main's code first
 
 ``--ref REV`` runs each case first on git revision REV (a temporary worktree, its own process and
 Prefect home), then on this checkout, and puts the two overhead shares side by side. ``--keep
@@ -171,7 +171,7 @@ def report(result: dict[str, Any]) -> str:
 
 def run_ref(ref: str, name: str, steps: int, root: Path) -> dict[str, Any]:
     """``run_case`` on the code of git revision ``ref``: a worktree of it under ``root``, its own
-    ``python -m studies.overhead`` process (under bench/ in revisions before it moved here; a new
+    ``python -m bench.overhead`` process (studies/ in the few revisions where it lived there; a new
     Prefect home); its figures, with the commit."""
     import subprocess
 
@@ -184,7 +184,7 @@ def run_ref(ref: str, name: str, steps: int, root: Path) -> dict[str, Any]:
                                 check=True, capture_output=True, text=True).stdout.strip()
         out = root / f"ref-{name}.json"
         env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
-        module = next(d for d in ("studies", "bench") if (tree / d / "overhead.py").exists()) + ".overhead"
+        module = next(d for d in ("bench", "studies") if (tree / d / "overhead.py").exists()) + ".overhead"
         subprocess.run([sys.executable, "-m", module, "--case", name, "--steps",
                         str(steps), "--out", str(out)], cwd=tree,
                        env={**env, "PYTHONPATH": str(tree)}, check=True)
