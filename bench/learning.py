@@ -21,9 +21,9 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -73,6 +73,16 @@ class Structure:
     methods: tuple[str, ...]
     matched: bool = True
     """Whether the ``MATCHED`` baselines are sized to the reference (the tokens protocol)."""
+    runner: Callable[..., RunResult] = run_one
+    """One (method, seed) run, called as ``run_one`` is (``bench.peers``: TRL's or this project's)."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """Added to every run's ``extra`` (``bench.peers``: the TRL version, machine and settings)."""
+
+    def recorded(self) -> list[RunResult]:
+        """Every recorded run of these settings and methods, this invocation's and earlier ones',
+        by seed then method."""
+        return sorted((r for r in recorded_runs(self.records, self.signature) if r.method in self.methods),
+                      key=lambda r: (r.seed, self.methods.index(r.method)))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -102,21 +112,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         plan = [("leaves", base, methods, workdir, records)]
     structures = {}
     for name, b, ms, wd, rec in plan:
+        # the runs keep only the evaluated checkpoints (checkpoint_every = the evaluation
+        # interval: 13 MB a step for the tiny policy); not in the run id or the signature
+        b = {**b, "keep_checkpoints": 1}
         sig = signature(b, eval_steps, ev, policy)
         check_signatures(rec, sig)  # records of other settings are not silently mixed in
         start = _start_accuracy(b, policy, rec if not tokens else wd, sig, ev)
         structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens)
-    jobs = [j for j in job_order(seeds, {n: st.methods for n, st in structures.items()})
-            if load_run(structures[j[0]].records, structures[j[0]].signature, j[1], j[2]) is None]
-    run_jobs(jobs, structures, args.jobs, policy, eval_steps, ev)
+    run_jobs(job_order(seeds, {n: st.methods for n, st in structures.items()}), structures,
+             args.jobs, policy, eval_steps, ev)
     if tokens:
         return protocol_report(records, args.final_of, vars(args))
-    st = structures["leaves"]
-    # Every recorded seed of these methods made with these settings, this invocation's and
-    # earlier ones'.
-    results = sorted((r for r in recorded_runs(records, st.signature) if r.method in methods),
-                     key=lambda r: (r.seed, methods.index(r.method)))
-    return report(results, st.start)
+    return report(structures["leaves"].recorded(), structures["leaves"].start)
 
 
 def quick(args: argparse.Namespace, **sizes: int) -> None:
@@ -332,16 +339,13 @@ def _budget(st: Structure, method: str, seed: int) -> dict[str, int] | None:
 
 def _job(st: Structure, method: str, seed: int, budget: dict[str, int], policy: str,
          eval_steps: Sequence[int], ev: dict[str, Any], job_dir: Path) -> str:
-    """One run, in this process or a worker, recorded as it ends. It keeps only the evaluated
-    checkpoints (``keep_checkpoints`` 1 with ``checkpoint_every`` = the evaluation interval: 13 MB
-    a step for the tiny policy; not in the run id or the signature)."""
+    """One run (``st.runner``), in this process or a worker, recorded as it ends."""
     from tasks.runtime import configure_threads
 
     configure_threads()
-    r = run_one(method, seed, {**st.base, **budget, "keep_checkpoints": 1}, policy, job_dir,
-                eval_steps, start_accuracy=st.start, **ev)
-    if st.matched:
-        r.extra["budget"] = budget
+    r = st.runner(method, seed, {**st.base, **budget}, policy, job_dir, eval_steps,
+                  start_accuracy=st.start, **ev)
+    r.extra.update({**st.notes, **({"budget": budget} if st.matched else {})})
     return str(save_run(st.records, st.signature, r))
 
 
@@ -350,12 +354,13 @@ def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structu
     """The runs on ``workers`` processes (one: in this process, in the structure's work dir;
     several: each in ``<workdir>/job-<method>-s<seed>``, since a DuckDB file has one writer
     process), each started once its budget is known (a matched baseline after its seed's
-    reference). A failed run is reported and the runs waiting on it are left for a later
-    invocation."""
+    reference); a job already recorded with its structure's settings is not run again. A failed
+    run is reported and the runs waiting on it are left for a later invocation."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pending = list(jobs)
+    pending = [(name, m, s) for name, m, s in jobs
+               if load_run(structures[name].records, structures[name].signature, m, s) is None]
 
     def next_ready() -> tuple[tuple[str, str, int], tuple] | None:
         for job in pending:

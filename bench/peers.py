@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,10 +21,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning import _policy_and_base, _start_accuracy, quick, run_options
+from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, run_jobs, run_options
 from bench.learning_report import accuracy_at_tokens, paired_tests, run_log, token_budget, tokens_to_reach
-from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, load_run,
-                                 parse_seeds, run_one, save_run, signature, tokens_at_evals)
+from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, parse_seeds,
+                                 run_one, signature, tokens_at_evals)
 from trace_core.stats import median_ratio
 
 METHODS = ("trl_grpo", "grpo", "trace")
@@ -201,10 +200,13 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
 
 # ----------------------------------------------------------------------------- this project's runs
 
-def run_ours(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
+def run_peer(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
              eval_steps: Sequence[int], **ev: Any) -> RunResult:
-    """``bench.learning_runs.run_one`` with the wall time at each evaluation added (the flow's
+    """One run of ``method`` (``bench.learning.Structure.runner``): ``run_trl``, else
+    ``bench.learning_runs.run_one`` with the wall time at each evaluation added (the flow's
     set-up, i.e. the train call's wall less its steps' seconds, counted before the first step)."""
+    if method == "trl_grpo":
+        return run_trl(seed, base, policy, workdir, eval_steps, **ev)
     r = run_one(method, seed, base, policy, workdir, eval_steps, **ev)
     step_s = [float(x) for x in r.extra["per_step"]["time/step_s"]]
     setup = max(0.0, r.wall_s - float(np.nansum(step_s)))
@@ -363,27 +365,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = _start_accuracy(base, policy, workdir, sig, ev)
     meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
             "settings": {k: v for k, v in vars(args).items() if k not in ("set",)}}
+    st = Structure("peers", base, sig, start, workdir, results, tuple(methods), matched=False,
+                   runner=run_peer, notes=meta)
     warm_s = _warm_prefect() if any(m in ("grpo", "trace") for m in methods) else 0.0
     t_all = time.perf_counter()
-    for i, seed in enumerate(seeds):
-        order = methods[i % len(methods):] + methods[:i % len(methods)]  # rotate: load drifts
-        for m in order:
-            if load_run(results, sig, m, seed) is not None:
-                continue
-            print(f"[peers] {m} seed {seed} ...", file=sys.stderr, flush=True)
-            r = (run_trl(seed, base, policy, workdir, eval_steps, start_accuracy=start, **ev)
-                 if m == "trl_grpo" else
-                 run_ours(m, seed, base, policy, workdir, eval_steps, start_accuracy=start, **ev))
-            save_run(results, sig, RunResult(**{**r.__dict__, "extra": {**r.extra, **meta}}))
-            print(f"[peers] {m} seed {seed}: {r.wall_s:.0f} s, final {100 * r.accuracy[-1]:.1f}%",
-                  file=sys.stderr, flush=True)
-    recorded = [r for s in seeds for m in methods if (r := load_run(results, sig, m, s)) is not None]
+    # one run at a time (the timings are the benchmark), each seed's order rotated: load drifts
+    run_jobs([("peers", m, s) for i, s in enumerate(seeds)
+              for m in methods[i % len(methods):] + methods[:i % len(methods)]],
+             {"peers": st}, 1, policy, eval_steps, ev)
     print(f"bench.peers: {args.family} d={args.difficulty}, {args.steps} steps x "
           f"{base['root_budget'] * (1 + base['multiplier'])} rollouts (group {args.group_size}), "
           f"{args.eval_items} held-out items x {args.eval_samples}; seeds {seeds}; TRL {version}; "
           f"{meta['machine']}; this invocation {time.perf_counter() - t_all:.0f} s (Prefect's "
           f"one-time start {warm_s:.0f} s not counted)")
-    return report(recorded, args.steps, start)
+    return report(st.recorded(), args.steps, start)
 
 
 if __name__ == "__main__":
