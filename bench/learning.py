@@ -28,12 +28,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bench import RECORDS
-from bench.learning_report import (best_baseline, conclude, describe, print_rows, report, rows_of,
-                                   run_log, structure_rows)
+from bench.learning_report import conclude, report, run_log, structure_rows
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan,
                                  eval_run_id, load_run, parse_seeds, read_records, recorded_runs,
                                  run_one, save_run, signature)
-from trace_core.stats import paired_gain
 
 REFERENCE = "trace_cover"
 """The row whose generated tokens per step the matched baselines spend (``--protocol tokens``)."""
@@ -44,7 +42,7 @@ ORACLE = "trace_cover_oracle"
 TOKEN_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "cover_oracle", ORACLE)
 OPTIONAL = (ORACLE,)
 """Rows a seed is complete without, run after every seed's other rows (their oracle costs several
-times the run's own rollouts), each reported over the seeds that hold it (``optional_row``)."""
+times the run's own rollouts), each reported over the seeds that hold it (``structure_rows``)."""
 CONTROL_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only")
 """The control needs the reference and the baselines the closing line's best is taken from."""
 LM_RESULTS = RECORDS / "learning_lm"
@@ -89,12 +87,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(_parser(), argv)
     tokens = args.protocol == "tokens"
     quick(args, root_budget=4)
-    if args.summarise_only:
-        return protocol_report(records_of(args), args.final_of, vars(args)) if tokens \
-            else summarise_recorded(args)
+    workdir, records = Path(args.workdir), records_of(args)
+    if args.summarise_only and tokens:
+        return protocol_report(records, args.final_of, vars(args))
+    if args.summarise_only:  # every run of the settings start.json names, else of the one its runs hold
+        path = records / "start.json"
+        sigs = ({json.loads(path.read_text())["signature"]} if path.exists() else
+                {s for s, _ in read_records(records)})
+        if len(sigs) != 1:
+            raise FileNotFoundError(f"--summarise-only: no {path}, and records of {len(sigs)} "
+                                    f"settings in {records / 'runs'}")
+        runs = recorded_runs(records, sigs.pop())
+        return report(runs, runs[0].accuracy[0])
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
-    workdir, records = Path(args.workdir), records_of(args)
     seeds = parse_seeds(args.seeds or "3")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if tokens and REFERENCE not in methods:
@@ -275,20 +281,6 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     return policy, base, skip
 
 
-def summarise_recorded(args: argparse.Namespace) -> dict[str, Any]:
-    """The equal-leaf report of the runs recorded in ``records_of(args)``: every run of the
-    settings ``start.json`` names (else of the one setting its runs hold); nothing runs."""
-    records = records_of(args)
-    path = records / "start.json"
-    sigs = ({json.loads(path.read_text())["signature"]} if path.exists() else
-            {s for s, _ in read_records(records)})
-    if len(sigs) != 1:
-        raise FileNotFoundError(f"--summarise-only: no {path}, and records of {len(sigs)} "
-                                f"settings in {records / 'runs'}")
-    runs = recorded_runs(records, sigs.pop())
-    return report(runs, runs[0].accuracy[0])
-
-
 # ----------------------------------------------------------------------------- the runs
 
 def matched_leaves(tokens_per_step: float, tokens_per_leaf: float, group: int) -> int:
@@ -411,25 +403,6 @@ def load_structure(folder: Path) -> dict[int, dict[str, RunResult]]:
     return dict(sorted(out.items()))
 
 
-def optional_row(complete: dict[int, dict[str, RunResult]], required: Sequence[str], method: str,
-                 final_of: int, best: str) -> dict[str, Any] | None:
-    """The table row of ``OPTIONAL`` ``method`` over the complete seeds that hold it (None: none
-    does): its costs and accuracy as ``rows_of`` gives them, its ``seeds``, its oracle's
-    generated tokens per step (``oracle_tokens``) and, over two or more seeds, ``vs``: its paired
-    difference on those seeds from ``best`` (the closing line's best baseline) and from the
-    reference."""
-    have = [rs for rs in complete.values() if method in rs]
-    if not have:
-        return None
-    logs = [{m: run_log(rs[m], final_of) for m in (*required, method)} for rs in have]
-    table, per_seed = rows_of(logs, [*required, method])
-    row = {**table[-1], "seeds": len(have), "oracle_tokens": float(np.mean(
-        [np.mean(rs[method].extra["steps"].get("oracle_tokens", np.nan)) for rs in have]))}
-    if len(have) >= 2:
-        row["vs"] = {m: paired_gain(per_seed[m], per_seed[method]) for m in (best, REFERENCE)}
-    return row
-
-
 def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = None
                     ) -> dict[str, Any]:
     """The tokens protocol: the tables of both structures, the power statement and the closing
@@ -458,18 +431,9 @@ def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = 
         print(f"\n{name}: {len(complete)} complete seed(s) {sorted(complete)}; runs recorded: {counts}")
         if not complete or "grpo" not in methods:
             continue
-        logs = [{m: run_log(rs[m], final_of) for m in required} for rs in complete.values()]
-        tables[name], finals[name] = structure_rows(name, logs, required, REFERENCE)
-        for m in methods:
-            if m in OPTIONAL and (row := optional_row(complete, required, m, final_of,
-                                                      best_baseline(finals[name]))):
-                print(f"{m} over the {row['seeds']} complete seed(s) that hold it, its oracle "
-                      f"{row['oracle_tokens']:.0f} generated tokens per step apart:")
-                print_rows([row])
-                tables[name].append(row)
-                if "vs" in row:
-                    print(f"{m} over its {row['seeds']} seeds: " + "; ".join(
-                        f"vs {b} {describe(iv)}" for b, iv in row["vs"].items()))
+        logs = [{m: run_log(rs[m], final_of) for m in methods if m in rs} for rs in complete.values()]
+        tables[name], finals[name] = structure_rows(name, logs, required, REFERENCE,
+                                                    [m for m in methods if m in OPTIONAL])
     main = finals.get("main", {})
     out: dict[str, Any] = {"tables": tables, "finals": finals}
     if REFERENCE in main and len(main[REFERENCE]) >= 2:

@@ -24,7 +24,8 @@ BASELINES = ("grpo", "dapo", "prompt_only")  # the closing line's best is taken 
 def run_log(r: RunResult, final_of: int = LAST) -> dict[str, Any]:
     """A recorded run as a log: per-step costs where it kept them, accuracy at its evaluations."""
     steps = r.extra.get("steps", {})
-    costs = {k: steps[k] for k in ("tokens", "train_tokens", "mixed", "active") if k in steps}
+    costs = {k: steps[k] for k in ("tokens", "train_tokens", "mixed", "active", "oracle_tokens")
+             if k in steps}
     return {"acc0": r.accuracy[0], "accuracy": r.accuracy[1:], "eval_tokens": r.eval_tokens[1:],
             "final_of": final_of, "leaves": r.leaves, **costs}
 
@@ -113,11 +114,14 @@ def print_rows(table: list[dict]) -> None:
               f"{r['acc']:>6.1f}   {ci:<22}{reach:<30}")
 
 
-def structure_rows(name: str, logs: list[dict], names: list[str], reference: str
-                   ) -> tuple[list[dict], dict[str, np.ndarray]]:
+def structure_rows(name: str, logs: list[dict], names: list[str], reference: str,
+                   optional: Sequence[str] = ()) -> tuple[list[dict], dict[str, np.ndarray]]:
     """One structure's table (``rows_of``), printed under its start accuracy, GRPO's effective
     ratio over its first ``START`` steps and each method's generated tokens per step over the
-    ``reference``'s."""
+    ``reference``'s; then each ``optional`` method's row over the seeds whose log holds it (a
+    Monte-Carlo oracle's: ``bench.learning.OPTIONAL``), with its ``seeds``, its oracle's generated
+    tokens per step (``oracle_tokens``) and, over two or more seeds, ``vs``: its paired
+    difference on those seeds from the best baseline and from the ``reference``."""
     table, finals = rows_of(logs, names)
     by = {r["method"]: r for r in table}
     print(f"\n{name}: {len(logs)} seed(s); start accuracy {100 * logs[0]['grpo']['acc0']:.1f}; "
@@ -125,6 +129,21 @@ def structure_rows(name: str, logs: list[dict], names: list[str], reference: str
           f"generated tokens per step / {reference}'s: "
           + ", ".join(f"{m} {r['tokens'] / by[reference]['tokens']:.2f}" for m, r in by.items()))
     print_rows(table)
+    for m in optional:
+        have = [lg for lg in logs if m in lg]
+        if not have:
+            continue
+        rows, per_seed = rows_of(have, [*names, m])
+        row = {**rows[-1], "seeds": len(have),
+               "oracle_tokens": float(np.mean([np.mean(lg[m].get("oracle_tokens", np.nan)) for lg in have]))}
+        print(f"{m} over the {len(have)} complete seed(s) that hold it, its oracle "
+              f"{row['oracle_tokens']:.0f} generated tokens per step apart:")
+        print_rows([row])
+        table.append(row)
+        if len(have) >= 2:
+            row["vs"] = {b: paired_gain(per_seed[b], per_seed[m]) for b in (best_baseline(finals), reference)}
+            print(f"{m} over its {len(have)} seeds: "
+                  + "; ".join(f"vs {b} {describe(iv)}" for b, iv in row["vs"].items()))
     return table, finals
 
 
