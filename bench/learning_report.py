@@ -11,8 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.learning_runs import VARIANTS, RunResult
-from trace_core.stats import (Interval, detectable_effect, mean_interval, median_ratio, paired_gain,
-                              verdict)
+from trace_core.stats import Interval, detectable_effect, median_ratio, paired_gain, verdict
 
 LAST = 5  # final accuracy = the mean held-out accuracy of the last LAST steps (declared up front)
 START = 5  # GRPO's effective ratio "at the start" is pooled over its first START steps
@@ -199,44 +198,43 @@ def token_budget(results: Sequence[RunResult]) -> float:
     return float(min(totals)) if totals else float("nan")
 
 
-def accuracy_at_tokens(r: RunResult, tokens: float) -> float:
-    """Held-out accuracy of run ``r`` after ``tokens`` generated tokens: linear between its
-    evaluations on the cumulative-token axis (the start at 0 tokens). nan beyond the run's total
-    (no extrapolation) or without the run's tokens per evaluation."""
-    if not r.eval_tokens:
+def accuracy_at(r: RunResult, x: float, axis: str = "eval_tokens") -> float:
+    """Held-out accuracy of run ``r`` at ``x`` on an axis of its evaluations: ``eval_tokens``
+    (the generated tokens spent before each) or ``eval_wall_s`` (training seconds, kept in its
+    ``extra`` by ``bench.peers``), linear in between (the start at 0). nan beyond the run's last
+    evaluation (no extrapolation) or where the run did not record that axis."""
+    at = r.eval_tokens if axis == "eval_tokens" else r.extra.get(axis, [])
+    if not at:
         return float("nan")
-    if len(r.eval_tokens) != len(r.accuracy) or np.any(np.diff(r.eval_tokens) < 0):
-        raise ValueError(f"{r.method} seed {r.seed}: eval_tokens {r.eval_tokens} must rise with "
-                         f"the {len(r.accuracy)} evaluations")
-    if not 0 <= tokens <= r.eval_tokens[-1]:
+    if len(at) != len(r.accuracy) or np.any(np.diff(at) < 0):
+        raise ValueError(f"{r.method} seed {r.seed}: {axis} {at} must rise with the "
+                         f"{len(r.accuracy)} evaluations")
+    if not 0 <= x <= at[-1]:
         return float("nan")
-    return float(np.interp(tokens, r.eval_tokens, r.accuracy))
+    return float(np.interp(x, at, r.accuracy))
 
 
-def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at_tokens",
-                 level: float = 0.95) -> dict[str, dict[str, Any]]:
-    """``method`` minus each other method, paired by seed, on ``key`` (``at_tokens``: held-out
-    accuracy at equal generated tokens, the primary comparison; ``final``: at equal leaves): the
-    differences, their mean, its ``level`` Student-t interval (``trace_core.stats.mean_interval``),
-    their SD and the effect detectable at 80% power; nan below two shared seeds."""
+def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at_tokens"
+                 ) -> dict[str, dict[str, Any]]:
+    """``method`` minus each other method in points, paired by seed, on ``key`` (``at_tokens``:
+    held-out accuracy at equal generated tokens, ``token_budget``, the primary comparison;
+    ``final``: at equal leaves): the seeds both ran, the finite differences (``diffs``), ``gain``
+    (their mean and 95% t interval, ``paired_gain``; the interval nan below two) and the effect
+    ``detectable`` at 80% power."""
     budget = token_budget(results)
-    get = (lambda r: accuracy_at_tokens(r, budget)) if key == "at_tokens" else (lambda r: r.accuracy[-1])
-    mine = {r.seed: r for r in results if r.method == method}
+    value = {(r.method, r.seed): 100 * (accuracy_at(r, budget) if key == "at_tokens" else r.accuracy[-1])
+             for r in results}
     out: dict[str, dict[str, Any]] = {}
-    for other in dict.fromkeys(r.method for r in results if r.method != method):
-        theirs = {r.seed: r for r in results if r.method == other}
-        seeds = sorted(set(mine) & set(theirs))
-        d = np.array([get(mine[s]) - get(theirs[s]) for s in seeds])
-        d = d[np.isfinite(d)]
-        nan = float("nan")
-        row = {"seeds": seeds, "n": int(d.size), "diffs": d.tolist(),
-               "mean": float(d.mean()) if d.size else nan, "low": nan, "high": nan, "sd": nan,
-               "detectable": nan}
+    for other in dict.fromkeys(m for m, _ in value if m != method):
+        seeds = sorted(s for m, s in value if m == other and (method, s) in value)
+        pairs = np.array([(value[other, s], value[method, s]) for s in seeds]).reshape(-1, 2)
+        before, after = pairs[np.isfinite(pairs).all(axis=1)].T
+        d, nan = after - before, float("nan")
         if d.size >= 2:
-            iv, sd = mean_interval(d, level), float(d.std(ddof=1))
-            row.update(low=iv.low, high=iv.high, sd=sd,
-                       detectable=detectable_effect(sd, int(d.size), level))
-        out[other] = row
+            gain, detectable = paired_gain(before, after), detectable_effect(float(d.std(ddof=1)), d.size)
+        else:
+            gain, detectable = Interval(float(d.mean()) if d.size else nan, nan, nan, d.size), nan
+        out[other] = {"seeds": seeds, "diffs": d.tolist(), "gain": gain, "detectable": detectable}
     return out
 
 
@@ -250,7 +248,7 @@ def report(results: list[RunResult], start: float) -> dict[str, Any]:
         rs = [r for r in results if r.method == m]
         spread = lambda v: (float(np.mean(v)), float(np.std(v)))  # noqa: E731
         table[m] = {"final": spread([r.accuracy[-1] for r in rs]),
-                    "at_tokens": spread([accuracy_at_tokens(r, budget) for r in rs]),
+                    "at_tokens": spread([accuracy_at(r, budget) for r in rs]),
                     "effective_ratio": float(np.mean([np.mean(r.effective_ratio) for r in rs])),
                     "leaves": float(np.mean([sum(r.leaves) for r in rs])),
                     **{k: float(np.mean([getattr(r, k) for r in rs]))
@@ -270,9 +268,9 @@ def report(results: list[RunResult], start: float) -> dict[str, Any]:
         for key, what in (("at_tokens", "at equal generated tokens"), ("final", "at equal leaves")):
             tests[key] = paired_tests(results, key=key)
             for other, t in tests[key].items():
-                print(f"trace - {other:<14} {what}: {100 * t['mean']:+5.1f} points (95% CI "
-                      f"{100 * t['low']:+.1f}, {100 * t['high']:+.1f}) over {t['n']} seeds; "
-                      f"detectable at 80% power: {100 * t['detectable']:.1f}")
+                g = t["gain"]
+                print(f"trace - {other:<14} {what}: {g.mean:+5.1f} points (95% CI {g.low:+.1f}, "
+                      f"{g.high:+.1f}) over {g.n} seeds; detectable at 80% power: {t['detectable']:.1f}")
         best = max(baselines, key=lambda m: table[m]["final"][0])
         delta = 100 * (table["trace"]["final"][0] - table[best]["final"][0])
         ratio = (table["trace"]["effective_ratio"] / table["grpo"]["effective_ratio"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from bench import RECORDS
 from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, run_jobs, run_options
-from bench.learning_report import accuracy_at_tokens, paired_tests, run_log, token_budget, tokens_to_reach
+from bench.learning_report import accuracy_at, paired_tests, run_log, token_budget, tokens_to_reach
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, parse_seeds,
                                  run_one, signature, tokens_at_evals)
 from trace_core.stats import median_ratio
@@ -233,15 +233,6 @@ def _warm_prefect() -> float:
 
 # ----------------------------------------------------------------------------- report
 
-def accuracy_at_wall(r: RunResult, seconds: float) -> float:
-    """Held-out accuracy of ``r`` after ``seconds`` of training wall time (linear between its
-    evaluations; nan beyond its last)."""
-    w = r.extra.get("eval_wall_s", [])
-    if not w or not 0 <= seconds <= w[-1]:
-        return float("nan")
-    return float(np.interp(seconds, w, r.accuracy))
-
-
 def summarise(results: list[RunResult], steps: int) -> dict[str, dict[str, Any]]:
     budget = token_budget(results)
     wall_budget = min(r.extra["eval_wall_s"][-1] for r in results)
@@ -250,8 +241,8 @@ def summarise(results: list[RunResult], steps: int) -> dict[str, dict[str, Any]]
         rs = [r for r in results if r.method == m]
         table[m] = {"seeds": [r.seed for r in rs],
                     "final": [r.accuracy[-1] for r in rs],
-                    "at_tokens": [accuracy_at_tokens(r, budget) for r in rs],
-                    "at_wall": [accuracy_at_wall(r, wall_budget) for r in rs],
+                    "at_tokens": [accuracy_at(r, budget) for r in rs],
+                    "at_wall": [accuracy_at(r, wall_budget, "eval_wall_s") for r in rs],
                     "tokens": [r.generated_tokens for r in rs],
                     "wall_per_step": [r.wall_s / steps for r in rs],
                     "tokens_per_s": [r.generated_tokens / r.wall_s for r in rs]}
@@ -259,13 +250,10 @@ def summarise(results: list[RunResult], steps: int) -> dict[str, dict[str, Any]]
 
 
 def parity(results: list[RunResult], ours: str = "grpo", ref: str = "trl_grpo") -> dict[str, Any]:
-    """``ours`` minus ``ref`` at equal generated tokens, per seed both ran: mean, 95% t interval
-    (points; ``bench.learning_report.paired_tests``)."""
+    """``ours`` minus ``ref`` in points at equal generated tokens (``budget_tokens``: the smaller
+    total of the two), per seed both ran (``bench.learning_report.paired_tests``)."""
     pair = [r for r in results if r.method in (ours, ref)]
-    t = paired_tests(pair, method=ours)[ref]
-    return {"seeds": t["seeds"], "budget_tokens": token_budget(pair),
-            "diffs": [100 * x for x in t["diffs"]], "mean": 100 * t["mean"],
-            "lo": 100 * t["low"], "hi": 100 * t["high"]}
+    return {**paired_tests(pair, method=ours)[ref], "budget_tokens": token_budget(pair)}
 
 
 def _ratio(table: dict[str, Any], ours: str, ref: str, key: str) -> float:
@@ -297,9 +285,10 @@ def markdown(s: dict[str, Any]) -> str:
 def closing(results: list[RunResult], table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The closing line (this project's GRPO against TRL's) and its figures."""
     p = parity(results)
+    g = p["gain"]
     wall, rate = (_ratio(table, "grpo", "trl_grpo", k) for k in ("wall_per_step", "tokens_per_s"))
     return (f"vs TRL GRPOTrainer: wall per step {wall:.2f}x, tokens/s {rate:.2f}x, GRPO parity "
-            f"{p['mean']:+.1f} points (95% CI {p['lo']:+.1f}, {p['hi']:+.1f})",
+            f"{g.mean:+.1f} points (95% CI {g.low:+.1f}, {g.high:+.1f})",
             {"parity": p, "wall_ratio": wall, "rate_ratio": rate})
 
 
@@ -313,8 +302,8 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
     ref = {r.seed: r for r in results if r.method == "trl_grpo"}
     for other in [m for m in t if m not in ("grpo", "trl_grpo")]:
         q = out[f"parity_{other}"] = parity(results, other, "trl_grpo")
-        print(f"{other} minus trl_grpo at equal tokens: {q['mean']:+.1f} points "
-              f"(95% CI {q['lo']:+.1f}, {q['hi']:+.1f}; seeds {q['seeds']})")
+        print(f"{other} minus trl_grpo at equal tokens: {q['gain'].mean:+.1f} points "
+              f"(95% CI {q['gain'].low:+.1f}, {q['gain'].high:+.1f}; seeds {q['seeds']})")
         mine = [r for r in results if r.method == other and r.seed in ref]
         target = {s: 100 * ref[s].accuracy[-1] for s in ref}
         need = out[f"tokens_to_trl_final_{other}"] = [tokens_to_reach(run_log(r), target[r.seed])

@@ -9,6 +9,7 @@ import pytest
 
 from bench.learning_report import paired_tests
 from bench.learning_runs import RunResult
+from trace_core.stats import detectable_effect
 
 
 def _run(method: str, seed: int, accuracy: list[float]) -> RunResult:
@@ -27,21 +28,22 @@ def test_paired_differences_by_hand():
         _run("oracle", 9, [0.5, 0.9, 0.90]),  # no seed shared: no difference
     ]
     out = paired_tests(results, key="final")
-    # final: differences 0.05, -0.02, 0.10 -> mean 0.0433, sample sd 0.0603, s.e. 0.0348,
+    # final, in points: differences 5, -2, 10 -> mean 4.33, sample sd 6.03, s.e. 3.48,
     # t(2) at 97.5% = 4.3027
-    assert out["grpo"]["seeds"] == [0, 1, 2]
-    assert out["grpo"]["mean"] == pytest.approx(0.13 / 3)
-    assert out["grpo"]["sd"] == pytest.approx(0.060277, rel=1e-4)
-    half = 4.302653 * 0.060277 / math.sqrt(3)
-    assert (out["grpo"]["low"], out["grpo"]["high"]) == pytest.approx((0.13 / 3 - half, 0.13 / 3 + half), rel=1e-4)
-    assert out["dapo"]["seeds"] == [1] and out["dapo"]["mean"] == pytest.approx(0.2)
-    assert math.isnan(out["dapo"]["low"]) and math.isnan(out["dapo"]["detectable"])
-    assert out["oracle"]["n"] == 0 and math.isnan(out["oracle"]["mean"])
+    g = out["grpo"]["gain"]
+    assert out["grpo"]["seeds"] == [0, 1, 2] and out["grpo"]["diffs"] == pytest.approx([5, -2, 10])
+    assert g.mean == pytest.approx(13 / 3) and g.n == 3
+    half = 4.302653 * 6.0277 / math.sqrt(3)
+    assert (g.low, g.high) == pytest.approx((13 / 3 - half, 13 / 3 + half), rel=1e-4)
+    assert out["grpo"]["detectable"] == pytest.approx(detectable_effect(6.0277, 3), rel=1e-4)
+    assert out["dapo"]["seeds"] == [1] and out["dapo"]["gain"].mean == pytest.approx(20.0)
+    assert math.isnan(out["dapo"]["gain"].low) and math.isnan(out["dapo"]["detectable"])
+    assert out["oracle"]["gain"].n == 0 and math.isnan(out["oracle"]["gain"].mean)
 
 
 def test_paired_without_the_method_has_no_seeds():
     assert paired_tests([_run("grpo", 0, [0.5, 0.6, 0.7]), _run("dapo", 0, [0.5, 0.6, 0.7])],
-                        key="final")["dapo"]["n"] == 0
+                        key="final")["dapo"]["gain"].n == 0
 
 
 def _tok(method: str, seed: int, accuracy: list[float], tokens: list[float]) -> RunResult:
@@ -51,19 +53,19 @@ def _tok(method: str, seed: int, accuracy: list[float], tokens: list[float]) -> 
 
 
 def test_accuracy_at_equal_tokens_by_hand():
-    from bench.learning_report import accuracy_at_tokens, token_budget
+    from bench.learning_report import accuracy_at, token_budget
 
     tree = _tok("trace", 0, [0.5, 0.7, 0.8], [0.0, 100.0, 300.0])
     flat = _tok("grpo", 0, [0.5, 0.6, 0.9], [0.0, 200.0, 400.0])
     assert token_budget([tree, flat]) == 300.0  # the smallest total any run spent
-    assert accuracy_at_tokens(tree, 200.0) == pytest.approx(0.75)  # halfway from 100 to 300
-    assert accuracy_at_tokens(tree, 300.0) == pytest.approx(0.8)
-    assert accuracy_at_tokens(flat, 300.0) == pytest.approx(0.75)  # halfway from 200 to 400
-    assert math.isnan(accuracy_at_tokens(tree, 301.0))  # never extrapolated
-    assert math.isnan(accuracy_at_tokens(_run("grpo", 1, [0.5, 0.6, 0.7]), 10.0))  # not recorded
+    assert accuracy_at(tree, 200.0) == pytest.approx(0.75)  # halfway from 100 to 300
+    assert accuracy_at(tree, 300.0) == pytest.approx(0.8)
+    assert accuracy_at(flat, 300.0) == pytest.approx(0.75)  # halfway from 200 to 400
+    assert math.isnan(accuracy_at(tree, 301.0))  # never extrapolated
+    assert math.isnan(accuracy_at(_run("grpo", 1, [0.5, 0.6, 0.7]), 10.0))  # not recorded
     with pytest.raises(ValueError, match="trace seed 0: eval_tokens"):
-        accuracy_at_tokens(_tok("trace", 0, [0.5, 0.7, 0.8], [0.0, 300.0, 100.0]), 50.0)
-    assert paired_tests([tree, flat])["grpo"]["mean"] == pytest.approx(0.05)
+        accuracy_at(_tok("trace", 0, [0.5, 0.7, 0.8], [0.0, 300.0, 100.0]), 50.0)
+    assert paired_tests([tree, flat])["grpo"]["gain"].mean == pytest.approx(5.0)
     assert math.isnan(token_budget([_run("grpo", 0, [0.5, 0.6, 0.7])]))
 
 
@@ -94,13 +96,14 @@ def test_seeds_accumulate_and_pair_by_seed(tmp_path):
     results += [_run("dapo", s, [0.5, 0.6, a]) for s, a in enumerate([0.50, 0.45, 0.60])]
     tests = paired_tests(results, key="final")
     # grpo: d = 0.05, -0.02, 0.10; mean 0.0433, s.e. 0.0348, t(2) 97.5% = 4.303
-    g, d = tests["grpo"], tests["dapo"]
-    assert g["mean"] == pytest.approx(0.13 / 3) and g["n"] == 3
-    assert g["high"] - g["mean"] == pytest.approx(4.302653 * 0.060277 / math.sqrt(3), rel=1e-4)
-    # dapo: d = 0.30, 0.25, 0.30; a variant of TRACE pairs as any method does
-    assert d["mean"] == pytest.approx(0.85 / 3) and d["sd"] == pytest.approx(0.028868, rel=1e-4)
+    g, d = tests["grpo"]["gain"], tests["dapo"]
+    assert g.mean == pytest.approx(13 / 3) and g.n == 3
+    assert g.high - g.mean == pytest.approx(4.302653 * 6.0277 / math.sqrt(3), rel=1e-4)
+    # dapo: d = 30, 25, 30 points (sd 2.8868); a variant of TRACE pairs as any method does
+    assert d["gain"].mean == pytest.approx(85 / 3)
+    assert d["detectable"] == pytest.approx(detectable_effect(2.8868, 3), rel=1e-4)
     oracle = [_run("trace_oracle", s, [0.5, 0.6, a]) for s, a in enumerate([0.9, 0.8, 0.95])]
-    assert paired_tests(results + oracle, key="final")["trace_oracle"]["mean"] == pytest.approx(-0.25 / 3)
+    assert paired_tests(results + oracle, key="final")["trace_oracle"]["gain"].mean == pytest.approx(-25 / 3)
 
 
 def test_report_names_the_best_baseline_not_a_variant(capsys):

@@ -37,7 +37,7 @@ def test_parity_is_paired_at_equal_tokens():
     assert p["budget_tokens"] == 200.0
     assert p["diffs"] == pytest.approx([10.0, 20.0, 30.0])
     half = 4.302652729911275 * 10.0 / 3 ** 0.5  # t(0.975, 2) x sd / sqrt(n)
-    assert (p["mean"], p["lo"], p["hi"]) == pytest.approx((20.0, 20.0 - half, 20.0 + half))
+    assert (p["gain"].mean, p["gain"].low, p["gain"].high) == pytest.approx((20.0, 20.0 - half, 20.0 + half))
 
 
 def test_tokens_to_trl_final_is_a_ratio_with_an_interval(capsys):
