@@ -90,14 +90,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     workdir, records = Path(args.workdir), records_of(args)
     if args.summarise_only and tokens:
         return protocol_report(records, args.final_of, vars(args))
-    if args.summarise_only:  # every run of the settings start.json names, else of the one its runs hold
-        path = records / "start.json"
-        sigs = ({json.loads(path.read_text())["signature"]} if path.exists() else
-                {s for s, _ in read_records(records)})
-        if len(sigs) != 1:
-            raise FileNotFoundError(f"--summarise-only: no {path}, and records of {len(sigs)} "
-                                    f"settings in {records / 'runs'}")
-        runs = recorded_runs(records, sigs.pop())
+    if args.summarise_only:  # every run in the folder (one setting: check_signatures)
+        if not (runs := recorded_runs(records)):
+            raise FileNotFoundError(f"--summarise-only: no records in {records / 'runs'}")
         return report(runs, runs[0].accuracy[0])
     if args.jobs is None:
         args.jobs = 1 if args.quick else min(2, os.cpu_count() or 1)
@@ -393,14 +388,11 @@ def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structu
 # ----------------------------------------------------------------------------- the tokens report
 
 def load_structure(folder: Path) -> dict[int, dict[str, RunResult]]:
-    """{seed: {method: run}} of every record in ``folder`` (one signature: else an error)."""
+    """{seed: {method: run}} of every record in ``folder`` (one setting: else an error)."""
     out: dict[int, dict[str, RunResult]] = {}
-    records = read_records(folder)
-    for _, r in records:
+    for r in recorded_runs(folder):
         out.setdefault(r.seed, {})[r.method] = r
-    if len(sigs := {s for s, _ in records}) > 1:
-        raise ValueError(f"{folder}: records of {len(sigs)} settings; keep one per folder")
-    return dict(sorted(out.items()))
+    return out
 
 
 def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = None

@@ -216,9 +216,13 @@ def read_records(workdir: Path) -> list[tuple[str, RunResult]]:
             for d in (json.loads(p.read_text()) for p in sorted((workdir / "runs").glob("*.json")))]
 
 
-def recorded_runs(workdir: Path, signature: str) -> list[RunResult]:
-    """Every run recorded under ``workdir`` with these settings, by seed then method name."""
-    return sorted((r for s, r in read_records(workdir) if s == signature), key=lambda r: (r.seed, r.method))
+def recorded_runs(workdir: Path, signature: str | None = None) -> list[RunResult]:
+    """Every run recorded under ``workdir`` with these settings (None: of the one setting the
+    folder holds; records of several are an error), by seed then method name."""
+    records = read_records(workdir)
+    if signature is None and len(sigs := {s for s, _ in records}) > 1:
+        raise ValueError(f"{workdir}: records of {len(sigs)} settings; keep one per folder")
+    return sorted((r for s, r in records if signature in (None, s)), key=lambda r: (r.seed, r.method))
 
 
 def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any], policy: str) -> str:
