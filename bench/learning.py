@@ -332,7 +332,9 @@ def _job(st: Structure, method: str, seed: int, budget: dict[str, int], policy: 
     configure_threads()
     r = st.runner(method, seed, {**st.base, **budget}, policy, job_dir, eval_steps,
                   start_accuracy=st.start, **ev)
-    r.extra.update({**st.notes, **({"budget": budget} if st.matched else {})})
+    r.extra.update(st.notes)
+    if st.matched:
+        r.extra["budget"] = budget
     return str(save_run(st.records, st.signature, r))
 
 
