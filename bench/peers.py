@@ -22,10 +22,10 @@ import numpy as np
 
 from bench import RECORDS
 from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, run_jobs, run_options
-from bench.learning_report import accuracy_at, paired_tests, run_log, token_budget, tokens_to_reach
+from bench.learning_report import (accuracy_at, final_accuracy, paired_tests, reach_ratio, run_log,
+                                   token_budget, tokens_to_reach)
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, parse_seeds,
                                  run_one, signature, tokens_at_evals)
-from trace_core.stats import median_ratio
 
 METHODS = ("trl_grpo", "grpo", "trace")
 INSTALL = "pip install -e .[peers] -c requirements/cpu-constraints.txt"
@@ -304,17 +304,17 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
         q = out[f"parity_{other}"] = parity(results, other, "trl_grpo")
         print(f"{other} minus trl_grpo at equal tokens: {q['gain'].mean:+.1f} points "
               f"(95% CI {q['gain'].low:+.1f}, {q['gain'].high:+.1f}; seeds {q['seeds']})")
-        mine = [r for r in results if r.method == other and r.seed in ref]
-        target = {s: 100 * ref[s].accuracy[-1] for s in ref}
-        need = out[f"tokens_to_trl_final_{other}"] = [tokens_to_reach(run_log(r), target[r.seed])
-                                                       for r in mine]
-        # TRL's own first crossing of its final accuracy (its curve need not rise monotonically)
-        base = [tokens_to_reach(run_log(ref[r.seed]), target[r.seed]) for r in mine]
+        # the tokens to TRL's final accuracy (its last evaluation) over TRL's own first crossing
+        # of it (its curve need not rise monotonically), per seed: reach_ratio's
+        runs = [r for r in results if r.method == other and r.seed in ref]
+        mine, trl = [run_log(r, final_of=1) for r in runs], [run_log(ref[r.seed], final_of=1) for r in runs]
+        out[f"tokens_to_trl_final_{other}"] = [tokens_to_reach(lg, final_accuracy(t))
+                                               for lg, t in zip(mine, trl)]
         if mine:
-            ratio, lo, hi, never = median_ratio(need, base)
+            ratio, lo, hi, never = reach_ratio(mine, trl)
             x = [f"{v:.2f}x" if np.isfinite(v) else "never" for v in (ratio, lo, hi)]
             print(f"{other} tokens to trl_grpo's final / trl_grpo's: median {x[0]} (95% CI "
-                  f"{x[1]}, {x[2]}; {never} of {len(need)} seeds never reach it)")
+                  f"{x[1]}, {x[2]}; {never} of {len(mine)} seeds never reach it)")
             out[f"reach_ratio_{other}"] = {"median": ratio, "lo": lo, "hi": hi, "never": never}
     line, figures = closing(results, t)
     print(line)
