@@ -24,11 +24,9 @@ case $family in
     # the policy update on both cores (the engine idles meanwhile): 200 s a step instead of 320
     # (studies.update_threads: 1.79x on the update); the runs' signature names the thread count
     export TRACE_TORCH_THREADS=${TRACE_TORCH_THREADS:-2}
-    # keep_checkpoints=1: the newest and the evaluated (registered) ones, not 11 GB a run; it is
-    # not in the run's signature, so the records made before it pair with the runs after
+    # (bench.learning keeps only the evaluated checkpoints: not 11 GB a run)
     learn=(--eval-temperature 0.7
-           --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4
-           keep_checkpoints=1) ;;
+           --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4) ;;
   *) echo "bench/rl_real.sh: family $family has no RL recipe here (bfcl, hotpotqa)" >&2; exit 2 ;;
 esac
 # the seeds before the warm start's hour: SEEDS=0 is a count of none (seed 0 alone is 0-0)
