@@ -86,7 +86,7 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json") if p.name in before} == before
     assert sorted((r["method"], r["seed"]) for r in more["results"]) == \
         [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
-    assert more["tests"]["at_tokens"]["grpo"]["n"] == 2
+    assert more["tests"]["at_tokens"]["grpo"]["gain"].n == 2
     assert "trace - grpo           at equal generated tokens" in capsys.readouterr().out
 
 
