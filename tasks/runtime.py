@@ -99,16 +99,16 @@ def _hash_source(fn: Any) -> str:
     return hashlib.sha256(src.encode()).hexdigest()[:12]
 
 
+_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout the phases run from (resolved once: ~5 ms a cache key here)."""
+
+
 def code_version() -> str:
     """Hash of every module a phase can run (trace_core, trace_rl, tasks): a task's own source is
     not enough, since a change in what it calls changes its result too. Computed once per
     session."""
     return Session.current().memo("code-version", str(_ROOT), lambda: _code_hash(_ROOT),
                                   maxsize=1)
-
-
-_ROOT = Path(__file__).resolve().parents[1]
-"""The checkout the phases run from (resolved once: ~5 ms a cache key here)."""
 
 
 def _code_hash(root: Path) -> str:

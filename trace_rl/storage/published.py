@@ -230,8 +230,8 @@ class PublishedDatabase:
         """Within the block, this thread's reads and writes of the file share one connection
         (a writer's is read-write; each use gets a cursor of it), opened at the first of them and
         closed at the block's end or at a ``released`` block; while it is open the file is this
-        thread's, as during any one connection. Opening a connection costs 10-40 ms here, so a run of short phases that read
-        and write the store saves one per use. Each write is checkpointed and published (or
+        thread's, as during any one connection. Opening a connection costs 10-40 ms here, so a
+        run of short phases that read and write the store saves one per use. Each write is checkpointed and published (or
         deferred) as if its connection had closed; a failed use closes the connection. Nested
         blocks are one block. Never wait for another thread that uses the store while the
         connection is open: close it first (``released``)."""
