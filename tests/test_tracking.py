@@ -184,3 +184,53 @@ def test_a_step_logged_again_after_a_crash_is_not_duplicated(workdir):
     hist = again.client.get_metric_history
     assert sorted(m.step for m in hist(run_id, "rollout/leaves")) == [1, 2]
     assert [m.step for m in hist(run_id, "loss/lr")] == [1]
+
+
+def _schema(db):
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        tables = sorted(con.execute("SELECT type, name, sql FROM sqlite_master").fetchall(),
+                        key=lambda r: (r[0], r[1]))
+        version = con.execute("SELECT version_num FROM alembic_version").fetchall()
+        default = con.execute("SELECT name, artifact_location FROM experiments").fetchall()
+    finally:
+        con.close()
+    return tables, version, default
+
+
+def test_a_new_store_is_a_copy_of_one_empty_store_with_mlflows_own_schema(tmp_path, monkeypatch):
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from trace_rl.storage.tracking import empty_store
+
+    monkeypatch.setenv("TRACE_CACHE_DIR", str(tmp_path / "cache"))
+    first = Tracker(tmp_path / "a")
+    template = empty_store()
+    assert template.parent == tmp_path / "cache" / "mlflow"
+    made = template.stat().st_mtime_ns
+    second = Tracker(tmp_path / "b")
+    assert template.stat().st_mtime_ns == made  # made once, copied for every later work dir
+    # MLflow's own creation of a store, for comparison
+    SqlAlchemyStore(f"sqlite:///{tmp_path / 'own.db'}", str(tmp_path / "own")).engine.dispose()
+    own_tables, own_version, _ = _schema(tmp_path / "own.db")
+    for tracker, where in ((first, "a"), (second, "b")):
+        tables, version, experiments = _schema(tmp_path / where / "mlflow.db")
+        assert (tables, version) == (own_tables, own_version)
+        assert ("Default", str(tmp_path / where / "mlruns" / "0")) in experiments
+        run_id = tracker.start_or_resume(f"run-{where}")
+        tracker.log_metrics(0, {"loss/policy": 1.0})
+        assert tracker.client.get_run(run_id).data.metrics == {"loss/policy": 1.0}
+    assert not list((tmp_path / "a").glob(".mlflow.db.*"))  # no partial copy left behind
+
+
+def test_without_an_empty_store_mlflow_creates_the_store_as_before(tmp_path, monkeypatch):
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("TRACE_CACHE_DIR", str(blocked))
+    with pytest.warns(UserWarning, match="no empty store to copy"):
+        tracker = Tracker(tmp_path / "w")
+    run_id = tracker.start_or_resume("run-w")
+    tracker.log_metrics(0, {"loss/policy": 2.0})
+    assert tracker.client.get_run(run_id).data.metrics == {"loss/policy": 2.0}

@@ -76,6 +76,29 @@ def _forget_artifact_repo(run_id: str, artifact_uri: str) -> None:
         cache.pop(run_id, None)
 
 
+def empty_store() -> Path:
+    """An MLflow sqlite store with MLflow's tables and nothing logged, made once per MLflow version
+    under ``environ.cache_dir()/mlflow`` (one process at a time; written whole, then renamed)."""
+    import mlflow
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from trace_rl.environ import cache_dir
+
+    folder = cache_dir() / "mlflow"
+    path = folder / f"empty-{mlflow.__version__}.db"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    with file_lock(folder / ".empty-store.lock", 600, "MLflow empty store"):
+        if not path.exists():
+            part = folder / f".empty-{os.getpid()}.part"
+            part.unlink(missing_ok=True)
+            store = SqlAlchemyStore(f"sqlite:///{part}", str(folder / "mlruns"))
+            store.engine.dispose()
+            os.replace(part, path)
+    return path
+
+
 class Tracker(ModelRegistry):
     """The MLflow side of one work dir. Call ``start_or_resume`` before logging."""
 
@@ -86,17 +109,48 @@ class Tracker(ModelRegistry):
         self.tracking_uri = tracking_uri or f"sqlite:///{self.workdir / 'mlflow.db'}"
         self.artifact_root = self.workdir / "mlruns"
         self.experiment = experiment
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         # The first use of a new sqlite store runs MLflow's schema migrations; two processes doing
         # that at once corrupt it ("no such column: spans.dimension_attributes"), so
         # processes of one work dir take their first look at the store one at a time.
         with file_lock(self.workdir / ".mlflow-setup.lock", 600, "MLflow store set-up"):
+            self._seed_new_store()
+            self.client = MlflowClient(tracking_uri=self.tracking_uri,
+                                       registry_uri=self.tracking_uri)
             self.relocated = self._relocate()
             self.experiment_id = self._experiment_id()
         self.run_id: str | None = None
         self.trace_run_id: str | None = None
         self.finished_at: int | None = None  # the end time of a resumed FINISHED run
         self.logged_new = False  # whether this session logged a metric or a model
+
+    def _seed_new_store(self) -> None:
+        """Give a new work dir's own ``mlflow.db`` MLflow's tables by copying an empty store that
+        ``empty_store`` makes once per MLflow version: MLflow's schema migrations take 3-6 s of
+        CPU for every new store. The copy's Default experiment is pointed at this work dir's
+        ``mlruns``. On any failure the store is left to MLflow, which creates it as before."""
+        import shutil
+        import sqlite3
+
+        db = self.workdir / "mlflow.db"
+        if self.tracking_uri != f"sqlite:///{db}" or db.exists():
+            return
+        part = db.with_name(f".mlflow.db.{os.getpid()}.part")
+        try:
+            shutil.copyfile(empty_store(), part)
+            con = sqlite3.connect(part)
+            try:
+                with con:
+                    now = int(time.time() * 1000)
+                    con.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, "
+                                "last_update_time = ? WHERE experiment_id = 0",
+                                (str(self.artifact_root / "0"), now, now))
+            finally:
+                con.close()
+            os.replace(part, db)
+        except (OSError, sqlite3.Error, MlflowException) as exc:
+            part.unlink(missing_ok=True)
+            warnings.warn(f"MLflow store {db}: no empty store to copy ({exc}); MLflow creates it",
+                          stacklevel=2)
 
     def _relocate(self) -> str | None:
         """Point the store's artifact locations at this work dir if it was copied or moved.
