@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from bench.allocation_trees import Grower, Totals, sibling_contrast_pairs  # noqa: F401 (re-exported)
+from bench import markdown
+from bench.allocation_trees import Grower, Totals
 from trace_core.allocators import (ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet,
                                    RootPool)
 from trace_core.predictor import HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
@@ -230,15 +231,14 @@ def format_table(result: BenchResult) -> str:
     oracle = result.figures.get("oracle")
     head = ["method", "roots/step", "leaves/step",
             *(h for _, label, _ in COLUMNS for h in ((label, "x oracle") if oracle else (label,)))]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    rows = []
     for name, fig in result.figures.items():
-        cells = [name, f"{fig['roots_per_step']:.1f}", f"{fig['leaves_per_step']:.0f}"]
+        rows.append([name, f"{fig['roots_per_step']:.1f}", f"{fig['leaves_per_step']:.0f}"])
         for key, _, fmt in COLUMNS:
-            cells.append(format(fig[key], fmt))
+            rows[-1].append(format(fig[key], fmt))
             if oracle:
-                cells.append(f"{fig[key] / oracle[key]:.2f}" if oracle[key] else "n/a")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+                rows[-1].append(f"{fig[key] / oracle[key]:.2f}" if oracle[key] else "n/a")
+    return markdown(head, rows)
 
 
 def format_predictor(result: BenchResult) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trace_core.simulator import Prompt
-from trace_core.tree import TreeBatch
+from trace_core.tree import TreeBatch, sibling_contrast_pairs
 
 
 def objects(items: list) -> np.ndarray:
@@ -110,19 +110,3 @@ class Totals:
             "leaves_per_step": self.leaves / max(self.steps, 1),
             "roots_per_step": self.roots / max(self.steps, 1),
         }
-
-
-def sibling_contrast_pairs(up: np.ndarray, value: np.ndarray) -> int:
-    """Unordered pairs of siblings (children of one node) whose backed-up values differ, over
-    every tree of a batch (``up``: each row's parent row, -1 at roots; one tree's parent array
-    is its own)."""
-    up = np.asarray(up)
-    child = np.flatnonzero(up >= 0)
-    # Values are leaf-count ratios; rounding makes equal ratios compare equal.
-    parent, key = up[child], np.round(value[child], 9)
-    order = np.lexsort((key, parent))
-    parent, key = parent[order], key[order]
-    siblings = np.diff(np.flatnonzero(np.r_[True, parent[1:] != parent[:-1], True]))
-    same = np.diff(np.flatnonzero(np.r_[True, (parent[1:] != parent[:-1]) | (key[1:] != key[:-1]),
-                                        True]))
-    return int((siblings * (siblings - 1) // 2).sum() - (same * (same - 1) // 2).sum())

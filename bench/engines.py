@@ -15,9 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import add_options
 from trace_rl.engines import make_engine
 from trace_rl.policy.smollm import smollm2_dir
 from trace_rl.policy.tiny import make_tiny_policy
+from trace_rl.rollout.format import TurnFormat
 from trace_rl.rollout.types import Engine, GenRequest, SamplingSettings
 
 TOPICS = ("the capital of the country where the river starts", "the sum of 17 and 25",
@@ -42,18 +44,12 @@ class EngineRun:
         return self.tokens / self.seconds
 
 
-def chat_prompts(tokenizer, count: int, seed: int) -> list[tuple[int, ...]]:
+def chat_prompts(fmt: TurnFormat, count: int, seed: int) -> list[tuple[int, ...]]:
     """``count`` chat-template prompts of varied length (1-4 questions per user message)."""
     rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        q = " and ".join(rng.sample(TOPICS, rng.randint(1, 4)))
-        ids = tokenizer.apply_chat_template(
-            [{"role": "system", "content": "Answer with tool calls; finish with <answer>."},
-             {"role": "user", "content": f"Find {q}."}], add_generation_prompt=True,
-            tokenize=True, return_dict=False)
-        out.append(tuple(int(t) for t in ids))
-    return out
+    return [tuple(fmt.prompt_ids("Answer with tool calls; finish with <answer>.",
+                                 f"Find {' and '.join(rng.sample(TOPICS, rng.randint(1, 4)))}."))
+            for _ in range(count)]
 
 
 def throughput(engine: Engine, prompts, n: int, max_tokens: int, seed: int) -> tuple[int, float, list]:
@@ -91,19 +87,11 @@ def mismatch(model_dir: Path, pairs) -> dict[str, float]:
     return engine_mismatch(t, e, torch.ones_like(t))
 
 
-def observation_ids(tokenizer, ended_on_eos: bool) -> list[int]:
-    """Chat-template glue + a tool observation + the next assistant header, as token ids."""
-    close = "" if ended_on_eos else "<|im_end|>"
-    text = f"{close}\n<|im_start|>tool\n{OBSERVATION}<|im_end|>\n<|im_start|>assistant\n"
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 def prefix_cache_share(engine, prompts, turn_tokens: int, continuations: int,
                        seed: int) -> tuple[int, int, int]:
     """Build two-turn trajectories, continue every turn-level prefix; return (prefixes,
     Δqueries, Δhits) of vLLM's prefix cache over the continuation phase."""
-    tok = engine.tokenizer
-    eos = tok.eos_token_id
+    fmt = TurnFormat(engine.tokenizer)
     turn = SamplingSettings(max_tokens=turn_tokens, temperature=1.0, stop=("</tool_call>",))
     histories = [list(p) for p in prompts]
     prefixes: list[tuple[int, ...]] = []
@@ -111,7 +99,7 @@ def prefix_cache_share(engine, prompts, turn_tokens: int, continuations: int,
         reqs = [GenRequest(tuple(h), 1, SamplingSettings(**{**turn.__dict__, "seed": seed + i}))
                 for i, h in enumerate(histories)]
         for h, (c,) in zip(histories, engine.generate(reqs)):
-            h += c.token_ids + observation_ids(tok, bool(c.token_ids) and c.token_ids[-1] == eos)
+            h += c.token_ids + fmt.obs_ids(OBSERVATION, c.token_ids)  # the rollouts' glue
             prefixes.append(tuple(h))
     q0, h0 = engine.prefix_cache_stats()
     engine.generate([GenRequest(p, continuations, SamplingSettings(
@@ -124,14 +112,12 @@ def prefix_cache_share(engine, prompts, turn_tokens: int, continuations: int,
 def run_model(label: str, model_dir: Path, args) -> tuple[list[EngineRun], tuple[int, int, int]]:
     runs, cache = [], (0, 0, 0)
     for kind in ("vllm", "hf"):
-        opts = {"device": args.device}
-        if kind == "vllm":
-            opts["max_model_len"] = 2048
         t0 = time.perf_counter()
-        engine = make_engine(kind, model_dir, **opts)
+        engine = make_engine(kind, model_dir, device=args.device,
+                             **({"max_model_len": 2048} if kind == "vllm" else {}))
         startup = time.perf_counter() - t0
         try:
-            prompts = chat_prompts(engine.tokenizer, args.prompts, args.seed)
+            prompts = chat_prompts(TurnFormat(engine.tokenizer), args.prompts, args.seed)
             throughput(engine, prompts[:2], 1, 8, args.seed)  # warm-up, not measured
             tokens, seconds, pairs = throughput(engine, prompts, args.n, args.max_tokens, args.seed)
             sync = engine.load_weights(model_dir)
@@ -149,14 +135,12 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="tiny,smollm2", help="comma list of: tiny, smollm2")
-    p.add_argument("--prompts", type=int, default=8, help="distinct prompts per batch")
-    p.add_argument("--n", type=int, default=4, help="samples per prompt")
-    p.add_argument("--max-tokens", type=int, default=64, help="generated tokens cap per sample")
-    p.add_argument("--turn-tokens", type=int, default=48, help="tokens per turn (prefix phase)")
-    p.add_argument("--continuations", type=int, default=2, help="samples per stored prefix")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--seed", type=int, default=0)
+    add_options(p, ("--models", "tiny,smollm2", "comma list of: tiny, smollm2"),
+                ("--prompts", 8, "distinct prompts per batch"), ("--n", 4, "samples per prompt"),
+                ("--max-tokens", 64, "generated tokens cap per sample"),
+                ("--turn-tokens", 48, "tokens per turn (prefix phase)"),
+                ("--continuations", 2, "samples per stored prefix"),
+                ("--device", "cuda" if torch.cuda.is_available() else "cpu", ""), ("--seed", 0, ""))
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = set(models) - {"tiny", "smollm2"}

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench import RECORDS
+from bench import RECORDS, add_options
 from bench.learning_report import conclude, report, run_log, structure_rows
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan,
                                  eval_run_id, load_run, parse_seeds, read_records, recorded_runs,
@@ -197,32 +197,28 @@ def _parser() -> argparse.ArgumentParser:
 def run_options(ap: argparse.ArgumentParser) -> None:
     """The options of the runs themselves, shared with ``bench.peers``: the family and starting
     policy (``_policy_and_base``), the seeds, the steps and leaves, the evaluation."""
-    ap.add_argument("--family", default="synth_arith")
-    ap.add_argument("--difficulty", type=int, default=1)
-    ap.add_argument("--mix", default="", help="item difficulties taken in turn, e.g. 1,2,3 "
-                    "(--difficulty >= the largest); default: all at --difficulty")
-    ap.add_argument("--policy-difficulty", type=int, default=None,
-                    help="bootstrap the starting policy at this difficulty, no mix")
-    ap.add_argument("--policy", default=None, help="a Hugging Face policy directory to start from "
-                    "instead of the family's bootstrapped tiny policy")
-    ap.add_argument("--seeds", default=None, help="a count (3: seeds 0-2) or a range (3-5); "
-                    "recorded seeds are reused (default 3; 1 with --quick)")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--eval-items", type=int, default=200)
-    ap.add_argument("--eval-samples", type=int, default=4, help="rollouts per held-out item")
-    ap.add_argument("--eval-temperature", type=float, default=1.0,
-                    help="of the evaluation (greedy saturates: 100%% greedy against ~50%% sampled)")
-    ap.add_argument("--learning-rate", type=float, default=None, help="default: the config's")
-    ap.add_argument("--root-budget", type=int, default=16, help="M (leaves per step: M (1 + N))")
-    ap.add_argument("--multiplier", type=int, default=2, help="N: continuation multiplier")
-    ap.add_argument("--pool-size", type=int, default=32)
-    ap.add_argument("--train-items", type=int, default=None,
-                    help="size of a synthetic family's train split (default 2000; fewer: prompts recur)")
+    add_options(
+        ap, ("--family", "synth_arith", ""), ("--difficulty", 1, ""),
+        ("--mix", "", "item difficulties taken in turn, e.g. 1,2,3 (--difficulty >= the largest); "
+                      "default: all at --difficulty"),
+        ("--policy-difficulty", int, "bootstrap the starting policy at this difficulty, no mix"),
+        ("--policy", str, "a Hugging Face policy directory to start from instead of the family's "
+                          "bootstrapped tiny policy"),
+        ("--seeds", str, "a count (3: seeds 0-2) or a range (3-5); recorded seeds are reused "
+                         "(default 3; 1 with --quick)"),
+        ("--steps", 20, ""), ("--eval-every", 5, ""), ("--eval-items", 200, ""),
+        ("--eval-samples", 4, "rollouts per held-out item"),
+        ("--eval-temperature", 1.0, "of the evaluation (greedy saturates: 100%% greedy against "
+                                    "~50%% sampled)"),
+        ("--learning-rate", float, "default: the config's"),
+        ("--root-budget", 16, "M (leaves per step: M (1 + N))"),
+        ("--multiplier", 2, "N: continuation multiplier"), ("--pool-size", 32, ""),
+        ("--train-items", int, "size of a synthetic family's train split (default 2000; fewer: "
+                               "prompts recur)"),
+        ("--workdir", "bench_runs/learning", "the cached bootstrapped policy and every run's trees "
+                                             "and metrics"))
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="further TrainConfig fields for every method")
-    ap.add_argument("--workdir", default="bench_runs/learning",
-                    help="the cached bootstrapped policy and every run's trees and metrics")
     ap.add_argument("--quick", action="store_true", help="a small configuration for the tests")
 
 

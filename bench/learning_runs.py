@@ -185,20 +185,11 @@ def save_run(workdir: Path, signature: str, r: RunResult) -> Path:
     path = workdir / "runs" / f"{r.method}-s{r.seed}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    body = {"signature": signature, "result": _rounded(r.__dict__)}
-    tmp.write_text(json.dumps(body, separators=(",", ":")) + "\n")
+    # floats to 6 significant digits on the way through JSON (tuples become lists, as read back)
+    rounded = json.loads(json.dumps(r.__dict__), parse_float=lambda x: float(f"{float(x):.6g}"))
+    tmp.write_text(json.dumps({"signature": signature, "result": rounded}, separators=(",", ":")) + "\n")
     tmp.rename(path)
     return path
-
-
-def _rounded(value: Any) -> Any:
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_rounded(v) for v in value]
-    return value
 
 
 def load_run(workdir: Path, signature: str, method: str, seed: int) -> RunResult | None:

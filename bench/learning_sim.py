@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from bench import RECORDS
+from bench import RECORDS, add_options
 from bench.learning_report import conclude, structure_rows
 from bench.learning_runs import parse_seeds
 from trace_rl.config import TrainConfig
@@ -145,25 +145,24 @@ def _parser() -> argparse.ArgumentParser:
                     help="the chain family's generator: default, or paper (GRPO mixes ~1/3 of its groups)")
     ap.add_argument("--protocol", choices=("tokens", "leaves"), default="tokens",
                     help="tokens: baselines matched to trace_cover's generated tokens per step")
-    ap.add_argument("--records", default="", help="records folder (default results/"
-                    "learning_sim/<regime>-<protocol>)")
-    ap.add_argument("--hops", default="", help="hop-count distribution H:weight,... (default: the regime's)")
-    ap.add_argument("--hazard-a", type=float, default=None, help="Beta a of the per-item hazard rate (default: the regime's)")
-    ap.add_argument("--hazard-b", type=float, default=None, help="Beta b of the per-item hazard rate (default: the regime's)")
-    ap.add_argument("--alias-share", type=float, default=ChainParams.alias_share, help="share of hazards that are aliases")
-    ap.add_argument("--cue-rate", type=float, default=ChainParams.cue_rate, help="chance a hazard shows its text cue")
-    ap.add_argument("--pool-size", type=int, default=TrainConfig().pool_size, help="candidate prompts per step")
-    ap.add_argument("--train-items", type=int, default=SimSettings.train_items, help="train pool (recurs every train_items / pool_size steps)")
-    ap.add_argument("--eval-items", type=int, default=SimSettings.eval_items, help="held-out test items")
-    ap.add_argument("--steps", type=int, default=SimSettings.steps)
-    ap.add_argument("--root-budget", type=int, default=TrainConfig().root_budget,
-                    help="M: bare rollouts per step (the leaf budget is M (1 + N))")
-    ap.add_argument("--seeds", default="0-19", help="paired seeds, e.g. 0-19")
-    ap.add_argument("--learning-rate", type=float, default=SimSettings.learning_rate, help="Adam step size on the logits")
-    ap.add_argument("--strength", type=float, default=SimSettings.strength, help="posterior prior weight k (pseudo-rollouts)")
-    ap.add_argument("--plus", default="", help=f"TRACE+ candidates to run ({', '.join(m.name for m in PLUS)})")
-    ap.add_argument("--methods", default="", help=f"more rows beside {', '.join(DEFAULT_ROWS)} "
-                    "(comma list, e.g. cover_joint,joint_split,random_prefix)")
+    regime = "(default: the regime's)"
+    add_options(
+        ap, ("--records", "", "records folder (default results/learning_sim/<regime>-<protocol>)"),
+        ("--hops", "", f"hop-count distribution H:weight,... {regime}"),
+        ("--hazard-a", float, f"Beta a of the per-item hazard rate {regime}"),
+        ("--hazard-b", float, f"Beta b of the per-item hazard rate {regime}"),
+        ("--alias-share", ChainParams.alias_share, "share of hazards that are aliases"),
+        ("--cue-rate", ChainParams.cue_rate, "chance a hazard shows its text cue"),
+        ("--pool-size", TrainConfig().pool_size, "candidate prompts per step"),
+        ("--train-items", SimSettings.train_items, "train pool (recurs every train_items / pool_size steps)"),
+        ("--eval-items", SimSettings.eval_items, "held-out test items"), ("--steps", SimSettings.steps, ""),
+        ("--root-budget", TrainConfig().root_budget, "M: bare rollouts per step (the leaf budget is M (1 + N))"),
+        ("--seeds", "0-19", "paired seeds, e.g. 0-19"),
+        ("--learning-rate", SimSettings.learning_rate, "Adam step size on the logits"),
+        ("--strength", SimSettings.strength, "posterior prior weight k (pseudo-rollouts)"),
+        ("--plus", "", f"TRACE+ candidates to run ({', '.join(m.name for m in PLUS)})"),
+        ("--methods", "", f"more rows beside {', '.join(DEFAULT_ROWS)} (comma list, e.g. "
+                          "cover_joint,joint_split,random_prefix)"))
     return ap
 
 

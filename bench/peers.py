@@ -13,6 +13,7 @@ Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import platform
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench import RECORDS
+from bench import RECORDS, markdown
 from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, run_jobs, run_options
 from bench.learning_report import (accuracy_at, final_accuracy, paired_tests, reach_ratio, run_log,
                                    token_budget, tokens_to_reach)
@@ -66,17 +67,13 @@ class _Rollouts:
         self.reward_mismatches = 0
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
+        from trace_rl.policy.sft import episode_example
         from trace_rl.rollout.react import Start, run_episodes
         from trace_rl.rollout.types import SamplingSettings
 
         t0 = time.perf_counter()
         self.engine.load_tensors({k: v.detach() for k, v in trainer.model.state_dict().items()})
-        starts: list[Start] = []
-        for p in prompts:
-            if starts and starts[-1].item.question == p:
-                starts[-1] = Start(starts[-1].item, (), starts[-1].k + 1)
-            else:
-                starts.append(Start(self.by_question[p], (), 1))
+        starts = [Start(self.by_question[p], (), len(list(same))) for p, same in itertools.groupby(prompts)]
         sampling = SamplingSettings(max_tokens=self.cfg.max_new_tokens,
                                     temperature=self.cfg.temperature, seed=self.cfg.seed)
         episodes = run_episodes(self.engine, self.env, starts, sampling=sampling,
@@ -84,17 +81,14 @@ class _Rollouts:
                                 seed=self.seed * 100_003 + self.calls, max_context=self.max_context)
         self.calls += 1
         rows = []
-        for ep in episodes:
-            ids, logps, mask = [], [], []
-            for t in ep.turns:
-                ids += t.gen_ids + t.obs_ids
-                logps += list(t.gen_logprobs) + [0.0] * len(t.obs_ids)
-                mask += [1] * len(t.gen_ids) + [0] * len(t.obs_ids)
-                self.generated_tokens += len(t.gen_ids)
+        for ep in episodes:  # the completion: every turn's generated and observation tokens
+            ex, n = episode_example(ep), len(ep.prompt_ids)
+            self.generated_tokens += sum(len(t.gen_ids) for t in ep.turns)
             last = ep.turns[-1].action if ep.turns else None
             answered = last is not None and last.kind == "answer"
-            rows.append({"prompt_ids": list(ep.prompt_ids), "completion_ids": ids, "logprobs": logps,
-                         "env_mask": mask, "answer": last.answer if answered else None,
+            rows.append({"prompt_ids": list(ep.prompt_ids), "completion_ids": list(ex.token_ids[n:]),
+                         "logprobs": [x for t in ep.turns for x in [*t.gen_logprobs, *[0.0] * len(t.obs_ids)]],
+                         "env_mask": list(ex.loss_mask[n:]), "answer": last.answer if answered else None,
                          "answered": answered, "episode_reward": float(ep.reward or 0.0)})
         self.rollout_s += time.perf_counter() - t0
         return {k: [r[k] for r in rows] for k in rows[0]}
@@ -271,15 +265,13 @@ def ms(values: Sequence[float], scale: float = 1.0) -> str:
     return (f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if v.size > 1 else f"{v.mean():.1f}") if v.size else "n/a"
 
 
-def markdown(s: dict[str, Any]) -> str:
+def summary_table(s: dict[str, Any]) -> str:
     """``summarise``'s table as docs/results.md shows it (``bench.tables``)."""
-    lines = [f"| method | final % | at {s['budget_tokens'] / 1000:.1f}k tokens % | at "
-             f"{s['budget_wall_s']:.0f} s % | gen. tokens | wall s/step | tokens/s |", "|---" * 7 + "|"]
-    for m, row in s["methods"].items():
-        lines.append(f"| {m} | {ms(row['final'], 100)} | {ms(row['at_tokens'], 100)} | "
-                     f"{ms(row['at_wall'], 100)} | {np.mean(row['tokens']):.0f} | "
-                     f"{ms(row['wall_per_step'])} | {ms(row['tokens_per_s'])} |")
-    return "\n".join(lines)
+    head = ["method", "final %", f"at {s['budget_tokens'] / 1000:.1f}k tokens %",
+            f"at {s['budget_wall_s']:.0f} s %", "gen. tokens", "wall s/step", "tokens/s"]
+    return markdown(head, [[m, ms(row["final"], 100), ms(row["at_tokens"], 100), ms(row["at_wall"], 100),
+                            f"{np.mean(row['tokens']):.0f}", ms(row["wall_per_step"]), ms(row["tokens_per_s"])]
+                           for m, row in s["methods"].items()])
 
 
 def closing(results: list[RunResult], table: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -295,7 +287,7 @@ def closing(results: list[RunResult], table: dict[str, Any]) -> tuple[str, dict[
 def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]:
     s = summarise(results, steps)
     t = s["methods"]
-    print(f"start accuracy {100 * start:.1f}%; mean ± SD over seeds\n{markdown(s)}")
+    print(f"start accuracy {100 * start:.1f}%; mean ± SD over seeds\n{summary_table(s)}")
     out: dict[str, Any] = {"summary": s}
     if "grpo" not in t or "trl_grpo" not in t:
         return out

@@ -16,28 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import add_options
 from trace_rl.config import TrainConfig
 from trace_rl.rollout.react import Start, run_episodes
 from trace_rl.rollout.types import GenRequest, SamplingSettings
 
 
 def _policy(name: str, tmp: Path) -> str:
-    if name == "tiny":
-        from trace_rl.policy.tiny import make_tiny_policy
-
-        return str(make_tiny_policy(tmp / "tiny", preset="tiny", pretrain_steps=150))
-    if Path(name).is_dir():
-        return name
+    """``tiny`` (built here), a named policy (``smollm2``) or a Hugging Face directory."""
     from trace_rl.policy.named import resolve_policy
+    from trace_rl.policy.tiny import make_tiny_policy
 
-    return str(resolve_policy(name))
-
-
-def _starts(items: int, k: int) -> tuple[Any, list[Start]]:
-    from trace_rl.envs.registry import make_env
-
-    env = make_env("synth_arith", difficulty=1)
-    return env, [Start(it, k=k) for it in env.load("train")[:items]]
+    if name == "tiny":
+        return str(make_tiny_policy(tmp / "tiny", preset="tiny", pretrain_steps=150))
+    return resolve_policy(name)
 
 
 def rollout(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings
@@ -114,25 +106,19 @@ def _paths(episodes: list[Any]) -> list[Any]:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
-    ap.add_argument("--cluster", default="local:2")
-    ap.add_argument("--engine", default="hf", choices=("hf", "vllm"))
-    ap.add_argument("--engines", default="1,2", help="pool sizes to measure (comma-separated)")
-    ap.add_argument("--ranks", default="1,2", help="trainer group sizes to measure")
-    ap.add_argument("--strategy", default="ddp", choices=("ddp", "fsdp2"))
-    ap.add_argument("--update-on", default="ray", choices=("ray", "mp"),
-                    help="trainer ranks as Ray actors or torch.multiprocessing processes without Ray")
-    ap.add_argument("--items", type=int, default=16)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--policy", default="tiny", help="tiny (built here), smollm2, or an HF dir")
-    ap.add_argument("--engine-opts", default="{}", help="JSON of engine options")
-    ap.add_argument("--gpu-share", type=float, default=1.0,
-                    help="GPU fraction of each engine actor and trainer rank")
+    for flag, choices, help in (("--engine", ("hf", "vllm"), None), ("--strategy", ("ddp", "fsdp2"), None),
+                                ("--update-on", ("ray", "mp"), "trainer ranks as Ray actors or "
+                                 "torch.multiprocessing processes without Ray")):
+        ap.add_argument(flag, default=choices[0], choices=choices, help=help)
+    add_options(ap, ("--cluster", "local:2", ""), ("--engines", "1,2", "pool sizes to measure (comma-separated)"),
+                ("--ranks", "1,2", "trainer group sizes to measure"), ("--items", 16, ""), ("--k", 4, ""),
+                ("--max-tokens", 48, ""), ("--policy", "tiny", "tiny (built here), smollm2, or an HF dir"),
+                ("--engine-opts", "{}", "JSON of engine options"),
+                ("--gpu-share", 1.0, "GPU fraction of each engine actor and trainer rank"))
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     args.engine_opts = json.loads(args.engine_opts)
-    args.engines = [int(x) for x in args.engines.split(",")]
-    args.ranks = [int(x) for x in args.ranks.split(",")]
+    args.engines, args.ranks = ([int(x) for x in v.split(",")] for v in (args.engines, args.ranks))
     return args
 
 
@@ -140,8 +126,10 @@ def measure_pools(args: argparse.Namespace, policy: str, result: dict[str, Any])
     """Rollout (and, on pools of several engines, prefix-cache hits by routing) for each pool
     size; returns the first pool's episodes."""
     from trace_rl.cluster.pool import EnginePool
+    from trace_rl.envs.registry import make_env
 
-    env, starts = _starts(args.items, args.k)
+    env = make_env("synth_arith", difficulty=1)
+    starts = [Start(it, k=args.k) for it in env.load("train")[:args.items]]
     sampling = SamplingSettings(max_tokens=args.max_tokens, temperature=1.0)
     episodes = None
     for n in args.engines:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bench import RECORDS
+from bench import RECORDS, markdown
 from bench.learning_sim import DEFAULT_ROWS, load_records
 from bench.learning_report import ci_text as _ci, closing, reach_text, rows_of
 from trace_rl.sim.run import REFERENCE
@@ -48,18 +48,24 @@ def learning_sim(root: Path = RECORDS) -> str:
     """The simulator's table, both regimes, and their closing lines."""
     paper, _, paper_line, n = _sim_regime("paper", root)
     default, _, default_line, n_default = _sim_regime("default", root)
-    out = [f"| method ({n} seeds; default {n_default}) | paper: mixed prompts/step | eff. ratio | "
-           "prompts/step | gen / train tok per step | acc | vs GRPO (95% CI) | tokens to GRPO's "
-           "final (median ratio, 95% CI) | default: mixed/step | eff. ratio | acc | vs GRPO (95% CI) |",
-           "|---" * 12 + "|"]
-    for m in DEFAULT_ROWS:
-        p, d = paper[m], default[m]
-        out.append(f"| {LABELS.get(m, m)} | {p['mixed']:.2f} | {p['ratio']:.2f} | {p['active']:.1f} | "
-                   f"{p['tokens']:.0f} / {p['train_tokens']:.0f} | {p['acc']:.1f} | "
-                   f"{_ci(p.get('vs_grpo')) if m != 'grpo' else ''} | {reach_text(p.get('reach'), f' of {n}')} | "
-                   f"{d['mixed']:.2f} | {d['ratio']:.2f} | {d['acc']:.1f} | "
-                   f"{_ci(d.get('vs_grpo')) if m != 'grpo' else ''} |")
-    return "\n".join([*out, "", f"    paper:   {paper_line}", f"    default: {default_line}"])
+    head = [f"method ({n} seeds; default {n_default})", "paper: mixed prompts/step", "eff. ratio",
+            "prompts/step", "gen / train tok per step", "acc", "vs GRPO (95% CI)",
+            "tokens to GRPO's final (median ratio, 95% CI)", "default: mixed/step", "eff. ratio", "acc",
+            "vs GRPO (95% CI)"]
+    rows = [[LABELS.get(m, m), *_cells(paper[m], "active", "tokens"), reach_text(paper[m].get("reach"), f" of {n}"),
+             *_cells(default[m])] for m in DEFAULT_ROWS]
+    return "\n".join([markdown(head, rows), "", f"    paper:   {paper_line}", f"    default: {default_line}"])
+
+
+def _cells(r: dict, *columns: str) -> list[str]:
+    """A protocol row's mixed prompts and effective ratio, ``columns`` of ``active`` (prompts per
+    step), ``tokens`` (generated / train tokens per step, a Monte-Carlo oracle's apart) and
+    ``leaves``, its accuracy and its difference from GRPO."""
+    oracle = f" (+ {r['oracle_tokens']:.0f} oracle)" if "oracle_tokens" in r else ""
+    shown = {"active": f"{r['active']:.1f}", "leaves": f"{r['leaves']:.1f}",
+             "tokens": f"{r['tokens']:.0f} / {r['train_tokens']:.0f}{oracle}"}
+    return [f"{r['mixed']:.2f}", f"{r['ratio']:.2f}", *(shown[c] for c in columns), f"{r['acc']:.1f}",
+            _ci(r.get("vs_grpo")) if r["method"] != "grpo" else ""]
 
 
 def learning_lm(root: Path = RECORDS) -> str:
@@ -70,31 +76,24 @@ def learning_lm(root: Path = RECORDS) -> str:
     with contextlib.redirect_stdout(io.StringIO()):
         out = report(root / "learning_lm" / "paper", REGIMES["paper"]["final_of"],
                      {**REGIMES["paper"], "root_budget": 16, "multiplier": 2})
-    lines = ["| structure | method | seeds | mixed prompts/step | eff. ratio | prompts/step | "
-             "gen / train tok per step | leaves/step | final acc | vs GRPO (95% CI) |",
-             "|---" * 10 + "|"]
-    for name, table in out["tables"].items():
-        n = len(out["finals"][name][REFERENCE])
-        for r in table:  # an optional row (a Monte-Carlo oracle) has its own seeds and cost
-            oracle = f" (+ {r['oracle_tokens']:.0f} oracle)" if "oracle_tokens" in r else ""
-            lines.append(f"| {name} | {r['method']} | {r.get('seeds', n)} | {r['mixed']:.2f} | "
-                         f"{r['ratio']:.2f} | {r['active']:.1f} | {r['tokens']:.0f} / "
-                         f"{r['train_tokens']:.0f}{oracle} | "
-                         f"{r['leaves']:.1f} | {r['acc']:.1f} | "
-                         f"{_ci(r.get('vs_grpo')) if r['method'] != 'grpo' else ''} |")
-    return "\n".join(lines)
+    head = ["structure", "method", "seeds", "mixed prompts/step", "eff. ratio", "prompts/step",
+            "gen / train tok per step", "leaves/step", "final acc", "vs GRPO (95% CI)"]
+    # an optional row (a Monte-Carlo oracle) has its own seeds and cost
+    return markdown(head, [[name, r["method"], str(r.get("seeds", len(out["finals"][name][REFERENCE]))),
+                            *_cells(r, "active", "tokens", "leaves")]
+                           for name, table in out["tables"].items() for r in table])
 
 
 def peers(root: Path = RECORDS) -> str:
     """This project against TRL's GRPOTrainer, one invocation's three methods
     (``bench.peers.summarise``, ``closing``)."""
     from bench.learning_runs import read_records
-    from bench.peers import METHODS, closing, markdown, summarise
+    from bench.peers import METHODS, closing, summary_table, summarise
 
     runs = sorted((r for _, r in read_records(root / "peers") if r.method in METHODS),
                   key=lambda r: METHODS.index(r.method))
     s = summarise(runs, len(runs[0].leaves))
-    return f"{markdown(s)}\n\n`{closing(runs, s['methods'])[0]}`"
+    return f"{summary_table(s)}\n\n`{closing(runs, s['methods'])[0]}`"
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench.allocation import BenchConfig, format_table, headline, main, run_bench, sibling_contrast_pairs
-from trace_core.tree import backup
+from bench.allocation import BenchConfig, format_table, headline, main, run_bench
+from trace_core.tree import backup, sibling_contrast_pairs
 
 
 @pytest.fixture

@@ -422,3 +422,19 @@ def backup(parent: np.ndarray, leaf_reward: np.ndarray) -> tuple[np.ndarray, np.
 def root_to_leaf_paths(parent: np.ndarray) -> np.ndarray:
     """``TreeBatch.paths`` of one tree given by its parent array."""
     return TreeBatch(parent).paths()
+
+
+def sibling_contrast_pairs(up: np.ndarray, value: np.ndarray) -> int:
+    """Unordered pairs of siblings (children of one node) whose backed-up values differ, over
+    every tree of a batch (``up``: each row's parent row, -1 at roots; one tree's parent array
+    is its own)."""
+    up = np.asarray(up)
+    child = np.flatnonzero(up >= 0)
+    # Values are leaf-count ratios; rounding makes equal ratios compare equal.
+    parent, key = up[child], np.round(value[child], 9)
+    order = np.lexsort((key, parent))
+    parent, key = parent[order], key[order]
+    siblings = np.diff(np.flatnonzero(np.r_[True, parent[1:] != parent[:-1], True]))
+    same = np.diff(np.flatnonzero(np.r_[True, (parent[1:] != parent[:-1]) | (key[1:] != key[:-1]),
+                                        True]))
+    return int((siblings * (siblings - 1) // 2).sum() - (same * (same - 1) // 2).sum())
