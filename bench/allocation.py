@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from bench import markdown
+from bench import add_options, markdown
 from bench.allocation_trees import Grower, Totals
 from trace_core.allocators import (ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet,
                                    RootPool)
@@ -257,13 +257,10 @@ def headline(result: BenchResult) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.allocation", description=__doc__.split("\n\n")[0])
     d = BenchConfig()
-    for flag, default, help in (("--steps", d.steps, "training steps per method"),
-                                ("--seed", d.seed, "seed of the whole run"), ("--roots", d.roots, "root budget M"),
-                                ("--multiplier", d.multiplier, "continuation multiplier N"),
-                                ("--pool", d.pool_size, "candidate prompts per step")):
-        parser.add_argument(flag, type=int, default=default, help=help)
-    parser.add_argument("--explore", type=float, default=d.allocator.exploration,
-                        help="exploration strength (trace, prompt_only)")
+    add_options(parser, ("--steps", d.steps, "training steps per method"), ("--seed", d.seed, "seed of the whole run"),
+                ("--roots", d.roots, "root budget M"), ("--multiplier", d.multiplier, "continuation multiplier N"),
+                ("--pool", d.pool_size, "candidate prompts per step"),
+                ("--explore", d.allocator.exploration, "exploration strength (trace, prompt_only)"))
     args = parser.parse_args(argv)
     # The predictor's small matmuls and Adam updates run fastest single-threaded; extra intra-op
     # threads only contend on a shared CPU.

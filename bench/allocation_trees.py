@@ -70,43 +70,27 @@ class Grower:
 
 @dataclass
 class Totals:
-    """Running sums of one method's figures."""
+    """One method's counts per step behind the table's figures, and its seconds."""
 
-    roots: int = 0
-    mixed_roots: int = 0
-    internal: int = 0
-    mixed_internal: int = 0
-    contrast_pairs: int = 0
-    leaves: int = 0
-    tokens: int = 0
-    steps: int = 0
+    per_step: list[dict[str, int]] = field(default_factory=list)
     seconds: float = 0.0
-    per_step: list[tuple[int, int]] = field(default_factory=list)  # (mixed roots, active roots)
 
     def add(self, trees: TreeBatch, tokens: np.ndarray) -> None:
         """One step's trees and each tree's generated tokens."""
-        self.steps += 1
         value, _ = trees.backup()
         internal = ~trees.is_leaf
         mixed = internal & (value > 0) & (value < 1)
-        mixed_roots = int(mixed[trees.roots].sum())
-        self.roots += len(trees)
-        self.mixed_roots += mixed_roots
-        self.internal += int(internal.sum())
-        self.mixed_internal += int(mixed.sum())
-        self.contrast_pairs += sibling_contrast_pairs(trees.up, value)
-        self.leaves += int(trees.is_leaf.sum())
-        self.tokens += int(tokens.sum())
-        self.per_step.append((mixed_roots, len(trees)))
+        self.per_step.append({"roots": len(trees), "mixed_roots": int(mixed[trees.roots].sum()),
+                              "internal": int(internal.sum()), "mixed_internal": int(mixed.sum()),
+                              "contrast_pairs": sibling_contrast_pairs(trees.up, value),
+                              "leaves": int(trees.is_leaf.sum()), "tokens": int(tokens.sum())})
 
     def figures(self) -> dict[str, float]:
-        late = np.asarray(self.per_step[len(self.per_step) // 2 :]).reshape(-1, 2)  # [S/2, 2]
-        return {
-            "effective_ratio": self.mixed_roots / max(self.roots, 1),
-            "effective_ratio_late": late[:, 0].sum() / max(late[:, 1].sum(), 1),
-            "mixed_anchor_share": self.mixed_internal / max(self.internal, 1),
-            "contrast_per_100_leaves": 100.0 * self.contrast_pairs / max(self.leaves, 1),
-            "tokens_per_step": self.tokens / max(self.steps, 1),
-            "leaves_per_step": self.leaves / max(self.steps, 1),
-            "roots_per_step": self.roots / max(self.steps, 1),
-        }
+        steps = len(self.per_step)
+        total, late = ({k: sum(s[k] for s in part) for k in self.per_step[0]}
+                       for part in (self.per_step, self.per_step[steps // 2:]))
+        return {"effective_ratio": total["mixed_roots"] / max(total["roots"], 1),
+                "effective_ratio_late": late["mixed_roots"] / max(late["roots"], 1),
+                "mixed_anchor_share": total["mixed_internal"] / max(total["internal"], 1),
+                "contrast_per_100_leaves": 100.0 * total["contrast_pairs"] / max(total["leaves"], 1),
+                **{f"{k}_per_step": total[k] / max(steps, 1) for k in ("tokens", "leaves", "roots")}}

@@ -183,13 +183,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--regime", choices=sorted(REGIMES), default=None,
                     help="defaults under the explicit options: paper = " + " ".join(
                         f"--{k.replace('_', '-')} {v}" for k, v in REGIMES["paper"].items()))
-    ap.add_argument("--records", default="", help="default results/learning_<family>; tokens: "
-                    "results/learning_lm/<regime> (no regime: <workdir>/records); --quick: the work dir")
-    ap.add_argument("--control-difficulty", type=int, default=1, help="tokens: the control's difficulty")
-    ap.add_argument("--final-of", type=int, default=1,
-                    help="tokens: final accuracy = mean of the last this many evaluations")
-    ap.add_argument("--jobs", type=int, default=None, help="worker processes, one torch thread each "
-                    "(default 2 on >= 2 cores, 1 with --quick; 1: in this process)")
+    add_options(ap, ("--records", "", "default results/learning_<family>; tokens: results/learning_lm/"
+                                      "<regime> (no regime: <workdir>/records); --quick: the work dir"),
+                ("--control-difficulty", 1, "tokens: the control's difficulty"),
+                ("--final-of", 1, "tokens: final accuracy = mean of the last this many evaluations"),
+                ("--jobs", int, "worker processes, one torch thread each (default 2 on >= 2 cores, 1 "
+                                "with --quick; 1: in this process)"))
     ap.add_argument("--summarise-only", action="store_true", help="run nothing: re-print the report")
     return ap
 

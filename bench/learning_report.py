@@ -48,14 +48,10 @@ def tokens_to_reach(log: dict, target: float) -> float:
     """Cumulative generated tokens at which the accuracy curve (points, linear in between) first
     reaches ``target`` (points); NaN if it never does."""
     tokens, acc = curve(log)
-    hit = np.flatnonzero(acc >= target)
-    if not len(hit):
+    k = int(np.argmax(acc >= target))  # the first evaluation at the target, if any
+    if acc[k] < target:
         return float("nan")
-    k = int(hit[0])
-    if k == 0:
-        return 0.0
-    frac = (target - acc[k - 1]) / (acc[k] - acc[k - 1])
-    return float(tokens[k - 1] + frac * (tokens[k] - tokens[k - 1]))
+    return float(np.interp(target, acc[k - 1:k + 1], tokens[k - 1:k + 1])) if k else 0.0
 
 
 def reach_ratio(logs: list[dict], grpo: list[dict]) -> tuple[float, float, float, int]:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench import RECORDS, markdown
+from bench import RECORDS, add_options, markdown
 from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, run_jobs, run_options
 from bench.learning_report import (accuracy_at, final_accuracy, paired_tests, reach_ratio, run_log,
                                    token_budget, tokens_to_reach)
@@ -320,11 +320,9 @@ def _parser() -> argparse.ArgumentParser:
     run_options(ap)  # bench.learning's: the family, policy, seeds, steps, leaves, evaluation
     ap.set_defaults(steps=10, eval_items=100, eval_samples=2, multiplier=1,
                     workdir="bench_runs/peers")
-    ap.add_argument("--methods", default=",".join(METHODS), help="of trl_grpo, grpo, trace")
-    ap.add_argument("--group-size", type=int, default=4,
-                    help="rollouts per prompt; grpo and TRL: M (1 + N) / group-size prompts a step")
-    ap.add_argument("--results", default="",
-                    help="records folder (default results/peers; with --quick <workdir>/records)")
+    add_options(ap, ("--methods", ",".join(METHODS), "of trl_grpo, grpo, trace"),
+                ("--group-size", 4, "rollouts per prompt; grpo and TRL: M (1 + N) / group-size prompts a step"),
+                ("--results", "", "records folder (default results/peers; with --quick <workdir>/records)"))
     return ap
 
 
