@@ -26,7 +26,7 @@ from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, 
 from bench.learning_report import (accuracy_at, final_accuracy, paired_tests, reach_ratio, run_log,
                                    token_budget, tokens_to_reach)
 from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, parse_seeds,
-                                 run_one, signature, tokens_at_evals)
+                                 run_one, signature)
 
 METHODS = ("trl_grpo", "grpo", "trace")
 INSTALL = "pip install -e .[peers] -c requirements/cpu-constraints.txt"
@@ -177,8 +177,6 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
     history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
     eval_cfg = {**config, "run_id": eval_run_id(policy)}
     acc = [start_accuracy] + [_eval(eval_cfg, saved[s], **ev) for s in eval_steps]
-    per_step_tokens = np.diff([0.0] + [a["tokens"] for a in at_step])
-    metrics = [{"ledger/generated_tokens": float(t)} for t in per_step_tokens]
     steps_t = np.diff([0.0] + [a["t"] for a in at_step])
     return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
                      effective_ratio=[], leaves=[float(batch)] * cfg.steps,
@@ -189,7 +187,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                             "rollout_s": rollouts.rollout_s,
                             "reward_mismatches": rollouts.reward_mismatches,
                             "torch_threads": max(a["threads"] for a in at_step), "trl_log": history[-3:]},
-                     eval_tokens=tokens_at_evals(metrics, eval_steps))
+                     eval_tokens=[0.0, *(at_step[s]["tokens"] for s in eval_steps)])
 
 
 # ----------------------------------------------------------------------------- this project's runs
