@@ -257,8 +257,9 @@ def headline(result: BenchResult) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.allocation", description=__doc__.split("\n\n")[0])
     d = BenchConfig()
-    add_options(parser, ("--steps", d.steps, "training steps per method"), ("--seed", d.seed, "seed of the whole run"),
-                ("--roots", d.roots, "root budget M"), ("--multiplier", d.multiplier, "continuation multiplier N"),
+    add_options(parser, ("--steps", d.steps, "training steps per method"),
+                ("--seed", d.seed, "seed of the whole run"), ("--roots", d.roots, "root budget M"),
+                ("--multiplier", d.multiplier, "continuation multiplier N"),
                 ("--pool", d.pool_size, "candidate prompts per step"),
                 ("--explore", d.allocator.exploration, "exploration strength (trace, prompt_only)"))
     args = parser.parse_args(argv)

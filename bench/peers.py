@@ -73,7 +73,8 @@ class _Rollouts:
 
         t0 = time.perf_counter()
         self.engine.load_tensors({k: v.detach() for k, v in trainer.model.state_dict().items()})
-        starts = [Start(self.by_question[p], (), len(list(same))) for p, same in itertools.groupby(prompts)]
+        starts = [Start(self.by_question[p], (), len(list(same)))
+                  for p, same in itertools.groupby(prompts)]
         sampling = SamplingSettings(max_tokens=self.cfg.max_new_tokens,
                                     temperature=self.cfg.temperature, seed=self.cfg.seed)
         episodes = run_episodes(self.engine, self.env, starts, sampling=sampling,
@@ -87,7 +88,8 @@ class _Rollouts:
             last = ep.turns[-1].action if ep.turns else None
             answered = last is not None and last.kind == "answer"
             rows.append({"prompt_ids": list(ep.prompt_ids), "completion_ids": list(ex.token_ids[n:]),
-                         "logprobs": [x for t in ep.turns for x in [*t.gen_logprobs, *[0.0] * len(t.obs_ids)]],
+                         "logprobs": [x for t in ep.turns
+                                      for x in [*t.gen_logprobs, *[0.0] * len(t.obs_ids)]],
                          "env_mask": list(ex.loss_mask[n:]), "answer": last.answer if answered else None,
                          "answered": answered, "episode_reward": float(ep.reward or 0.0)})
         self.rollout_s += time.perf_counter() - t0
@@ -104,6 +106,25 @@ class _Rollouts:
         return out
 
 
+def _trl_config(cfg: Any, seed: int, out_dir: Path) -> Any:
+    """TRL's settings for ``run_trl``: this project's where both have one (the steps, learning
+    rate, clipping, KL, group size and epochs), TRL's defaults for the rest."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(out_dir), seed=seed, data_seed=seed, use_cpu=True, report_to="none",
+        save_strategy="no", logging_steps=10 ** 6, disable_tqdm=True,
+        max_steps=cfg.steps * cfg.ppo_epochs, learning_rate=cfg.learning_rate,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=cfg.leaf_budget, gradient_accumulation_steps=1,
+        steps_per_generation=1, num_generations=cfg.group_size, num_iterations=cfg.ppo_epochs,
+        epsilon=cfg.clip_low, epsilon_high=cfg.clip_high, beta=cfg.kl_coef,
+        temperature=cfg.temperature, top_p=1.0,
+        max_completion_length=cfg.max_turns * (cfg.max_new_tokens + 64),
+        loss_type="dapo", scale_rewards="group", shuffle_dataset=True,  # TRL's defaults
+        dataloader_num_workers=0, bf16=False, fp16=False)
+
+
 def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_steps: Sequence[int],
             start_accuracy: float, **ev: Any) -> RunResult:
     """One seed of TRL's ``GRPOTrainer`` (see the module docstring), its checkpoints at
@@ -111,7 +132,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from tasks import runtime
     from trace_rl.config import config_from_mapping
@@ -131,20 +152,8 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
-    iters = cfg.ppo_epochs
-    batch = cfg.leaf_budget
-    args = GRPOConfig(
-        output_dir=str(out_dir), seed=seed, data_seed=seed, use_cpu=True, report_to="none",
-        save_strategy="no", logging_steps=10 ** 6, disable_tqdm=True,
-        max_steps=cfg.steps * iters, learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        per_device_train_batch_size=batch, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=cfg.group_size, num_iterations=iters,
-        epsilon=cfg.clip_low, epsilon_high=cfg.clip_high, beta=cfg.kl_coef,
-        temperature=cfg.temperature, top_p=1.0,
-        max_completion_length=cfg.max_turns * (cfg.max_new_tokens + 64),
-        loss_type="dapo", scale_rewards="group", shuffle_dataset=True,  # TRL's defaults
-        dataloader_num_workers=0, bf16=False, fp16=False)
+    iters, batch = cfg.ppo_epochs, cfg.leaf_budget
+    args = _trl_config(cfg, seed, out_dir)
 
     saved: dict[int, str] = {}
     at_step: list[dict[str, float]] = []
@@ -267,8 +276,9 @@ def summary_table(s: dict[str, Any]) -> str:
     """``summarise``'s table as docs/results.md shows it (``bench.tables``)."""
     head = ["method", "final %", f"at {s['budget_tokens'] / 1000:.1f}k tokens %",
             f"at {s['budget_wall_s']:.0f} s %", "gen. tokens", "wall s/step", "tokens/s"]
-    return markdown(head, [[m, ms(row["final"], 100), ms(row["at_tokens"], 100), ms(row["at_wall"], 100),
-                            f"{np.mean(row['tokens']):.0f}", ms(row["wall_per_step"]), ms(row["tokens_per_s"])]
+    return markdown(head, [[m, ms(row["final"], 100), ms(row["at_tokens"], 100),
+                            ms(row["at_wall"], 100), f"{np.mean(row['tokens']):.0f}",
+                            ms(row["wall_per_step"]), ms(row["tokens_per_s"])]
                            for m, row in s["methods"].items()])
 
 
@@ -319,8 +329,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.set_defaults(steps=10, eval_items=100, eval_samples=2, multiplier=1,
                     workdir="bench_runs/peers")
     add_options(ap, ("--methods", ",".join(METHODS), "of trl_grpo, grpo, trace"),
-                ("--group-size", 4, "rollouts per prompt; grpo and TRL: M (1 + N) / group-size prompts a step"),
-                ("--results", "", "records folder (default results/peers; with --quick <workdir>/records)"))
+                ("--group-size", 4,
+                 "rollouts per prompt; grpo and TRL: M (1 + N) / group-size prompts a step"),
+                ("--results", "",
+                 "records folder (default results/peers; with --quick <workdir>/records)"))
     return ap
 
 

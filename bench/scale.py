@@ -110,7 +110,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                 ("--update-on", ("ray", "mp"), "trainer ranks as Ray actors or "
                                  "torch.multiprocessing processes without Ray")):
         ap.add_argument(flag, default=choices[0], choices=choices, help=help)
-    add_options(ap, ("--cluster", "local:2", ""), ("--engines", "1,2", "pool sizes to measure (comma-separated)"),
+    add_options(ap, ("--cluster", "local:2", ""),
+                ("--engines", "1,2", "pool sizes to measure (comma-separated)"),
                 ("--ranks", "1,2", "trainer group sizes to measure"), ("--items", 16, ""), ("--k", 4, ""),
                 ("--max-tokens", 48, ""), ("--policy", "tiny", "tiny (built here), smollm2, or an HF dir"),
                 ("--engine-opts", "{}", "JSON of engine options"),

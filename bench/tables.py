@@ -52,9 +52,10 @@ def learning_sim(root: Path = RECORDS) -> str:
             "prompts/step", "gen / train tok per step", "acc", "vs GRPO (95% CI)",
             "tokens to GRPO's final (median ratio, 95% CI)", "default: mixed/step", "eff. ratio", "acc",
             "vs GRPO (95% CI)"]
-    rows = [[LABELS.get(m, m), *_cells(paper[m], "active", "tokens"), reach_text(paper[m].get("reach"), f" of {n}"),
-             *_cells(default[m])] for m in DEFAULT_ROWS]
-    return "\n".join([markdown(head, rows), "", f"    paper:   {paper_line}", f"    default: {default_line}"])
+    rows = [[LABELS.get(m, m), *_cells(paper[m], "active", "tokens"),
+             reach_text(paper[m].get("reach"), f" of {n}"), *_cells(default[m])] for m in DEFAULT_ROWS]
+    return "\n".join([markdown(head, rows), "", f"    paper:   {paper_line}",
+                      f"    default: {default_line}"])
 
 
 def _cells(r: dict, *columns: str) -> list[str]:
