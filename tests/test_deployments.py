@@ -159,12 +159,11 @@ def test_deploy_and_run_through_a_real_server(server: tuple[str, dict[str, str],
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     api, env, logs = server
-    deployed = subprocess.run([sys.executable, "-m", "deployments.deploy", "--pools", CPU_POOL],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    assert "work pool trace-cpu: created" in deployed.stdout
-    assert "deployment retrain-latest/cpu" in deployed.stdout
-    assert "gpu" not in deployed.stdout  # only the pool asked for
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        deployed = _deploy_here()  # as its own process: the next test and test_ui's fixture
+    assert "work pool trace-cpu: created" in deployed
+    assert "deployment retrain-latest/cpu" in deployed
+    assert "gpu" not in deployed  # only the pool asked for
 
     worker_log = logs / "worker.log"
     worker = start([sys.executable, "-m", "prefect", "worker", "start", "--pool", CPU_POOL],
@@ -293,12 +292,27 @@ def _deploy(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
+def _deploy_here(*args: str) -> str:
+    """``_deploy`` in this process (``PREFECT_API_URL`` already set to the server): the command's
+    ``main``, without a new interpreter importing every flow again (30-60 s each when loaded)."""
+    import contextlib
+    import io
+
+    from deployments.deploy import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--pools", CPU_POOL, *args]) == 0, out.getvalue()
+    return out.getvalue()
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # four deploys; each imports every flow (over 3 min on a loaded 2-core box)
+@pytest.mark.timeout(1800)  # a deploy imports every flow (over 3 min for four on a loaded 2-core box)
 def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, str], Path]) -> None:
     """A user resumes the retrain schedule and pauses the train deployment in
     the UI; deploying again (the same command, or with new options) updates the deployments but
-    leaves both switches as the user set them, and creates nothing twice."""
+    leaves both switches as the user set them, and creates nothing twice. The first deploy is the
+    command in a process of its own; the three after it run its ``main`` in this one."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -312,8 +326,8 @@ def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, 
         client.pause_deployment(client.read_deployment_by_name("train/cpu").id)
         before = {d.name + str(d.flow_id): d.id for d in client.read_deployments()}
 
-        out = _deploy(env)
-        _deploy(env, "--cron", "0 4 * * *")  # new options: the schedule's cron changes, not its switch
+        out = _deploy_here()
+        _deploy_here("--cron", "0 4 * * *")  # new options: the schedule's cron changes, not its switch
         assert "exists, left as is" in out
         after = client.read_deployment_by_name("retrain-latest/cpu")
         assert [(s.id, s.schedule.cron, s.active, s.slug) for s in after.schedules] == [
@@ -324,7 +338,7 @@ def test_deploy_again_keeps_what_the_user_switched(server: tuple[str, dict[str, 
         # and the other way round: a schedule the user paused stays paused under
         # --activate-schedules, which only sets the state of a schedule that is new
         client.update_deployment_schedule(after.id, schedule.id, active=False)
-        _deploy(env, "--activate-schedules")
+        _deploy_here("--activate-schedules")
         again = client.read_deployment_by_name("retrain-latest/cpu")
         assert [s.active for s in again.schedules] == [False]
         client.resume_deployment(client.read_deployment_by_name("train/cpu").id)
