@@ -32,6 +32,7 @@ from bench.learning_report import conclude, report, run_log, structure_rows
 from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan,
                                  eval_run_id, load_run, parse_seeds, read_records, recorded_runs,
                                  run_one, save_run, signature)
+from trace_core.allocators import Budget
 
 REFERENCE = "trace_cover"
 """The row whose generated tokens per step the matched baselines spend (``--protocol tokens``)."""
@@ -273,16 +274,6 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
 
 # ----------------------------------------------------------------------------- the runs
 
-def matched_leaves(tokens_per_step: float, tokens_per_leaf: float, group: int) -> int:
-    """Leaves per step of a flat baseline whose generated tokens per step match
-    ``tokens_per_step`` when each leaf (a full rollout) generates ``tokens_per_leaf``: whole
-    groups of ``group``, at least one."""
-    if not (tokens_per_step > 0 and tokens_per_leaf > 0 and group >= 1):
-        raise ValueError(f"matched_leaves: need positive tokens ({tokens_per_step}, "
-                         f"{tokens_per_leaf}) and a group >= 1 ({group})")
-    return group * max(1, round(tokens_per_step / (group * tokens_per_leaf)))
-
-
 def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[str, int]:
     """The config fields that give flat ``method`` the reference run's generated tokens per step:
     its mean over the run, over the reference's mean tokens per bare rollout (every bare rollout
@@ -290,8 +281,8 @@ def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[s
     steps = reference.extra["steps"]
     per_step = float(np.mean(steps["tokens"]))
     per_leaf = float(np.sum(steps["bare_tokens"]) / max(np.sum(steps["bare"]), 1.0))
-    leaves = matched_leaves(per_step, per_leaf, MATCHED[method] or group_size)
-    return {"root_budget": leaves, "multiplier": 0}
+    return {"root_budget": Budget.matched(per_step, per_leaf, MATCHED[method] or group_size).roots,
+            "multiplier": 0}
 
 
 def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]]) -> list[tuple[str, str, int]]:

@@ -9,6 +9,7 @@ import pytest
 from bench import learning as protocol
 from bench.learning_runs import RunResult, load_run, save_run
 from bench.learning_report import final_accuracy, tokens_to_reach
+from trace_core.allocators import Budget
 
 
 def _run(method: str, seed: int, accuracy: list[float], tokens: float = 1000.0,
@@ -25,12 +26,12 @@ def _run(method: str, seed: int, accuracy: list[float], tokens: float = 1000.0,
 
 def test_the_sizing_rule_matches_tokens_in_whole_groups():
     # 1500 tokens a step at 32 a leaf: 46.9 leaves, 11.7 groups of 4 -> 12 groups
-    assert protocol.matched_leaves(1500, 32, 4) == 48
-    assert protocol.matched_leaves(1000, 30, 2) == 34  # 16.7 pairs -> 17
-    assert protocol.matched_leaves(100, 60, 4) == 4  # never less than one group
+    assert Budget.matched(1500, 32, 4) == Budget(48, 0)
+    assert Budget.matched(1000, 30, 2).roots == 34  # 16.7 pairs -> 17
+    assert Budget.matched(100, 60, 4).roots == 4  # never less than one group
     for bad in ((0, 30, 4), (100, 0, 4), (100, 30, 0)):
-        with pytest.raises(ValueError, match="matched_leaves"):
-            protocol.matched_leaves(*bad)
+        with pytest.raises(ValueError, match="Budget.matched"):
+            Budget.matched(*bad)
     # From a reference's record: its mean tokens per step over its tokens per bare rollout
     ref = _run("trace_cover", 0, [0.5, 0.6, 0.7])
     ref.extra["steps"].update(tokens=[1000.0, 1200.0], bare_tokens=[320.0, 400.0], bare=[10.0, 10.0])

@@ -28,6 +28,16 @@ class Budget:
         """Leaves per step, the same for every method: M + M N."""
         return self.roots * (1 + self.multiplier)
 
+    @classmethod
+    def matched(cls, tokens_per_step: float, tokens_per_leaf: float, group: int) -> Budget:
+        """A flat method's budget (N = 0) whose generated tokens per step match
+        ``tokens_per_step`` when each leaf (a full rollout) generates ``tokens_per_leaf``: whole
+        groups of ``group``, at least one."""
+        if not (tokens_per_step > 0 and tokens_per_leaf > 0 and group >= 1):
+            raise ValueError(f"Budget.matched: need positive tokens ({tokens_per_step}, "
+                             f"{tokens_per_leaf}) and a group >= 1 ({group})")
+        return cls(group * max(1, round(tokens_per_step / (group * tokens_per_leaf))), 0)
+
 
 class _Candidates:
     """What ``RootPool`` and ``PrefixSet`` share: predictions [n] and, in simulation, true values."""

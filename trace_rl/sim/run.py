@@ -221,7 +221,7 @@ class Run:
         bare rollouts from the same starting policy)."""
         group = self.settings.train.group_size if self.method.allocator in ("grpo", "dapo") else 2
         per_leaf = self.leaf_tokens or start_leaf_tokens
-        return Budget(roots=group * max(1, round(target / (group * per_leaf))), multiplier=0)
+        return Budget.matched(target, per_leaf, group)
 
     def step(self, step: int, pool_idx: np.ndarray, rng: np.random.Generator,
              truth: Exact, budget: Budget | None = None) -> tuple[SimStep, np.ndarray]:
