@@ -2,7 +2,8 @@
 what one engine returns, an engine actor killed mid-batch is replaced and its requests sent again
 (nothing lost or duplicated), and a broadcast weight sync from the trainer group gives the engines
 the weights a reload of the checkpoint from disk gives (FSDP2 trainer ranks). Real Ray actors,
-real engines, real gloo groups. One cluster for the module (its start costs ~20-50 s on this 2-core machine)."""
+real engines, real gloo groups. One cluster for the module (its start costs ~20-50 s on this
+2-core machine) and one pool of two HF engines for the two pool tests."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ def cluster():
     rc.shutdown()
 
 
+@pytest.fixture(scope="module")
+def hf_pool(cluster, tiny_model_dir):
+    """One pool of two HF engine actors for the pool tests (two actor start-ups, 30-60 s under
+    load, instead of four): the first test reads it as it starts (its sticky table empty), the
+    second kills and replaces one of its engines."""
+    from trace_rl.cluster.pool import EnginePool
+
+    pool = EnginePool("hf", tiny_model_dir, 2)
+    yield pool
+    pool.close()
+
+
 def _episodes(engine, n_items=6, k=2, seed=11):
     env = make_env("synth_arith", difficulty=1)
     items = env.load("train")[:n_items]
@@ -49,29 +62,25 @@ def _same(a, b, tol=1e-4):
             assert max((abs(p - q) for p, q in zip(s.gen_logprobs, t.gen_logprobs)), default=0) < tol
 
 
-def test_pool_of_two_returns_what_one_engine_returns(cluster, tiny_model_dir):
+def test_pool_of_two_returns_what_one_engine_returns(hf_pool, tiny_model_dir):
     from trace_rl.cluster.pool import EnginePool
 
+    pool = hf_pool
+    assert pool._routes == {} and pool.replaced == 0, "the pool's first test"
     one = _episodes(make_engine("hf", tiny_model_dir))
-    pool = EnginePool("hf", tiny_model_dir, 2)
-    try:
-        nodes = {node for _, node in pool.where()}
-        assert len(nodes) == 2, "SPREAD puts the two engines on the two simulated nodes"
-        _same(_episodes(pool), one)
-        # Sticky: every item (tree) had one engine, and both engines had work.
-        assert len(pool._routes) == 6 and set(pool._routes.values()) == {0, 1}
-        rr = EnginePool.route.__get__(pool)  # the table decides, not the request order
-        reqs = [GenRequest((1, 2), 1, SAMPLING, affinity=a) for a in ("x", "y", "x", "x", "y")]
-        owners = rr(reqs)
-        assert owners[0] == owners[2] == owners[3] != owners[1] == owners[4]
-    finally:
-        pool.close()
+    nodes = {node for _, node in pool.where()}
+    assert len(nodes) == 2, "SPREAD puts the two engines on the two simulated nodes"
+    _same(_episodes(pool), one)
+    # Sticky: every item (tree) had one engine, and both engines had work.
+    assert len(pool._routes) == 6 and set(pool._routes.values()) == {0, 1}
+    rr = EnginePool.route.__get__(pool)  # the table decides, not the request order
+    reqs = [GenRequest((1, 2), 1, SAMPLING, affinity=a) for a in ("x", "y", "x", "x", "y")]
+    owners = rr(reqs)
+    assert owners[0] == owners[2] == owners[3] != owners[1] == owners[4]
 
 
-def test_engine_killed_mid_batch_is_replaced_and_nothing_is_lost(cluster, tiny_model_dir):
-    from trace_rl.cluster.pool import EnginePool
-
-    pool = EnginePool("hf", tiny_model_dir, 2)
+def test_engine_killed_mid_batch_is_replaced_and_nothing_is_lost(hf_pool):
+    pool = hf_pool
     calls: list[int] = []
     kill_at: list[int] = []
     generate = pool.generate
@@ -98,7 +107,7 @@ def test_engine_killed_mid_batch_is_replaced_and_nothing_is_lost(cluster, tiny_m
         _same(again, reference)  # same episodes: none lost, none twice
         assert len(again) == 24
     finally:
-        pool.close()
+        del pool.generate  # the class's again
 
 
 def test_broadcast_sync_equals_reloading_the_checkpoint(cluster, tiny_model_dir, tmp_path):
