@@ -113,12 +113,14 @@ def bind(task: Task, workdir: str) -> Task:
 KEEP_CONNECTION = frozenset({
     "sample-roots", "score-roots", "allocate-roots", "expand-roots", "score-prefixes",
     "allocate-prefixes", "expand-prefixes", "backup", "fit-predictor", "tree-advantages",
-    "tree-metrics"})
-"""Phases that use the store briefly or not at all (the expansions let it go while they generate,
-``tasks.expand``): inside a ``held`` block of the store (a train step), they keep its one
-connection open for the next; every other phase (the update, the sync, logging, evaluation)
-first closes it (``released``), so that it is not held while they run long or wait for the
-logging thread."""
+    "tree-metrics", "log-step"})
+"""Phases that use the store briefly, not at all, or generate for about a second (the
+expansions), and never wait for another thread that uses it (``log-step`` hands its job to the
+logging thread and returns): inside a ``held`` block of the store (the train flow's steps), they
+keep its one connection open for the next, and the step's marks share it. Every other phase
+(the update, the sync, evaluation, the run's summary) first closes it (``released``), so that it
+is not held while they run long or wait for the logging thread, whose reads of the store (the
+step's page, pictures) run then."""
 
 
 class Phases:

@@ -124,12 +124,12 @@ def train(config: TrainConfig = TrainConfig(), workdir: str | None = None,
             before = do.evaluate_policy(cfg, run.workdir, run.run_id, 0, initial, skip)
             run.logger.info("held-out accuracy before training: %.3f (%d items x %d samples)",
                             before["accuracy"], before["items"], before["samples"])
-        for step in run.steps(first):
-            with run.store.held():  # the step's short phases share a connection (``Phases``)
+        with run.store.held():  # the steps' marks and short phases share a connection (``Phases``)
+            for step in run.steps(first):
                 policy_dir, metrics = run_step(cfg, run.at(step), policy_dir, run.mlflow_run_id,
                                                run.watch)
-            run.complete(step, metrics)
-            history.append(metrics)
+                run.complete(step, metrics)
+                history.append(metrics)
         if cfg.eval_items:
             do.evaluate_policy(cfg, run.workdir, run.run_id, cfg.steps, policy_dir, skip)
         summary, where = run.finish(do.log_summary)
