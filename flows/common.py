@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from prefect import Task
+from prefect.filesystems import LocalFileSystem
 
 from tasks.runtime import PHASE_KEY, Paths, PhaseKey
 from trace_rl.environ import resolve_workdir
@@ -98,16 +100,35 @@ def relocate_results(workdir: str | Path) -> int:
     return moved
 
 
+class ResultFolder(LocalFileSystem):
+    """Prefect's local file system for a work dir's cache records, its paths joined without
+    asking the file system: Prefect's own resolves the folder and the file (``Path.resolve``, a
+    system call per component) at each look-up and write of a record, ~0.13 s of a default
+    step here. ``basepath`` is already resolved (``bind``); a path outside it is refused, as
+    Prefect's does. (Prefect takes only saved blocks as result storage, so the results
+    themselves stay on its own.)"""
+
+    def _resolve_path(self, path: str | None) -> Path:
+        base = Path(self.basepath)
+        if path is None:
+            return base
+        resolved = Path(os.path.normpath(base / Path(path).expanduser()))
+        if base != resolved and base not in resolved.parents:
+            raise ValueError(f"Provided path {resolved} is outside of the base path {base}.")
+        return resolved
+
+
 def bind(task: Task, workdir: str) -> Task:
     """The task with its results and cache records stored under the work dir (keys of paths
     in it relative to it, so that a copied or moved work dir finds them)."""
     if not isinstance(task.cache_policy, PhaseKey):
         return task
-    results = Paths(Path(workdir)).results
-    policy = dataclasses.replace(PHASE_KEY, workdir=str(Path(workdir).resolve()))
+    resolved = Path(workdir).resolve()
+    results = Paths(resolved).results
+    policy = dataclasses.replace(PHASE_KEY, workdir=str(resolved))
     return task.with_options(result_storage=results,  # a Path: Prefect's local file system
-                             persist_result=True,
-                             cache_policy=policy.configure(key_storage=str(results / "keys")))
+                             persist_result=True, cache_policy=policy.configure(
+                                 key_storage=ResultFolder(basepath=str(results / "keys"))))
 
 
 KEEP_CONNECTION = frozenset({
