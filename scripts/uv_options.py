@@ -14,16 +14,18 @@ Usage: python scripts/uv_options.py [--env]   (run by the venv's python, whose p
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
 # pip option -> uv flag, for options whose value is a list of whitespace-separated items.
 LISTS = {"extra-index-url": "--extra-index-url", "find-links": "--find-links",
          "constraint": "--constraint"}
-# Options that change nothing uv resolves or installs (certificates and time-outs become
-# environment variables in setup.sh, the others are pip's own chatter).
+# Options that change nothing uv resolves or installs (certificates, time-outs and the cache
+# folder become environment variables in setup.sh, the others are pip's own chatter).
 IGNORED = {"cert", "default-timeout", "timeout", "disable-pip-version-check", "no-color",
-           "progress-bar", "quiet", "verbose", "no-input", "retries", "root-user-action"}
+           "progress-bar", "quiet", "verbose", "no-input", "retries", "root-user-action",
+           "cache-dir", "no-cache-dir"}
 
 
 def pip_settings() -> dict[str, str]:
@@ -68,6 +70,10 @@ def uv_environment(settings: dict[str, str]) -> list[str]:
     timeout = settings.get("timeout") or settings.get("default-timeout")
     if timeout:
         out.append(f"UV_HTTP_TIMEOUT={int(float(timeout))}")
+    if "no-cache-dir" in settings:  # pip: any value turns its cache off
+        out.append("UV_NO_CACHE=1")
+    elif settings.get("cache-dir"):  # uv's cache beside pip's, where pip was told to keep its own
+        out.append(f"UV_CACHE_DIR={os.path.join(os.path.expanduser(settings['cache-dir']), 'uv')}")
     return out
 
 

@@ -29,6 +29,13 @@ def test_pip_settings_become_uv_flags_and_environment():
     assert uv_options.uv_environment(settings) == ["SSL_CERT_FILE=/etc/ca.crt", "UV_HTTP_TIMEOUT=180"]
 
 
+def test_pips_cache_folder_holds_uvs_cache_and_no_cache_means_none():
+    assert uv_options.uv_options({"cache-dir": "/c/pip"}) == uv_options.uv_options({})
+    assert uv_options.uv_environment({"cache-dir": "/c/pip"}) == ["UV_CACHE_DIR=/c/pip/uv"]
+    assert uv_options.uv_environment({"cache-dir": "/c/pip", "no-cache-dir": "off"}) == [
+        "UV_NO_CACHE=1"]
+
+
 @pytest.mark.parametrize("name", ["no-index", "only-binary", "pre", "require-hashes"])
 def test_a_setting_without_translation_is_refused(name):
     with pytest.raises(ValueError, match=name):
