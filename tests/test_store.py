@@ -608,6 +608,29 @@ def test_a_work_dir_of_the_old_layout_is_adopted(store, tmp_path):
         reader.mark_step("run1", 6, "running")
 
 
+def test_publish_pending_publishes_a_held_blocks_deferred_write_and_keeps_its_connection(
+        store, monkeypatch):
+    """Inside ``held`` the publish timer waits for the block's connection; ``publish_pending``
+    (called before generation) publishes what was deferred, and the block keeps its connection."""
+    import duckdb
+
+    from trace_rl.storage import published
+
+    def raw_count() -> int:  # a plain DuckDB reader: no flush on its behalf
+        with duckdb.connect(str(store.path), read_only=True) as con:
+            return con.execute("SELECT count(*) FROM nodes WHERE step = 2").fetchone()[0]
+
+    monkeypatch.setattr(published, "PUBLISH_SHARE", 1e-4)  # the timer waits ~10^4 copy times
+    with store.held():
+        store.mark_step("run1", 2, "running")  # publishes
+        store.write_level("run1", 2, 0, table(LEVEL0))  # deferred
+        assert raw_count() == 0
+        con = published.PublishedDatabase._holds.files[store._file].con
+        published.publish_pending()
+        assert raw_count() == 8
+        assert published.PublishedDatabase._holds.files[store._file].con is con
+
+
 def test_a_deferred_publish_is_never_lost(store, monkeypatch):
     """Level writes right after a publish are deferred (copies capped at PUBLISH_SHARE of the
     wall time); a reader of the same process flushes them first, and otherwise a timer publishes

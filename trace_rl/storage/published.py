@@ -112,6 +112,14 @@ def released() -> Iterator[None]:
         files.update(suspended)
 
 
+def publish_pending() -> None:
+    """Publish now the deferred writes of this thread's ``held`` blocks, keeping their connections:
+    before a stretch that writes nothing for a while (generation), during which the deferral's
+    timer thread cannot take its turn on the file."""
+    for hold in list(getattr(PublishedDatabase._holds, "files", {}).values()):
+        hold.db.flush()
+
+
 class PublishedDatabase:
     """A DuckDB file that one writer changes and any number of readers read (the protocol in
     this module's docstring); ``TreeStore`` adds the tables and what is done with them.
