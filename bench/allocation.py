@@ -21,9 +21,10 @@ import torch
 from bench import add_options, markdown
 from bench.allocation_trees import Grower, Totals
 from trace_core.allocators import (ALLOCATORS, AllocatorConfig, Allocator, Budget, LeafLedger, PrefixSet,
-                                   RootPool)
+                                   RootPool, allocate_per_tree)
 from trace_core.predictor import HashedNgramPredictor, HeadConfig, Predictor, auc, brier, ece
 from trace_core.simulator import Prompt, SimConfig, Simulator, render
+from trace_core.waves import root_waves
 
 METHODS = ("grpo", "dapo", "prompt_only", "random_prefix", "trace", "oracle")
 
@@ -99,63 +100,36 @@ class MethodRun:
                         staleness=np.where(last >= 0, step - last,
                                            step - self.first_offered[pool_idx]).astype(np.float64),
                         true_value=np.array([self.sim.true_value(p) for p in pool_prompts]))
-        # Root stage (with DAPO's refill waves).
-        step_trees = Grower()
-        tree_of: dict[int, int] = {}  # pool position -> tree
-        root_leaves = alloc.root_leaves(budget)
-        counts = alloc.allocate_roots(pool, root_leaves, self.rng)
-        wave = counts
-        while wave is not None:
-            ledger.spend(int(wave.sum()), f"{self.name} root stage")
-            for j in np.flatnonzero(wave):
-                k = tree_of.setdefault(int(j), len(tree_of))
-                if k == len(step_trees.prompts):
-                    step_trees.new_tree(pool_prompts[j])
-                for _ in range(int(wave[j])):
-                    self._roll(step_trees, int(step_trees.trees.roots[k]))
-            step_trees.grow(level=0)
-            bare, wins = step_trees.bare_outcomes()
-            mixed = np.zeros(pool.size, dtype=bool)
-            mixed[list(tree_of)] = (wins > 0) & (wins < bare)
-            wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), self.rng)
-            if wave is not None:
-                counts = counts + wave
-        rows, observed = step_trees.trees.candidates(alloc.branches_from_root, deepest_first=True)
-        owner = step_trees.trees.tree_of_row[rows]
-        for j, k in tree_of.items():  # prefix stage, per tree
-            mine = owner == k
-            self._prefix_stage(step_trees, k, rows[mine], observed[mine],
-                               alloc.tree_leaves(int(counts[j]), budget), ledger)
-        step_trees.grow(level=1)
-        self.totals.add(step_trees.trees, step_trees.tokens)
-        self.last_sampled[pool_idx[list(tree_of)]] = step
-        if self.predictor is not None:
-            self.fit_stats = self._fit(step_trees)
-        self.totals.seconds += time.perf_counter() - start
+        grower = Grower()
 
-    def _prefix_stage(self, step_trees: Grower, k: int, nodes: np.ndarray, observed: np.ndarray,
-                      leaves: int, ledger: LeafLedger) -> None:
-        """Stage 2 on tree ``k``: spend its ``leaves`` continuations over its candidates
-        (``TreeBatch.candidates``: rows ``nodes``, their ``observed`` outcomes)."""
-        alloc = self.allocator
-        if leaves == 0:
-            return
-        ledger.spend(leaves, f"{self.name} prefix stage")
-        root = int(step_trees.trees.roots[k])
-        if nodes.tolist() == [root]:  # every bare rollout ended on its first turn
-            for _ in range(leaves):
-                self._roll(step_trees, root)
-            return
-        prompt, prefix = step_trees.prompts[k], step_trees.prefix
-        prefixes = PrefixSet(predicted=self.predict([render(prompt, prefix[n]) for n in nodes]),
-                             observed=observed,
-                             true_value=np.array([self.sim.true_value(prompt, prefix[n]) for n in nodes]))
-        k_per = alloc.allocate_prefixes(prefixes, leaves, self.rng)
-        if int(k_per.sum()) != leaves:
-            raise AssertionError(f"{self.name}: prefix stage spent {int(k_per.sum())} of {leaves} leaves")
-        for node, times in zip(nodes, k_per):
-            for _ in range(int(times)):
-                self._roll(step_trees, int(node))
+        def roll(opened: list[int], trees: list[int]):  # trace_core.waves.root_waves
+            for j in opened:
+                grower.new_tree(pool_prompts[j])
+            for k in trees:
+                self._roll(grower, int(grower.trees.roots[k]))
+            grower.grow(level=0)
+            return grower.trees
+
+        counts, order = root_waves(alloc, pool, budget, self.rng, roll, ledger, self.name)
+        if any(alloc.tree_leaves(int(counts[j]), budget) for j in order):  # Stage 2, tree by tree
+            rows, observed = grower.trees.candidates(alloc.branches_from_root)
+            tree, depth = grower.trees.tree_of_row[rows], grower.trees.depth[rows]
+            bare = counts[order][tree]
+            at = [(grower.prompts[t], grower.prefix[n]) for t, n in zip(tree, rows)]
+            prefixes = PrefixSet(predicted=self.predict([render(*a) for a in at]), observed=observed,
+                                 seen=np.where(depth == 0, bare, 1),
+                                 true_value=np.array([self.sim.true_value(*a) for a in at]))
+            k = allocate_per_tree(alloc, tree, prefixes, depth, bare, budget, self.rng)
+            ledger.spend(int(k.sum()), f"{self.name} prefix stage")
+            for node, times in zip(rows, k):
+                for _ in range(int(times)):
+                    self._roll(grower, int(node))
+            grower.grow(level=1)
+        self.totals.add(grower.trees, grower.tokens)
+        self.last_sampled[pool_idx[order]] = step
+        if self.predictor is not None:
+            self.fit_stats = self._fit(grower)
+        self.totals.seconds += time.perf_counter() - start
 
     def _roll(self, step_trees: Grower, node: int) -> None:
         prompt = step_trees.prompts[step_trees.trees.tree_of_row[node]]

@@ -60,13 +60,6 @@ class Grower:
                                                 minlength=len(self.prompts)).astype(np.int64)
         self.pending = []
 
-    def bare_outcomes(self) -> tuple[np.ndarray, np.ndarray]:
-        """([T] bare rollouts, [T] of them successes) per tree."""
-        t = self.trees
-        bare = t.is_leaf & (t.level == 0) & (t.depth > 0)
-        return (np.bincount(t.tree_of_row[bare], minlength=len(t)),
-                np.bincount(t.tree_of_row[bare], weights=t.reward[bare], minlength=len(t)))
-
 
 @dataclass
 class Totals:

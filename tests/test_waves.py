@@ -4,8 +4,9 @@ functions (hand-worked cases, a naive loop as reference, invariants on random ca
 import numpy as np
 import pytest
 
-from trace_core.allocators import AllocatorConfig, Budget, PrefixSet, RootPool, make_allocator
-from trace_core.waves import outcome_counts, refill_wave, split_jointly
+from trace_core.allocators import AllocatorConfig, Budget, LeafLedger, PrefixSet, RootPool, make_allocator
+from trace_core.tree import TreeBatch
+from trace_core.waves import outcome_counts, refill_wave, root_waves, split_jointly
 
 
 def knobs(**changes) -> AllocatorConfig:
@@ -68,6 +69,43 @@ def test_refill_waves_spend_at_most_the_root_budget_and_stop():
     mixed[np.flatnonzero(counts)[2]] = False  # one short: a wave of one group
     extra = refill_wave(dapo, pool, counts, mixed, Budget(roots=40, multiplier=2), rng)
     assert extra is not None and extra.sum() == 4
+
+
+def _grower(win):
+    """A root stage's ``roll`` on a ``TreeBatch``: one-turn rollouts, the i-th of the step a
+    success when ``win(i)``; returns it and what it saw."""
+    seen = {"trees": TreeBatch.empty(), "opened": [], "rolled": 0}
+
+    def roll(opened, trees):
+        seen["opened"] += opened
+        t = seen["trees"].with_new_trees(len(opened))
+        reward = [float(win(seen["rolled"] + i)) for i in range(len(trees))]
+        seen["rolled"] += len(trees)
+        seen["trees"] = t.grow(t.roots[trees], np.ones(len(trees), np.int64), reward)[0]
+        return seen["trees"]
+    return roll, seen
+
+
+def test_root_waves_grow_one_tree_per_candidate_until_dapo_is_satisfied():
+    """The simulators' root stage: each wave hangs its bare rollouts below the roots of the same
+    trees (a candidate's tree opened at its first wave); a candidate whose bare rollouts split
+    counts as mixed, and DAPO refills until 3 groups are mixed or the root budget is spent."""
+    pool = RootPool(predicted=np.full(40, 0.5), staleness=np.zeros(40))
+    budget = Budget(roots=16, multiplier=2)  # 48 leaves: waves of up to 3 groups of 4
+    dapo = make_allocator("dapo", knobs(group_size=4, dapo_batch_groups=3))
+    roll, seen = _grower(lambda i: i % 3 == 0)  # every group of 4 mixed: one wave
+    ledger = LeafLedger(budget.total)
+    counts, order = root_waves(dapo, pool, budget, np.random.default_rng(0), roll, ledger, "dapo")
+    assert order == seen["opened"] == list(np.flatnonzero(counts))
+    assert ledger.spent == counts.sum() == 12
+    assert seen["trees"].bare_outcomes()[0].tolist() == [4, 4, 4]
+    assert seen["trees"].bare_outcomes()[1].tolist() == [2, 1, 1]
+    roll, seen = _grower(lambda i: False)  # nothing mixed: fresh prompts until the budget is spent
+    counts, order = root_waves(dapo, pool, budget, np.random.default_rng(0), roll,
+                               LeafLedger(budget.total), "dapo")
+    assert counts.sum() == budget.total and len(order) == 12 == len(set(order))
+    assert sorted(order) == list(np.flatnonzero(counts))
+    assert seen["trees"].bare_outcomes()[0].tolist() == [4] * 12
 
 
 def test_no_refill_for_methods_without_one():

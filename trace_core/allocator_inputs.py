@@ -95,6 +95,13 @@ class PrefixSet(_Candidates):
                 raise ValueError(f"PrefixSet: {name} must match predicted in length")
         self._check_true_value("PrefixSet")
 
+    def subset(self, idx: np.ndarray) -> PrefixSet:
+        """These prefixes at ``idx`` (positions or a mask), every field kept."""
+        pick = lambda x: None if x is None else np.asarray(x)[idx]  # noqa: E731
+        return PrefixSet(predicted=self.predicted[idx], observed=self.observed[idx],
+                         true_value=pick(self.true_value), correlation=pick(self.correlation),
+                         seen=pick(self.seen))
+
 
 @dataclass(frozen=True, kw_only=True)
 class AllocatorConfig:

@@ -329,10 +329,7 @@ def allocate_per_tree(allocator: Allocator, tree: np.ndarray, prefixes: PrefixSe
         if len(idx) == 1 and depth[i] == 0:  # the root alone
             k[idx] = leaves
             continue
-        k[idx] = allocator.allocate_prefixes(PrefixSet(
-            predicted=prefixes.predicted[idx], observed=prefixes.observed[idx],
-            correlation=None if prefixes.correlation is None else prefixes.correlation[idx],
-            seen=None if prefixes.seen is None else prefixes.seen[idx]), leaves, rng)
+        k[idx] = allocator.allocate_prefixes(prefixes.subset(idx), leaves, rng)
     return k
 
 

@@ -333,6 +333,13 @@ class TreeBatch:
             out[self.up[rows]] = out[rows]
         return out
 
+    def bare_outcomes(self) -> tuple[np.ndarray, np.ndarray]:
+        """([T] bare rollouts, [T] their summed rewards) per tree: the leaves at level 0."""
+        leaf = self.is_leaf & (self.level == 0) & (self.depth > 0)
+        tree = self.tree_of_row[leaf]
+        return (np.bincount(tree, minlength=len(self)),
+                np.bincount(tree, weights=self.reward[leaf], minlength=len(self)))
+
     def candidates(self, from_root: bool, deepest_first: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
         """Stage 2's candidate set of every tree: (rows [K], observed outcome [K]).
@@ -346,15 +353,13 @@ class TreeBatch:
         shallowest first; ``deepest_first`` lists each rollout's deepest first, the order the
         benchmarks' recorded seeds were run with), its root last.
         """
-        bare_leaf = self.is_leaf & (self.level == 0) & (self.depth > 0)
-        outcomes = self.reward[bare_leaf]
+        outcomes = self.reward[self.is_leaf & (self.level == 0) & (self.depth > 0)]
         if np.any((outcomes != 0.0) & (outcomes != 1.0)):
             raise ValueError(f"bare rollout outcomes must be 0 or 1, got "
                              f"{sorted(set(outcomes.tolist()) - {0.0, 1.0})}")
         prefix = np.flatnonzero((self.depth > 0) & ~self.is_leaf & (self.level == 0))
         below = self.leaf_below()[prefix]
-        bare = np.bincount(self.tree_of_row[bare_leaf], minlength=len(self))
-        wins = np.bincount(self.tree_of_row[bare_leaf], weights=outcomes, minlength=len(self))
+        bare, wins = self.bare_outcomes()
         agree = (bare > 0) & ((wins == 0) | (wins == bare))
         shared = np.where(agree, np.sign(wins), np.nan)  # [T] the agreeing outcome, else NaN
         has_prefix = np.bincount(self.tree_of_row[prefix], minlength=len(self)) > 0

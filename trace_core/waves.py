@@ -9,11 +9,12 @@ runs the rollouts between them.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from trace_core.allocators import Allocator, Budget, PrefixSet, RootPool, allocate_per_tree
+from trace_core.allocators import Allocator, Budget, LeafLedger, PrefixSet, RootPool, allocate_per_tree
+from trace_core.tree import TreeBatch
 
 
 def outcome_counts(tree_id: Sequence[int], reward: Sequence[float], is_leaf: Sequence[bool],
@@ -48,6 +49,32 @@ def refill_wave(allocator: Allocator, pool: RootPool, counts: np.ndarray, mixed:
     return extra
 
 
+def root_waves(allocator: Allocator, pool: RootPool, budget: Budget, rng: np.random.Generator,
+               roll: Callable[[list[int], list[int]], TreeBatch], ledger: LeafLedger,
+               who: str) -> tuple[np.ndarray, list[int]]:
+    """Stage 1 and its refill waves when every wave grows the same trees (the simulators):
+    ([P] bare rollouts per candidate, each tree's candidate). ``roll(opened, trees)`` opens a tree
+    for each candidate of ``opened`` (new this wave; trees are numbered as opened), hangs one
+    bare rollout below the root of each of ``trees`` in that order (``wave[j]`` for candidate j,
+    j ascending) and returns the step's trees; a candidate is mixed when its tree's bare
+    rollouts hold a success and a failure."""
+    order: list[int] = []
+    counts = allocator.allocate_roots(pool, allocator.root_leaves(budget), rng)
+    wave = counts
+    while wave is not None:
+        ledger.spend(int(wave.sum()), f"{who} root stage")
+        opened = [int(j) for j in np.flatnonzero(wave) if int(j) not in order]
+        order += opened
+        bare, wins = roll(opened, [order.index(int(j)) for j in np.flatnonzero(wave)
+                                   for _ in range(int(wave[j]))]).bare_outcomes()
+        mixed = np.zeros(pool.size, bool)
+        mixed[order] = (wins > 0) & (wins < bare)
+        wave = refill_wave(allocator, pool, counts, mixed, budget, rng)
+        if wave is not None:
+            counts = counts + wave
+    return counts, order
+
+
 def split_jointly(allocator: Allocator, prefixes: PrefixSet, pool: RootPool, counts: np.ndarray,
                   leaves: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """([P] bare rollouts per candidate, [K] continuations per prefix): ``leaves`` split across
@@ -56,12 +83,7 @@ def split_jointly(allocator: Allocator, prefixes: PrefixSet, pool: RootPool, cou
     (a root offered with mixed bare rollouts) is no candidate: more rollouts from it cannot make
     its group mixed. Candidates already rolled out get 0."""
     usable = ~np.isnan(prefixes.observed)  # [K]
-    part = PrefixSet(
-        predicted=np.asarray(prefixes.predicted, np.float64)[usable],
-        observed=np.asarray(prefixes.observed, np.float64)[usable],
-        correlation=None if prefixes.correlation is None
-        else np.asarray(prefixes.correlation, np.float64)[usable],
-        seen=None if prefixes.seen is None else np.asarray(prefixes.seen, np.int64)[usable])
+    part = prefixes.subset(usable)
     fresh = np.flatnonzero(np.asarray(counts) == 0)
     fresh_pool = RootPool(predicted=np.asarray(pool.predicted, np.float64)[fresh],
                           staleness=np.asarray(pool.staleness, np.float64)[fresh],

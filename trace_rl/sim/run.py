@@ -24,6 +24,7 @@ from trace_core.allocators import (
 )
 from trace_core.calibration import Term, batch_terms, estimate
 from trace_core.posterior import PromptPosterior
+from trace_core.waves import root_waves
 from trace_rl.config import TrainConfig
 from trace_rl.sim.model import (INIT_PROBS, TOKENS_PER_TURN, ChainParams, Dynamics, Exact, Items,
                                 dynamics, exact, make_items, softmax)
@@ -249,32 +250,17 @@ class Run:
 
     def _root_stage(self, pool: RootPool, pool_idx: np.ndarray, ledger: LeafLedger,
                     rng: np.random.Generator) -> tuple[SimStep, list[int], np.ndarray]:
-        """Stage 1 and its refill waves: bare rollouts of the pool's prompts; (the trees, each
-        tree's pool position, rollouts per position)."""
-        alloc = self.allocator
-        trees, order = SimStep(), []
-        root_leaves = alloc.root_leaves(self.budget)
-        counts = alloc.allocate_roots(pool, root_leaves, rng)
-        wave = counts
-        while wave is not None:
-            ledger.spend(int(wave.sum()), f"{self.method.name} root stage")
-            for j in np.flatnonzero(wave):
-                if int(j) not in order:
-                    trees.new_tree(int(pool_idx[j]), float(pool.predicted[j]))
-                    order.append(int(j))
-            where = []
-            for j in np.flatnonzero(wave):
-                where += [(int(trees.trees.roots[order.index(int(j))]), True)] * int(wave[j])
-            roll_into(trees, where, self.dyn, self.theta, rng)
-            bare = trees.bare_leaves
-            t = trees.trees
-            won = t.is_leaf & (t.level == 0) & (t.depth > 0)
-            wins = np.bincount(t.tree_of_row[won], weights=t.reward[won], minlength=len(t))
-            mixed = np.zeros(pool.size, bool)
-            mixed[order] = (wins > 0) & (wins < bare)
-            wave = alloc.refill(pool, counts, mixed, root_leaves - int(counts.sum()), rng)
-            if wave is not None:
-                counts = counts + wave
+        """Stage 1 and its refill waves (``trace_core.waves.root_waves``): bare rollouts of the
+        pool's prompts; (the trees, each tree's pool position, rollouts per position)."""
+        trees = SimStep()
+
+        def roll(opened: list[int], tree: list[int]):
+            for j in opened:
+                trees.new_tree(int(pool_idx[j]), float(pool.predicted[j]))
+            roll_into(trees, [(int(trees.trees.roots[k]), True) for k in tree], self.dyn, self.theta, rng)
+            return trees.trees
+
+        counts, order = root_waves(self.allocator, pool, self.budget, rng, roll, ledger, self.method.name)
         return trees, order, counts
 
     def _candidates(self, trees: SimStep) -> list[tuple[np.ndarray, np.ndarray]]:

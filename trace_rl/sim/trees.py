@@ -44,9 +44,7 @@ class SimStep:
     @property
     def bare_leaves(self) -> np.ndarray:
         """int64 [T]: bare rollouts per tree."""
-        t = self.trees
-        return np.bincount(t.tree_of_row[t.is_leaf & (t.level == 0) & (t.depth > 0)],
-                           minlength=len(t))
+        return self.trees.bare_outcomes()[0]
 
 
 def roll_into(step: SimStep, where: list[tuple[int, bool]], dyn: Dynamics, theta: np.ndarray,
