@@ -1,6 +1,6 @@
 """This project against TRL's ``GRPOTrainer`` (docs/results.md, "Against TRL": the shared
 settings and what is reported): ``trl_grpo`` (TRL at its defaults, on the multi-turn task through
-its ``rollout_func``, ``_Rollouts``), ``grpo`` (the train flow with ``allocator=grpo``) and
+its ``rollout_func``: ``trace_rl.integrations.trl``), ``grpo`` (the train flow with ``allocator=grpo``) and
 ``trace`` (the default allocator), from the same bootstrapped tiny policy and held-out items. Each
 (method, seed) result is one JSON under ``--results`` (default ``results/peers/runs/``).
 
@@ -13,7 +13,6 @@ Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import platform
 import time
 from pathlib import Path
@@ -41,119 +40,27 @@ def require_trl() -> str:
     return trl.__version__
 
 
-# ----------------------------------------------------------------------------- TRL's run
-
-class _Rollouts:
-    """TRL's ``rollout_func``: the project's ReAct loop on an ``HFEngine`` that holds the
-    trainer's current weights; one start per run of equal consecutive prompts (TRL repeats each
-    prompt ``num_generations`` times), K completions each."""
-
-    def __init__(self, cfg: Any, policy: str, items: dict[str, Any], seed: int) -> None:
-        from tasks import runtime
-        from trace_rl.engines import context_limit
-        from trace_rl.engines.hf import HFEngine
-
-        self.cfg, self.items, self.seed = cfg, items, seed
-        self.env = runtime.env_for(cfg)
-        if self.env.stateful:
-            raise ValueError(f"bench.peers: {cfg.family} is stateful; its grade needs the episode's "
-                             "state, which a TRL reward function does not see")
-        self.by_question = {it.question: it for it in items.values()}
-        self.engine = HFEngine(policy, seed=seed)
-        self.max_context = context_limit(policy)
-        self.calls = 0
-        self.generated_tokens = 0
-        self.rollout_s = 0.0
-        self.reward_mismatches = 0
-
-    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
-        from trace_rl.policy.sft import episode_example
-        from trace_rl.rollout.react import Start, run_episodes
-        from trace_rl.rollout.types import SamplingSettings
-
-        t0 = time.perf_counter()
-        self.engine.load_tensors({k: v.detach() for k, v in trainer.model.state_dict().items()})
-        starts = [Start(self.by_question[p], (), len(list(same)))
-                  for p, same in itertools.groupby(prompts)]
-        sampling = SamplingSettings(max_tokens=self.cfg.max_new_tokens,
-                                    temperature=self.cfg.temperature, seed=self.cfg.seed)
-        episodes = run_episodes(self.engine, self.env, starts, sampling=sampling,
-                                max_turns=self.cfg.max_turns, tool_timeout_s=self.cfg.tool_timeout_s,
-                                seed=self.seed * 100_003 + self.calls, max_context=self.max_context)
-        self.calls += 1
-        rows = []
-        for ep in episodes:  # the completion: every turn's generated and observation tokens
-            ex, n = episode_example(ep), len(ep.prompt_ids)
-            self.generated_tokens += sum(len(t.gen_ids) for t in ep.turns)
-            last = ep.turns[-1].action if ep.turns else None
-            answered = last is not None and last.kind == "answer"
-            rows.append({"prompt_ids": list(ep.prompt_ids), "completion_ids": list(ex.token_ids[n:]),
-                         "logprobs": [x for t in ep.turns
-                                      for x in [*t.gen_logprobs, *[0.0] * len(t.obs_ids)]],
-                         "env_mask": list(ex.loss_mask[n:]), "answer": last.answer if answered else None,
-                         "answered": answered, "episode_reward": float(ep.reward or 0.0)})
-        self.rollout_s += time.perf_counter() - t0
-        return {k: [r[k] for r in rows] for k in rows[0]}
-
-    def reward(self, prompts: list[str], completions: list[Any], answer: list[Any],
-               answered: list[bool], episode_reward: list[float], **_: Any) -> list[float]:
-        """The family's grader as a TRL reward function: the final answer graded against the
-        item's gold (0 when the episode ended without one: turn cap, context or a bad action).
-        Counts where it differs from the reward the ReAct loop gave the episode (none expected)."""
-        out = [float(self.env.verify(self.by_question[p], a).reward) if ok else 0.0
-               for p, a, ok in zip(prompts, answer, answered)]
-        self.reward_mismatches += sum(x != y for x, y in zip(out, episode_reward))
-        return out
-
-
-def _trl_config(cfg: Any, seed: int, out_dir: Path) -> Any:
-    """TRL's settings for ``run_trl``: this project's where both have one (the steps, learning
-    rate, clipping, KL, group size and epochs), TRL's defaults for the rest."""
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        output_dir=str(out_dir), seed=seed, data_seed=seed, use_cpu=True, report_to="none",
-        save_strategy="no", logging_steps=10 ** 6, disable_tqdm=True,
-        max_steps=cfg.steps * cfg.ppo_epochs, learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        per_device_train_batch_size=cfg.leaf_budget, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_generations=cfg.group_size, num_iterations=cfg.ppo_epochs,
-        epsilon=cfg.clip_low, epsilon_high=cfg.clip_high, beta=cfg.kl_coef,
-        temperature=cfg.temperature, top_p=1.0,
-        max_completion_length=cfg.max_turns * (cfg.max_new_tokens + 64),
-        loss_type="dapo", scale_rewards="group", shuffle_dataset=True,  # TRL's defaults
-        dataloader_num_workers=0, bf16=False, fp16=False)
-
-
 def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_steps: Sequence[int],
             start_accuracy: float, **ev: Any) -> RunResult:
-    """One seed of TRL's ``GRPOTrainer`` (see the module docstring), its checkpoints at
-    ``eval_steps`` evaluated exactly as ``run_one`` evaluates the train flow's."""
-    import datasets
+    """One seed of TRL's ``GRPOTrainer`` on the family (``trace_rl.integrations.trl``), its
+    checkpoints at ``eval_steps`` evaluated exactly as ``run_one`` evaluates the train flow's."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
+    from transformers import TrainerCallback
 
     from tasks import runtime
     from trace_rl.config import config_from_mapping
+    from trace_rl.integrations.trl import Rollouts, grpo_trainer
 
     method = "trl_grpo"
     config = {**base, "allocator": "grpo", "seed": seed, "policy": policy,
               "run_name": f"peers-{method}-s{seed}"}
     cfg = config_from_mapping(config, "bench.peers")
     runtime.configure_threads()
-    items = runtime.items_for(cfg, cfg.train_split, policy)
-    rows = [{"prompt": it.question} for it in items.values()]
     out_dir = workdir / f"{method}-s{seed}"
     t0 = time.perf_counter()
-    rollouts = _Rollouts(cfg, policy, items, seed)
-    tokenizer = AutoTokenizer.from_pretrained(policy)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    rollouts = Rollouts(cfg, policy, runtime.env_for(cfg), runtime.items_for(cfg, cfg.train_split, policy),
+                        seed)
     iters, batch = cfg.ppo_epochs, cfg.leaf_budget
-    args = _trl_config(cfg, seed, out_dir)
 
     saved: dict[int, str] = {}
     at_step: list[dict[str, float]] = []
@@ -171,14 +78,11 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                 s0 = time.perf_counter()
                 path = out_dir / f"step-{step}"
                 trainer.model.save_pretrained(path)
-                tokenizer.save_pretrained(path)
+                trainer.processing_class.save_pretrained(path)
                 saved[step] = str(path)
                 aside[0] += time.perf_counter() - s0
 
-    trainer = GRPOTrainer(model=model, reward_funcs=rollouts.reward, args=args,
-                          train_dataset=datasets.Dataset.from_list(rows),
-                          processing_class=tokenizer, rollout_func=rollouts,
-                          callbacks=[_Steps()])
+    trainer = grpo_trainer(cfg, policy, rollouts, out_dir, callbacks=[_Steps()])
     trainer.train()
     wall = time.perf_counter() - t0 - aside[0]
     if len(at_step) != cfg.steps:

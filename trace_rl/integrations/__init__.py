@@ -1,0 +1,1 @@
+"""This project's environments under other trainers (``trl``: TRL's ``GRPOTrainer``)."""
