@@ -105,9 +105,7 @@ class MethodRun:
         def roll(opened: list[int], trees: list[int]):  # trace_core.waves.root_waves
             for j in opened:
                 grower.new_tree(pool_prompts[j])
-            for k in trees:
-                self._roll(grower, int(grower.trees.roots[k]))
-            grower.grow(level=0)
+            grower.roll(self.sim, grower.trees.roots[trees], 0, self.rng)
             return grower.trees
 
         counts, order = root_waves(alloc, pool, budget, self.rng, roll, ledger, self.name)
@@ -115,33 +113,24 @@ class MethodRun:
             rows, observed = grower.trees.candidates(alloc.branches_from_root)
             tree, depth = grower.trees.tree_of_row[rows], grower.trees.depth[rows]
             bare = counts[order][tree]
-            at = [(grower.prompts[t], grower.prefix[n]) for t, n in zip(tree, rows)]
+            at = [grower.history(n) for n in rows]
             prefixes = PrefixSet(predicted=self.predict([render(*a) for a in at]), observed=observed,
                                  seen=np.where(depth == 0, bare, 1),
                                  true_value=np.array([self.sim.true_value(*a) for a in at]))
             k = allocate_per_tree(alloc, tree, prefixes, depth, bare, budget, self.rng)
             ledger.spend(int(k.sum()), f"{self.name} prefix stage")
-            for node, times in zip(rows, k):
-                for _ in range(int(times)):
-                    self._roll(grower, int(node))
-            grower.grow(level=1)
+            grower.roll(self.sim, np.repeat(rows, k), 1, self.rng)
         self.totals.add(grower.trees, grower.tokens)
         self.last_sampled[pool_idx[order]] = step
         if self.predictor is not None:
             self.fit_stats = self._fit(grower)
         self.totals.seconds += time.perf_counter() - start
 
-    def _roll(self, step_trees: Grower, node: int) -> None:
-        prompt = step_trees.prompts[step_trees.trees.tree_of_row[node]]
-        r = self.sim.rollout(prompt, step_trees.prefix[node], self.rng)
-        step_trees.add(node, r.turns, r.reward, r.tokens)
-
     def _fit(self, step_trees: Grower) -> dict[str, float]:
         trees = step_trees.trees
         value, n_leaves = trees.backup()
         internal = np.flatnonzero(~trees.is_leaf)
-        histories = [render(step_trees.prompts[trees.tree_of_row[r]], step_trees.prefix[r])
-                     for r in internal]
+        histories = [render(*step_trees.history(r)) for r in internal]
         return self.predictor.fit(histories, value[internal], n_leaves[internal].astype(np.float64))
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trace_core.simulator import Prompt
+from trace_core.simulator import Prompt, Simulator
 from trace_core.tree import TreeBatch, sibling_contrast_pairs
 
 
@@ -25,40 +25,35 @@ def objects(items: list) -> np.ndarray:
 @dataclass
 class Grower:
     """One step's trees while they are rolled out: the batch, each node's turns from its root
-    (``prefix``), each tree's prompt and generated tokens, and the rollouts waiting to be hung."""
+    (``prefix``), each tree's prompt and generated tokens."""
 
     trees: TreeBatch = field(default_factory=TreeBatch.empty)
     prefix: np.ndarray = field(default_factory=lambda: objects([]))
     prompts: list[Prompt] = field(default_factory=list)
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    pending: list[tuple[int, tuple[str, ...], int, int]] = field(default_factory=list)
 
-    def new_tree(self, prompt: Prompt) -> int:
-        """Open a tree (a root with no rollout yet); its position."""
+    def new_tree(self, prompt: Prompt) -> None:
+        """Open a tree (a root with no rollout yet)."""
         self.trees = self.trees.with_new_trees(1)
         self.prefix = np.r_[self.prefix, objects([()])]
         self.prompts.append(prompt)
         self.tokens = np.r_[self.tokens, 0]
-        return len(self.prompts) - 1
 
-    def add(self, at: int, turns: tuple[str, ...], reward: int, tokens: int) -> None:
-        """A rollout's new turns, to hang as a chain below row ``at`` at the next ``grow``."""
-        if not turns:
-            raise ValueError("a rollout must generate at least one turn")
-        self.pending.append((at, turns, reward, tokens))
+    def history(self, row: int) -> tuple[Prompt, tuple[str, ...]]:
+        """Row ``row`` as the simulator takes it: its tree's prompt and its turns."""
+        return self.prompts[self.trees.tree_of_row[row]], self.prefix[row]
 
-    def grow(self, level: int) -> None:
-        """Hang the waiting rollouts (their nodes at ``level``), in the order they were added."""
-        at = np.array([p[0] for p in self.pending], np.int64)
-        self.trees, growth = self.trees.grow(at, [len(p[1]) for p in self.pending],
-                                             [float(p[2]) for p in self.pending], level)
+    def roll(self, sim: Simulator, at: np.ndarray, level: int, rng: np.random.Generator) -> None:
+        """One rollout of ``sim`` from each row of ``at``, in order, each hung below its row as a
+        chain of its turns (nodes at ``level``)."""
+        out = [sim.rollout(*self.history(a), rng) for a in at]
+        self.trees, growth = self.trees.grow(at, [len(r.turns) for r in out],
+                                             [float(r.reward) for r in out], level)
         self.prefix = growth.place(self.prefix, objects(
-            [self.prefix[a] + turns[:i + 1] for a, turns, _, _ in self.pending
-             for i in range(len(turns))]))
-        tree = self.trees.tree_of_row[growth.leaf] if len(at) else np.zeros(0, np.int64)
-        self.tokens = self.tokens + np.bincount(tree, weights=[p[3] for p in self.pending],
+            [self.prefix[a] + r.turns[:i + 1] for a, r in zip(at, out) for i in range(len(r.turns))]))
+        self.tokens = self.tokens + np.bincount(self.trees.tree_of_row[growth.leaf],
+                                                weights=[r.tokens for r in out],
                                                 minlength=len(self.prompts)).astype(np.int64)
-        self.pending = []
 
 
 @dataclass
