@@ -417,7 +417,7 @@ def protocol_report(records: Path, final_of: int, args: dict[str, Any] | None = 
     main = finals.get("main", {})
     out: dict[str, Any] = {"tables": tables, "finals": finals}
     if REFERENCE in main and len(main[REFERENCE]) >= 2:
-        out.update(conclude(main, finals.get("control"), REFERENCE, beside=("trace", "cover_oracle")))
+        out.update(conclude(main, finals.get("control"), REFERENCE))
     else:
         print("\nno closing line: fewer than 2 complete seeds")
     return out

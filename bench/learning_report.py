@@ -16,6 +16,7 @@ from trace_core.stats import Interval, detectable_effect, median_ratio, paired_g
 LAST = 5  # final accuracy = the mean held-out accuracy of the last LAST steps (declared up front)
 START = 5  # GRPO's effective ratio "at the start" is pooled over its first START steps
 BASELINES = ("grpo", "dapo", "prompt_only")  # the closing line's best is taken from these
+BESIDE = ("trace", "cover_oracle", "oracle_pred")  # rows shown against it before the closing line
 
 
 # ----------------------------------------------------------------------------- the protocol
@@ -164,11 +165,10 @@ def describe(iv: Interval) -> str:
     return f"{iv.mean:+.1f} ({iv.low:+.1f}, {iv.high:+.1f}), {verdict(iv.mean, iv.low, iv.high)}"
 
 
-def conclude(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None, contender: str,
-             beside: Sequence[str] = ("trace", "cover_oracle", "oracle_pred")) -> dict:
+def conclude(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None, contender: str) -> dict:
     """Print the power statement (the paired difference's SD against the best baseline and the
-    effect detectable at 80% power), the ``beside`` rows against the same baseline, and the
-    closing line; the figures as a dict."""
+    effect detectable at 80% power), the ``BESIDE`` rows it holds against the same baseline, and
+    the closing line; the figures as a dict."""
     line, iv, civ = closing(main, control, contender)
     base = best_baseline(main)
     n = len(main[contender])
@@ -177,7 +177,7 @@ def conclude(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None,
     print(f"\npower: SD of the paired difference {sd:.2f} points; detectable at 80% power: "
           f"{see(sd, n):.1f} points over {n} seeds ({see(sd, 20):.1f} over 20, {see(sd, 40):.1f} "
           f"over 40)")
-    for other in beside:
+    for other in BESIDE:
         if other in main:
             print(f"{other} vs {base}: {describe(paired_gain(main[base], main[other]))}")
     print(f"{contender} vs {base}: {describe(iv)}; control: {describe(civ) if civ else '-'}")

@@ -40,27 +40,26 @@ RESULTS = RECORDS / "learning_sim"
 # ----------------------------------------------------------------------------- records
 
 
-def _record_path(root: Path, structure: str, method: str, seed: int) -> Path:
-    return root / structure / method / f"seed{seed}.json"
-
-
 def write_records(root: Path, structure: str, seed: int, out: dict, meta: dict) -> None:
     """One compact JSON file per method: the settings and the per-step logs."""
     for name, log in out.items():
-        path = _record_path(root, structure, name, seed)
+        path = root / structure / name / f"seed{seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         body = {"meta": meta, "seed": seed, "acc0": round(log["acc0"], 6),
                 **{k: [round(float(x), 6) for x in log[k]] for k in LOG_KEYS}}
         path.write_text(json.dumps(body, separators=(",", ":")) + "\n")
 
 
-def load_records(root: Path, structure: str, names: Sequence[str], meta: dict) -> dict[int, dict]:
+def load_records(root: Path, structure: str, names: Sequence[str], meta: dict | None = None
+                 ) -> dict[int, dict]:
     """{seed: {method: log}} for every seed whose records hold all ``names``; a record written
-    under other settings is an error (use another --records folder)."""
+    under other settings than ``meta`` (None: the first record's) is an error (use another
+    --records folder)."""
     seeds: dict[int, dict] = {}
     for name in names:
         for path in sorted((root / structure / name).glob("seed*.json")):
             body = json.loads(path.read_text())
+            meta = body["meta"] if meta is None else meta
             if body["meta"] != meta:
                 raise ValueError(f"{path}: written with other settings {body['meta']}; "
                                  f"this run has {meta}")
@@ -79,8 +78,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
                          regime["hazard_b"] if args.hazard_b is None else args.hazard_b,
                          args.alias_share, args.cue_rate, "chain")
     control = ChainParams(structure="arith")
-    if args.root_budget < 2:
-        raise ValueError(f"--root-budget {args.root_budget}: must be >= 2")
     settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items,
                            args.learning_rate, args.strength,
                            TrainConfig(root_budget=args.root_budget))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import re
 import sys
 from pathlib import Path
@@ -33,9 +32,7 @@ LABELS = {REFERENCE: f"**{REFERENCE}** (reference)", "grpo": "grpo (tokens match
 def _sim_regime(regime: str, root: Path) -> tuple[dict, list[dict], str, int]:
     """One regime's rows (``rows_of``) by method, the closing line and the seed count."""
     folder = root / "learning_sim" / f"{regime}-tokens"
-    meta = {s: json.loads(next((folder / s / REFERENCE).glob("seed*.json")).read_text())["meta"]
-            for s in ("chain", "control")}
-    logs = {s: load_records(folder, s, DEFAULT_ROWS, meta[s]) for s in meta}
+    logs = {s: load_records(folder, s, DEFAULT_ROWS) for s in ("chain", "control")}
     rows, finals = {}, {}
     for s, by_seed in logs.items():
         table, finals[s] = rows_of(list(by_seed.values()), list(DEFAULT_ROWS))
