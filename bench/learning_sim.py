@@ -104,14 +104,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             out = run_seed(seed, rows, p, settings, args.protocol)
             write_records(root, structure, seed, out, m)
             print(f"seed {seed} {structure}: {time.time() - t0:.0f} s", flush=True)
-    wall = time.time() - start
-    return _report(root, names, structures, params, settings, args, wall)
-
-
-def _report(root: Path, names: list[str], structures: dict, params: ChainParams,
-            settings: SimSettings, args: argparse.Namespace, wall: float) -> dict:
-    """Print the settings, both tables, the power statement and the closing line."""
-    cfg = settings.train
+    cfg, wall = settings.train, time.time() - start
     print(f"regime {args.regime}: hops {params.hops}, hazard Beta({params.hazard_a}, "
           f"{params.hazard_b}), alias share {params.alias_share}, cue rate {params.cue_rate}; "
           f"{settings.train_items} train items, pool {settings.pool_size}, {settings.steps} steps, "
@@ -121,15 +114,22 @@ def _report(root: Path, names: list[str], structures: dict, params: ChainParams,
           f"({cfg.root_budget * (1 + cfg.multiplier)} leaves/step); matched rows spend its "
           f"generated tokens per step; final accuracy = mean of the last 5 steps; "
           f"this invocation {wall:.0f} s")
+    return report(root, names, {s: m for s, (_, m) in structures.items()})
+
+
+def report(root: Path, names: Sequence[str], metas: dict[str, dict | None] | None = None) -> dict:
+    """Both structures' tables over their complete seeds under ``root`` (records of ``metas``'
+    settings; None: of the one setting each holds), the power statement and the closing line;
+    the figures as a dict (``bench.tables`` reads them)."""
     finals: dict[str, dict] = {}
     tables: dict[str, list] = {}
-    for structure, (_, meta) in structures.items():
+    for structure, meta in (metas or {"chain": None, "control": None}).items():
         logs = load_records(root, structure, names, meta)
         if not logs:
             print(f"{structure}: no complete seeds yet")
             return {}
         tables[structure], finals[structure] = structure_rows(
-            f"{structure} (seeds {min(logs)}-{max(logs)})", list(logs.values()), names, REFERENCE)
+            f"{structure} (seeds {min(logs)}-{max(logs)})", list(logs.values()), list(names), REFERENCE)
     if len(finals["chain"][REFERENCE]) < 2:
         return {"tables": tables}
     return {"tables": tables, "finals": finals,

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bench import RECORDS, markdown
-from bench.learning_sim import DEFAULT_ROWS, load_records
-from bench.learning_report import ci_text as _ci, closing, reach_text, rows_of
+from bench.learning_sim import DEFAULT_ROWS, report as sim_report
+from bench.learning_report import ci_text as _ci, reach_text
 from trace_rl.sim.run import REFERENCE
 
 PAGE = RECORDS.parent / "docs" / "results.md"
@@ -29,22 +29,17 @@ LABELS = {REFERENCE: f"**{REFERENCE}** (reference)", "grpo": "grpo (tokens match
           "cover_oracle": "trace_cover, oracle predictor"}
 
 
-def _sim_regime(regime: str, root: Path) -> tuple[dict, list[dict], str, int]:
-    """One regime's rows (``rows_of``) by method, the closing line and the seed count."""
-    folder = root / "learning_sim" / f"{regime}-tokens"
-    logs = {s: load_records(folder, s, DEFAULT_ROWS) for s in ("chain", "control")}
-    rows, finals = {}, {}
-    for s, by_seed in logs.items():
-        table, finals[s] = rows_of(list(by_seed.values()), list(DEFAULT_ROWS))
-        rows[s] = {r["method"]: r for r in table}
-    line, _, _ = closing(finals["chain"], finals["control"], REFERENCE)
-    return rows["chain"], rows["control"], line, len(logs["chain"])
+def _sim_regime(regime: str, root: Path) -> tuple[dict, str, int]:
+    """One regime's chain rows by method, its closing line and seed count (``learning_sim.report``)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = sim_report(root / "learning_sim" / f"{regime}-tokens", DEFAULT_ROWS)
+    return {r["method"]: r for r in out["tables"]["chain"]}, out["line"], out["gain"].n
 
 
 def learning_sim(root: Path = RECORDS) -> str:
     """The simulator's table, both regimes, and their closing lines."""
-    paper, _, paper_line, n = _sim_regime("paper", root)
-    default, _, default_line, n_default = _sim_regime("default", root)
+    paper, paper_line, n = _sim_regime("paper", root)
+    default, default_line, n_default = _sim_regime("default", root)
     head = [f"method ({n} seeds; default {n_default})", "paper: mixed prompts/step", "eff. ratio",
             "prompts/step", "gen / train tok per step", "acc", "vs GRPO (95% CI)",
             "tokens to GRPO's final (median ratio, 95% CI)", "default: mixed/step", "eff. ratio", "acc",
