@@ -136,12 +136,11 @@ KEEP_CONNECTION = frozenset({
     "allocate-prefixes", "expand-prefixes", "backup", "fit-predictor", "tree-advantages",
     "tree-metrics", "log-step"})
 """Phases that use the store briefly, not at all, or generate for about a second (the
-expansions), and never wait for another thread that uses it (``log-step`` hands its job to the
-logging thread and returns): inside a ``held`` block of the store (the train flow's steps), they
-keep its one connection open for the next, and the step's marks share it. Every other phase
-(the update, the sync, evaluation, the run's summary) first closes it (``released``), so that it
-is not held while they run long or wait for the logging thread, whose reads of the store (the
-step's page, pictures) run then."""
+expansions): inside a ``held`` block of the store (the train flow's steps), they keep its one
+connection open for the next, and the step's marks share it (the logging thread's reads and the
+publish timer run between their uses, on it). Every other phase (the update, the sync,
+evaluation, the run's summary) first closes it (``released``), so that the file is not held from
+other processes (a retrain or evaluate flow of the work dir) while they run long."""
 
 
 class Phases:

@@ -21,7 +21,6 @@ from trace_rl.engines import context_limit
 from trace_rl.rollout.react import Start, run_episodes
 from trace_rl.rollout.treeio import LevelBatch, StepTrees
 from trace_rl.rollout.types import Ledger, SamplingSettings
-from trace_rl.storage.published import publish_pending
 
 
 def _sampling(cfg: TrainConfig) -> SamplingSettings:
@@ -32,7 +31,6 @@ def _rollout(cfg: TrainConfig, at: StepRef, policy_dir: str, starts: list[Start]
              seed: int) -> tuple[list, Ledger]:
     engine = runtime.engine_for(cfg.engine, cfg.cluster_section, at.run_id, policy_dir)
     t0 = time.perf_counter()
-    publish_pending()  # readers see the step's last writes while this generates (flows.common)
     episodes = run_episodes(engine, runtime.env_for(cfg), starts, sampling=_sampling(cfg),
                             max_turns=cfg.max_turns, tool_timeout_s=cfg.tool_timeout_s,
                             seed=seed, max_context=context_limit(policy_dir))

@@ -153,7 +153,8 @@ def test_a_failure_inside_the_transaction_rolls_the_level_back(store):
 def test_a_held_block_shares_one_connection_publishes_writes_and_lets_go(store, monkeypatch):
     """Inside ``held`` the reads and writes of a thread share one connection (opened at the first
     use); each write is published as at a close; ``released`` closes it and the next use opens
-    another; another thread waits for the block; a failed use closes the connection."""
+    another; another thread's use runs between the block's uses, on its connection; a failed use
+    closes the connection."""
     import duckdb
 
     from trace_rl.storage import published
@@ -176,14 +177,11 @@ def test_a_held_block_shares_one_connection_publishes_writes_and_lets_go(store, 
         assert reader.query("SELECT value FROM nodes WHERE node_id = $n",
                             {"n": nid(2)}).to_pylist() == [{"value": 1.0}]  # published
         opened.clear()
-        waiting = threading.Thread(target=lambda: other.append(store.read_step("run1", 0).num_rows))
-        waiting.start()
-        waiting.join(0.5)
-        assert waiting.is_alive()  # the block's connection is open: the other thread waits
+        between = threading.Thread(target=lambda: other.append(store.read_step("run1", 0).num_rows))
+        between.start()
+        between.join(30)
+        assert other == [12] and opened == []  # between the block's uses, on its connection
         with published.released():
-            waiting.join(30)
-            assert other == [12]
-            opened.clear()
             with store.snapshot() as con:  # suspended: each use its own connection, as outside
                 con.execute("SELECT * FROM nodes")  # a result left unfinished
             assert store.read_step("run1", 0).num_rows == 12 and len(opened) == 2
@@ -608,10 +606,11 @@ def test_a_work_dir_of_the_old_layout_is_adopted(store, tmp_path):
         reader.mark_step("run1", 6, "running")
 
 
-def test_publish_pending_publishes_a_held_blocks_deferred_write_and_keeps_its_connection(
+def test_the_publish_timer_publishes_a_held_blocks_deferred_write_between_its_uses(
         store, monkeypatch):
-    """Inside ``held`` the publish timer waits for the block's connection; ``publish_pending``
-    (called before generation) publishes what was deferred, and the block keeps its connection."""
+    """Inside ``held`` the block keeps its connection and the file lock, not the thread lock: the
+    publish timer publishes a deferred write between the block's uses (as readers are promised),
+    and the block keeps its connection."""
     import duckdb
 
     from trace_rl.storage import published
@@ -626,9 +625,15 @@ def test_publish_pending_publishes_a_held_blocks_deferred_write_and_keeps_its_co
         store.write_level("run1", 2, 0, table(LEVEL0))  # deferred
         assert raw_count() == 0
         con = published.PublishedDatabase._holds.files[store._file].con
-        published.publish_pending()
-        assert raw_count() == 8
+        timer = store._timer
+        assert timer is not None and timer.is_alive()
+        timer.cancel()  # fired now rather than after its wait, from a thread of its own
+        fired = threading.Thread(target=timer.function)
+        fired.start()
+        fired.join(30)
+        assert not fired.is_alive() and raw_count() == 8
         assert published.PublishedDatabase._holds.files[store._file].con is con
+    assert published.PublishedDatabase._open_holds == {}
 
 
 def test_a_deferred_publish_is_never_lost(store, monkeypatch):

@@ -82,8 +82,8 @@ def _is_lock_error(exc: BaseException) -> bool:
 
 
 class _Hold:
-    """A ``held`` block's database, its connection (None until its first use) and the lock it
-    holds."""
+    """A ``held`` block's database, its connection (None until its first use) and the file lock
+    it holds while the connection is open."""
 
     def __init__(self, db: "PublishedDatabase") -> None:
         self.db = db
@@ -93,11 +93,11 @@ class _Hold:
 
 @contextmanager
 def released() -> Iterator[None]:
-    """Suspend this thread's ``held`` blocks (closing their connections) for a stretch that runs
-    long without the store (generation, the update) or waits for another thread that uses it
-    (logging), so that other threads and processes get their turn: inside it each use opens and
-    closes its own connection, as outside any block; after it the next use opens another.
-    Outside any ``held`` block: nothing."""
+    """Suspend this thread's ``held`` blocks (closing their connections and letting go of their
+    file locks) for a stretch that runs long without the store (generation, the update), so that
+    other processes get their turn: inside it each use opens and closes its own connection, as
+    outside any block; after it the next use opens another. Outside any ``held`` block:
+    nothing."""
     files = getattr(PublishedDatabase._holds, "files", None)
     if not files:
         yield
@@ -110,14 +110,6 @@ def released() -> Iterator[None]:
         yield
     finally:
         files.update(suspended)
-
-
-def publish_pending() -> None:
-    """Publish now the deferred writes of this thread's ``held`` blocks, keeping their connections:
-    before a stretch that writes nothing for a while (generation), during which the deferral's
-    timer thread cannot take its turn on the file."""
-    for hold in list(getattr(PublishedDatabase._holds, "files", {}).values()):
-        hold.db.flush()
 
 
 class PublishedDatabase:
@@ -137,6 +129,10 @@ class PublishedDatabase:
     """Published path -> the writer of this process whose last writes are not published yet."""
     _holds = threading.local()
     """Per thread: file -> its ``_Hold`` while a ``held`` block of that file runs."""
+    _open_holds: dict[Path, _Hold] = {}
+    """File -> the ``held`` block of this process whose connection to it is open (changed under
+    the file's thread lock): every thread's use of the file between the block's uses, and the
+    publish timer, run on it and under its file lock."""
 
     def __init__(self, path: str | Path, *, create: bool = True, read_timeout_s: float = 30.0,
                  write_timeout_s: float = 120.0):
@@ -173,18 +169,23 @@ class PublishedDatabase:
     @contextmanager
     def _writer_lock(self) -> Iterator[None]:
         """This thread's turn, then (writers) this process's turn, on the file it opens (already
-        this thread's while a ``held`` block of it has its connection open)."""
+        this process's while a ``held`` block has its connection open)."""
         with self._lock:
-            hold = self._hold()
-            if not self.writer or hold is not None and hold.con is not None:
+            if not self.writer or self._open_hold() is not None:
                 yield
                 return
-            try:
-                with file_lock(self.private.with_name(self.private.name + ".lock"),
-                               self.write_timeout_s, "TreeStore writer"):
-                    yield
-            except LockTimeout as exc:
-                raise StoreBusyError(str(exc)) from exc
+            with self._file_lock():
+                yield
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """This process's turn on a writer's file, among TRACE's processes."""
+        try:
+            with file_lock(self.private.with_name(self.private.name + ".lock"),
+                           self.write_timeout_s, "TreeStore writer"):
+                yield
+        except LockTimeout as exc:
+            raise StoreBusyError(str(exc)) from exc
 
     def _adopt_old_layout(self) -> None:
         """Remove half-written publishes; adopt a work dir from before the private file: start the
@@ -233,16 +234,21 @@ class PublishedDatabase:
     def _hold(self) -> "_Hold | None":
         return getattr(PublishedDatabase._holds, "files", {}).get(self._file)
 
+    def _open_hold(self) -> "_Hold | None":
+        return PublishedDatabase._open_holds.get(self._file)
+
     @contextmanager
     def held(self) -> Iterator[None]:
         """Within the block, this thread's reads and writes of the file share one connection
         (a writer's is read-write; each use gets a cursor of it), opened at the first of them and
-        closed at the block's end or at a ``released`` block; while it is open the file is this
-        thread's, as during any one connection. Opening a connection costs 10-40 ms here, so a
-        run of short phases that read and write the store saves one per use. Each write is checkpointed and published (or
-        deferred) as if its connection had closed; a failed use closes the connection. Nested
-        blocks are one block. Never wait for another thread that uses the store while the
-        connection is open: close it first (``released``)."""
+        closed at the block's end or at a ``released`` block. Opening a connection costs 10-40 ms
+        here, so a run of short phases that read and write the store saves one per use. While
+        the connection is open the block keeps the file lock (other processes wait for the
+        block), but this process's thread lock is taken per use: between uses, other threads'
+        uses of the file run on the block's connection and the publish timer publishes deferred
+        writes, so readers see a write within the deferral however long the block lasts. Each
+        write is checkpointed and published (or deferred) as if its connection had closed; a
+        failed use closes the connection. Nested blocks are one block."""
         files = PublishedDatabase._holds.__dict__.setdefault("files", {})
         if self._file in files:
             yield
@@ -256,63 +262,81 @@ class PublishedDatabase:
             finally:
                 del files[self._file]
 
-    def _let_go(self) -> None:
+    def _let_go(self, hold: "_Hold | None" = None) -> None:
+        """Close the connection of this thread's ``held`` block (or of ``hold``), then let go of
+        its file lock."""
+        with self._lock:  # not in the middle of another thread's use or publish
+            hold = hold or self._hold()
+            if hold is None or hold.con is None:
+                return
+            con, stack = hold.con, hold.stack
+            hold.con = hold.stack = None
+            if PublishedDatabase._open_holds.get(self._file) is hold:
+                del PublishedDatabase._open_holds[self._file]
+            with stack:  # the lock is let go after the close
+                con.close()
+
+    def _held_connection(self) -> "_Hold | None":
+        """Under the thread lock: the open ``held`` connection of this process to the file, opened
+        now if this thread's block has none yet; None outside any block (a use of its own)."""
+        hold = self._open_hold()
+        if hold is not None:
+            return hold
         hold = self._hold()
-        if hold is None or hold.con is None:
-            return
-        con, stack = hold.con, hold.stack
-        hold.con = hold.stack = None
-        with stack:  # the lock is let go after the close
-            con.close()
+        if hold is None:
+            return None
+        stack = ExitStack()
+        if self.writer:
+            stack.enter_context(self._file_lock())
+        try:
+            hold.con = self._open(self._file, read_only=not self.writer)
+        except BaseException:
+            stack.close()
+            raise
+        hold.stack = stack
+        PublishedDatabase._open_holds[self._file] = hold
+        return hold
 
     @contextmanager
     def _connect(self, read_only: bool,
                  publish: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection to this store's file (inside a ``held`` block: the block's). A writer's
-        read-write one publishes on success: always with ``publish``, else when due
-        (``_publish_due``)."""
+        """A connection to this store's file (while a ``held`` block of this process has one
+        open: a cursor of the block's). A writer's read-write one publishes on success: always
+        with ``publish``, else when due (``_publish_due``)."""
         if not read_only and not self.writer:
             raise StoreError(f"this TreeStore of {self.path} was opened with create=False "
                              f"(a reader); open TreeStore(path) to write")
         pending = None if self.writer else PublishedDatabase._pending.get(self.path)
         if pending is not None:  # a reader in the writer's own process reads its writes
             pending.flush()
-        hold = self._hold()
-        if hold is not None:
-            if hold.con is None:
-                stack = ExitStack()
-                stack.enter_context(self._writer_lock())
+        with self._lock:
+            hold = self._held_connection()
+            if hold is not None:
+                opened = time.perf_counter()
+                cursor = hold.con.cursor()  # a use of its own: its results and registrations
                 try:
-                    hold.con = self._open(self._file, read_only=not self.writer)
+                    yield cursor
+                    if not read_only:  # as a close leaves it: the file holds everything, no WAL
+                        _exec(cursor, "CHECKPOINT")
                 except BaseException:
-                    stack.close()
+                    cursor.close()
+                    self._let_go(hold)
                     raise
-                hold.stack = stack
-            opened = time.perf_counter()
-            cursor = hold.con.cursor()  # a use of its own: its results and registrations
-            try:
-                yield cursor
-                if not read_only:  # as a close leaves it: the file holds everything, no WAL
-                    _exec(cursor, "CHECKPOINT")
-            except BaseException:
                 cursor.close()
-                self._let_go()
-                raise
-            cursor.close()
-            if not read_only:
-                self._published(opened, publish)
-            return
-        with self._writer_lock():
-            opened = time.perf_counter()
-            con = self._open(self._file, read_only)
-            try:
-                yield con
-            except BaseException:
-                con.close()
-                raise
-            con.close()  # DuckDB checkpoints on close: the file holds everything, no WAL
-            if not read_only:
-                self._published(opened, publish)
+                if not read_only:
+                    self._published(opened, publish)
+                return
+            with self._writer_lock():
+                opened = time.perf_counter()
+                con = self._open(self._file, read_only)
+                try:
+                    yield con
+                except BaseException:
+                    con.close()
+                    raise
+                con.close()  # DuckDB checkpoints on close: the file holds everything, no WAL
+                if not read_only:
+                    self._published(opened, publish)
 
     def _published(self, opened: float, publish: bool) -> None:
         """After a write (connection ``opened`` then): publish it, always with ``publish``, else
