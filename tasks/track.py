@@ -234,9 +234,9 @@ def log_step_now(workdir: str, mlflow_run_id: str, run_id: str, step: int,
     tracker = Tracker(workdir)
     tracker.start_or_resume(run_id, mlflow_run_id=mlflow_run_id)
     tracker.log_metrics(step, metrics)
-    about = (f"after step {step} of TRACE run {run_id} (MLflow run "
-             f"{tracker.client.get_run(mlflow_run_id).info.run_name})")
     if register_policy:
+        about = (f"after step {step} of TRACE run {run_id} (MLflow run "
+                 f"{tracker.client.get_run(mlflow_run_id).info.run_name})")
         tracker.log_checkpoint("policy", policy_dir, step, exclude=(OPTIMIZER_STATE,),
                                description=f"Policy {about}; reward "
                                            f"{metrics.get('rollout/reward_mean', 0.0):.3f}.")
