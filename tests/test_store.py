@@ -609,9 +609,8 @@ def test_a_work_dir_of_the_old_layout_is_adopted(store, tmp_path):
 def test_the_publish_timer_publishes_a_held_blocks_deferred_write_between_its_uses(
         store, monkeypatch):
     """Inside ``held`` the block keeps its connection and the file lock, not the thread lock: the
-    publish timer publishes a write between the block's uses, once the file is left alone or
-    ``HELD_MAX_S`` after the write (as readers are promised), and the block keeps its
-    connection."""
+    publish timer publishes a deferred write between the block's uses (as readers are promised),
+    and the block keeps its connection."""
     import duckdb
 
     from trace_rl.storage import published
@@ -620,23 +619,16 @@ def test_the_publish_timer_publishes_a_held_blocks_deferred_write_between_its_us
         with duckdb.connect(str(store.path), read_only=True) as con:
             return con.execute("SELECT count(*) FROM nodes WHERE step = 2").fetchone()[0]
 
-    monkeypatch.setattr(published, "HELD_QUIET_S", 600.0)  # the store is never left alone
-    monkeypatch.setattr(published, "HELD_MAX_S", 1200.0)
+    monkeypatch.setattr(published, "PUBLISH_SHARE", 1e-4)  # the timer waits ~10^4 copy times
     with store.held():
-        store.mark_step("run1", 2, "running")
-        store.write_level("run1", 2, 0, table(LEVEL0))
-        assert raw_count() == 0  # neither published yet: the block goes on using the file
+        store.mark_step("run1", 2, "running")  # publishes
+        store.write_level("run1", 2, 0, table(LEVEL0))  # deferred
+        assert raw_count() == 0
         con = published.PublishedDatabase._holds.files[store._file].con
         timer = store._timer
         assert timer is not None and timer.is_alive()
         timer.cancel()  # fired now rather than after its wait, from a thread of its own
-        looked = threading.Thread(target=timer.function)
-        looked.start()
-        looked.join(30)
-        assert raw_count() == 0 and store._timer.is_alive()  # not quiet: it looks again later
-        store._timer.cancel()
-        monkeypatch.setattr(published, "HELD_MAX_S", 0.0)  # the latest a write waits: now
-        fired = threading.Thread(target=store._timer.function)
+        fired = threading.Thread(target=timer.function)
         fired.start()
         fired.join(30)
         assert not fired.is_alive() and raw_count() == 8
@@ -656,7 +648,7 @@ def test_a_held_blocks_writes_survive_a_kill_before_their_publish(store, tmp_pat
         from test_store import LEVEL0, table
         import pyarrow as pa
         from trace_rl.storage import TreeStore, published
-        published.HELD_QUIET_S = published.HELD_MAX_S = 600.0  # no publish for 10 minutes
+        published.PUBLISH_SHARE = 1e-6  # the next publish is due in ~10^6 copy times
         store = TreeStore({str(store.path)!r})
         with store.held():
             store.write_level("run1", 7, 0, table(LEVEL0))

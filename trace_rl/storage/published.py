@@ -7,8 +7,8 @@ transactions publishes ``trace.duckdb`` for readers: a copy of the private file 
 temporary name and moved into place with ``os.replace`` (run and step changes always publish;
 level writes and value updates publish at once unless that would spend more than
 ``PUBLISH_SHARE`` of the wall time on copies, and are then published shortly after, see
-``_publish_due``; inside a ``held`` block, the train flow's steps, by a timer thread once the
-writer leaves the file alone, within ``HELD_MAX_S``). A reader (``trace sql``, ``duckdb
+``_publish_due``; inside a ``held`` block, the train flow's steps, by the same rule but on a
+timer thread, off the writing thread). A reader (``trace sql``, ``duckdb
 -readonly trace.duckdb``, a notebook) holding the published file keeps the inode it opened, a
 consistent snapshot as of one transaction, for as long as it likes; the next publish swaps a new
 inode in under it and the writer never waits. Each snapshot is whole because the private file is
@@ -64,11 +64,6 @@ READ_CONFIG = {
 _READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 PUBLISH_SHARE = 0.1
 """Most of a writer's wall time that publishing level writes may take (see ``_publish_due``)."""
-HELD_QUIET_S = 0.15
-HELD_MAX_S = 1.0
-"""Inside a ``held`` block a write is published by the timer thread once it is due and the file
-has been left alone for ``HELD_QUIET_S`` (the writer went on to generate or to update: the copy
-then costs the writer nothing), ``HELD_MAX_S`` after it at the latest (``_publish_when_quiet``)."""
 
 
 class StoreError(ValueError):
@@ -97,8 +92,6 @@ class _Hold:
         self.con: duckdb.DuckDBPyConnection | None = None
         self.stack: ExitStack | None = None
         self.unchecked = False
-        self.last_use = 0.0
-        """When a use of the connection (any thread's) last ended (``time.perf_counter``)."""
         """Whether the connection has committed writes that are not checkpointed into the file
         yet (in its WAL): the next publish checkpoints first."""
 
@@ -165,10 +158,7 @@ class PublishedDatabase:
         self._published_at = 0.0
         self._timer: threading.Timer | None = None
         self._timer_due = float("inf")
-        """When the pending timer fires (``time.perf_counter``)."""
-        self._held_since: float | None = None
-        self._held_due = float("inf")
-        """The first unpublished write of a ``held`` block, and when the earliest of them is due."""
+        """When the pending timer publishes (``time.perf_counter``)."""
         self._file = self.private if create else self.path
         with PublishedDatabase._locks_guard:
             self._lock = PublishedDatabase._locks.setdefault(self._file, threading.RLock())
@@ -265,11 +255,9 @@ class PublishedDatabase:
         uses of the file run on the block's connection and the publish timer publishes deferred
         writes, so readers see a write within the deferral however long the block lasts. Each
         write is committed to DuckDB's WAL (durable: a killed process loses none) and published
-        by the timer thread, which checkpoints it into the file first, once due as outside the
-        block (``_publish_due``) and the file has been left alone for ``HELD_QUIET_S``, within
-        ``HELD_MAX_S``: the writing thread neither checkpoints nor copies, and the copy runs
-        while it generates or updates. A failed use closes the connection. Nested blocks are
-        one block."""
+        when it would be outside the block (``_publish_due``) but by the timer thread, which
+        checkpoints it into the file first: the writing thread neither checkpoints nor copies. A
+        failed use closes the connection. Nested blocks are one block."""
         files = PublishedDatabase._holds.__dict__.setdefault("files", {})
         if self._file in files:
             yield
@@ -343,15 +331,10 @@ class PublishedDatabase:
                     self._let_go(hold)
                     raise
                 cursor.close()
-                hold.last_use = now = time.perf_counter()
                 if not read_only:  # committed to the WAL; checkpointed by the publish
                     hold.unchecked = True
-                    self.lock_seconds.append(now - opened)
-                    if self._held_since is None:
-                        self._held_since = now
-                    self._held_due = min(self._held_due,
-                                         now + (0.0 if publish else self._publish_wait()))
-                    self._defer_publish(HELD_QUIET_S, self._publish_when_quiet)
+                    self.lock_seconds.append(time.perf_counter() - opened)
+                    self._defer_publish(0.0 if publish else self._publish_wait())
                 return
             with self._writer_lock():
                 opened = time.perf_counter()
@@ -399,14 +382,12 @@ class PublishedDatabase:
                 self._timer.cancel()
             self._timer = None
             self._timer_due = float("inf")
-        self._held_since, self._held_due = None, float("inf")
 
-    def _defer_publish(self, wait: float | None = None, then: Any = None) -> None:
+    def _defer_publish(self, wait: float | None = None) -> None:
         """Leave this write unpublished for now, and make sure it is published soon: by a timer
         (a non-daemon thread, so a process that exits in between still publishes) ``wait``
-        seconds from now (default: when the next publish is due after this one) calling
-        ``then`` (default ``flush``), by the next write that publishes, or by a reader of this
-        process first."""
+        seconds from now, default at the time the next publish is due after this one, by the
+        next write that publishes, or by a reader of this process first."""
         with PublishedDatabase._locks_guard:
             PublishedDatabase._pending[self.path] = self
         if wait is None:
@@ -417,27 +398,8 @@ class PublishedDatabase:
             return
         if self._timer is not None:
             self._timer.cancel()  # one that already fired waits for our lock, then publishes
-        self._timer, self._timer_due = threading.Timer(wait, then or self.flush), due
+        self._timer, self._timer_due = threading.Timer(wait, self.flush), due
         self._timer.start()
-
-    def _publish_when_quiet(self) -> None:
-        """The timer of a ``held`` block's writes: publish once they are due and the file has
-        been left alone for ``HELD_QUIET_S``, ``HELD_MAX_S`` after the first at the latest;
-        until then look again when that may be."""
-        with self._lock:
-            if PublishedDatabase._pending.get(self.path) is not self:
-                return  # published meanwhile
-            hold = self._open_hold()
-            if hold is not None:
-                now = time.perf_counter()
-                since = now if self._held_since is None else self._held_since
-                ready = min(max(self._held_due, hold.last_use + HELD_QUIET_S), since + HELD_MAX_S)
-                if ready > now:
-                    self._timer = threading.Timer(ready - now, self._publish_when_quiet)
-                    self._timer_due = ready
-                    self._timer.start()
-                    return
-            self.flush()
 
     def flush(self) -> None:
         """Publish now if this writer's last writes are not published yet."""
