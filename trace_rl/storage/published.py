@@ -7,8 +7,8 @@ transactions publishes ``trace.duckdb`` for readers: a copy of the private file 
 temporary name and moved into place with ``os.replace`` (run and step changes always publish;
 level writes and value updates publish at once unless that would spend more than
 ``PUBLISH_SHARE`` of the wall time on copies, and are then published shortly after, see
-``_publish_due``; inside a ``held`` block, the train flow's steps, by the same rule but on a
-timer thread, off the writing thread). A reader (``trace sql``, ``duckdb
+``_publish_due``; inside a ``held`` block, the train flow's steps, every write is published by a
+timer thread within ``HELD_PUBLISH_S``, off the writing thread). A reader (``trace sql``, ``duckdb
 -readonly trace.duckdb``, a notebook) holding the published file keeps the inode it opened, a
 consistent snapshot as of one transaction, for as long as it likes; the next publish swaps a new
 inode in under it and the writer never waits. Each snapshot is whole because the private file is
@@ -64,6 +64,10 @@ READ_CONFIG = {
 _READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 PUBLISH_SHARE = 0.1
 """Most of a writer's wall time that publishing level writes may take (see ``_publish_due``)."""
+HELD_PUBLISH_S = 1.0
+"""Inside a ``held`` block every write is published by the timer, this long after the first
+unpublished one at the least (``_defer_publish``): the writes of a second share one publish, off
+the writing thread."""
 
 
 class StoreError(ValueError):
@@ -157,8 +161,6 @@ class PublishedDatabase:
         """How long each publish (copy + rename of the private file) took."""
         self._published_at = 0.0
         self._timer: threading.Timer | None = None
-        self._timer_due = float("inf")
-        """When the pending timer publishes (``time.perf_counter``)."""
         self._file = self.private if create else self.path
         with PublishedDatabase._locks_guard:
             self._lock = PublishedDatabase._locks.setdefault(self._file, threading.RLock())
@@ -255,8 +257,7 @@ class PublishedDatabase:
         uses of the file run on the block's connection and the publish timer publishes deferred
         writes, so readers see a write within the deferral however long the block lasts. Each
         write is committed to DuckDB's WAL (durable: a killed process loses none) and published
-        when it would be outside the block (``_publish_due``) but by the timer thread, which
-        checkpoints it into the file first: the writing thread neither checkpoints nor copies. A
+        by the timer within ``HELD_PUBLISH_S``, which checkpoints it into the file first; a
         failed use closes the connection. Nested blocks are one block."""
         files = PublishedDatabase._holds.__dict__.setdefault("files", {})
         if self._file in files:
@@ -334,7 +335,7 @@ class PublishedDatabase:
                 if not read_only:  # committed to the WAL; checkpointed by the publish
                     hold.unchecked = True
                     self.lock_seconds.append(time.perf_counter() - opened)
-                    self._defer_publish(0.0 if publish else self._publish_wait())
+                    self._defer_publish()
                 return
             with self._writer_lock():
                 opened = time.perf_counter()
@@ -381,25 +382,22 @@ class PublishedDatabase:
             if self._timer is not threading.current_thread():
                 self._timer.cancel()
             self._timer = None
-            self._timer_due = float("inf")
 
-    def _defer_publish(self, wait: float | None = None) -> None:
+    def _defer_publish(self) -> None:
         """Leave this write unpublished for now, and make sure it is published soon: by a timer
-        (a non-daemon thread, so a process that exits in between still publishes) ``wait``
-        seconds from now, default at the time the next publish is due after this one, by the
-        next write that publishes, or by a reader of this process first."""
+        at the time the next publish is due (a non-daemon thread, so a process that exits in
+        between still publishes; inside a ``held`` block ``HELD_PUBLISH_S`` after the first
+        unpublished write at the least), by the next write that publishes, or by a reader of
+        this process first."""
         with PublishedDatabase._locks_guard:
             PublishedDatabase._pending[self.path] = self
-        if wait is None:
+        if self._timer is None:
             last = self.publish_seconds[-1] if self.publish_seconds else 0.0
             wait = last * (1 - PUBLISH_SHARE) / PUBLISH_SHARE
-        due = time.perf_counter() + wait
-        if self._timer is not None and self._timer_due <= due:
-            return
-        if self._timer is not None:
-            self._timer.cancel()  # one that already fired waits for our lock, then publishes
-        self._timer, self._timer_due = threading.Timer(wait, self.flush), due
-        self._timer.start()
+            if self._open_hold() is not None:
+                wait = max(wait, HELD_PUBLISH_S)
+            self._timer = threading.Timer(wait, self.flush)
+            self._timer.start()
 
     def flush(self) -> None:
         """Publish now if this writer's last writes are not published yet."""
@@ -414,14 +412,10 @@ class PublishedDatabase:
         small store publishes every write and a large one at most every ~1.5 s; run, step and
         schema changes always publish, and a deferred publish happens by then at the latest
         (``_defer_publish``), so no write stays unpublished longer than that."""
-        return self._publish_wait() == 0.0
-
-    def _publish_wait(self) -> float:
-        """Seconds until a publish is due (``_publish_due``); 0 when it is."""
         if not self.publish_seconds:
-            return 0.0
+            return True
         since = time.perf_counter() - self._published_at
-        return max(0.0, self.publish_seconds[-1] * (1 - PUBLISH_SHARE) / PUBLISH_SHARE - since)
+        return since * PUBLISH_SHARE >= self.publish_seconds[-1] * (1 - PUBLISH_SHARE)
 
     @contextmanager
     def _transaction(self, publish: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
