@@ -636,33 +636,6 @@ def test_the_publish_timer_publishes_a_held_blocks_deferred_write_between_its_us
     assert published.PublishedDatabase._open_holds == {}
 
 
-def test_a_held_blocks_writes_survive_a_kill_before_their_publish(store, tmp_path):
-    """Inside ``held`` a write is committed to DuckDB's WAL and checkpointed only by its publish
-    (the timer's, ``HELD_PUBLISH_S`` later): a process killed before that loses nothing; the next
-    writer publishes it when it opens."""
-    store.flush()
-    code = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(REPO)!r})
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_store import LEVEL0, table
-        from trace_rl.storage import TreeStore, published
-        published.HELD_PUBLISH_S = 600.0
-        store = TreeStore({str(store.path)!r})
-        with store.held():
-            store.write_level("run1", 7, 0, table(LEVEL0))
-            store.mark_step("run1", 7, "complete")
-            os._exit(9)  # killed: no close, no checkpoint, no publish
-        """)
-    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 9
-    assert TreeStore(store.path, create=False).query(
-        "SELECT count(*) AS n FROM nodes WHERE step = 7").column("n")[0].as_py() == 0
-    TreeStore(store.path)  # the next writer: replays the WAL, publishes
-    reader = TreeStore(store.path, create=False)
-    assert reader.read_step("run1", 7).num_rows == 8
-    assert reader.last_complete_step("run1") == 7
-
-
 def test_a_deferred_publish_is_never_lost(store, monkeypatch):
     """Level writes right after a publish are deferred (copies capped at PUBLISH_SHARE of the
     wall time); a reader of the same process flushes them first, and otherwise a timer publishes

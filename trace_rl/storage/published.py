@@ -7,13 +7,11 @@ transactions publishes ``trace.duckdb`` for readers: a copy of the private file 
 temporary name and moved into place with ``os.replace`` (run and step changes always publish;
 level writes and value updates publish at once unless that would spend more than
 ``PUBLISH_SHARE`` of the wall time on copies, and are then published shortly after, see
-``_publish_due``; inside a ``held`` block, the train flow's steps, every write is published by a
-timer thread within ``HELD_PUBLISH_S``, off the writing thread). A reader (``trace sql``, ``duckdb
+``_publish_due``). A reader (``trace sql``, ``duckdb
 -readonly trace.duckdb``, a notebook) holding the published file keeps the inode it opened, a
 consistent snapshot as of one transaction, for as long as it likes; the next publish swaps a new
 inode in under it and the writer never waits. Each snapshot is whole because the private file is
-checkpointed (on close, or by the publish) before the copy, and the copy happens under the
-writer's lock file.
+checkpointed on close (no WAL) and the copy happens under the writer's lock file.
 
 Why a published copy rather than immutable per-level Parquet files behind views: the private
 file keeps one ACID database with in-place ``update_values`` (backup, advantages, late scores)
@@ -64,10 +62,6 @@ READ_CONFIG = {
 _READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 PUBLISH_SHARE = 0.1
 """Most of a writer's wall time that publishing level writes may take (see ``_publish_due``)."""
-HELD_PUBLISH_S = 1.0
-"""Inside a ``held`` block every write is published by the timer, this long after the first
-unpublished one at the least (``_defer_publish``): the writes of a second share one publish, off
-the writing thread."""
 
 
 class StoreError(ValueError):
@@ -95,9 +89,6 @@ class _Hold:
         self.db = db
         self.con: duckdb.DuckDBPyConnection | None = None
         self.stack: ExitStack | None = None
-        self.unchecked = False
-        """Whether the connection has committed writes that are not checkpointed into the file
-        yet (in its WAL): the next publish checkpoints first."""
 
 
 @contextmanager
@@ -256,8 +247,7 @@ class PublishedDatabase:
         block), but this process's thread lock is taken per use: between uses, other threads'
         uses of the file run on the block's connection and the publish timer publishes deferred
         writes, so readers see a write within the deferral however long the block lasts. Each
-        write is committed to DuckDB's WAL (durable: a killed process loses none) and published
-        by the timer within ``HELD_PUBLISH_S``, which checkpoints it into the file first; a
+        write is checkpointed and published (or deferred) as if its connection had closed; a
         failed use closes the connection. Nested blocks are one block."""
         files = PublishedDatabase._holds.__dict__.setdefault("files", {})
         if self._file in files:
@@ -281,7 +271,6 @@ class PublishedDatabase:
                 return
             con, stack = hold.con, hold.stack
             hold.con = hold.stack = None
-            hold.unchecked = False  # the close checkpoints
             if PublishedDatabase._open_holds.get(self._file) is hold:
                 del PublishedDatabase._open_holds[self._file]
             with stack:  # the lock is let go after the close
@@ -327,15 +316,15 @@ class PublishedDatabase:
                 cursor = hold.con.cursor()  # a use of its own: its results and registrations
                 try:
                     yield cursor
+                    if not read_only:  # as a close leaves it: the file holds everything, no WAL
+                        _exec(cursor, "CHECKPOINT")
                 except BaseException:
                     cursor.close()
                     self._let_go(hold)
                     raise
                 cursor.close()
-                if not read_only:  # committed to the WAL; checkpointed by the publish
-                    hold.unchecked = True
-                    self.lock_seconds.append(time.perf_counter() - opened)
-                    self._defer_publish()
+                if not read_only:
+                    self._published(opened, publish)
                 return
             with self._writer_lock():
                 opened = time.perf_counter()
@@ -362,10 +351,6 @@ class PublishedDatabase:
         """Copy the private file to a temporary name and rename it onto the published file
         (atomic: a reader sees the old snapshot or the new one, never a torn file)."""
         t0 = time.perf_counter()
-        hold = self._open_hold()
-        if hold is not None and hold.unchecked:  # a held connection's writes, into the file
-            _exec(hold.con, "CHECKPOINT")
-            hold.unchecked = False
         tmp = self.path.with_name(f".{self.path.name}.publish-{os.getpid()}")
         try:
             shutil.copyfile(self.private, tmp)
@@ -386,16 +371,11 @@ class PublishedDatabase:
     def _defer_publish(self) -> None:
         """Leave this write unpublished for now, and make sure it is published soon: by a timer
         at the time the next publish is due (a non-daemon thread, so a process that exits in
-        between still publishes; inside a ``held`` block ``HELD_PUBLISH_S`` after the first
-        unpublished write at the least), by the next write that publishes, or by a reader of
-        this process first."""
+        between still publishes), by the next write, or by a reader of this process first."""
         with PublishedDatabase._locks_guard:
             PublishedDatabase._pending[self.path] = self
         if self._timer is None:
-            last = self.publish_seconds[-1] if self.publish_seconds else 0.0
-            wait = last * (1 - PUBLISH_SHARE) / PUBLISH_SHARE
-            if self._open_hold() is not None:
-                wait = max(wait, HELD_PUBLISH_S)
+            wait = self.publish_seconds[-1] * (1 - PUBLISH_SHARE) / PUBLISH_SHARE
             self._timer = threading.Timer(wait, self.flush)
             self._timer.start()
 
