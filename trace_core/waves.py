@@ -58,21 +58,23 @@ def root_waves(allocator: Allocator, pool: RootPool, budget: Budget, rng: np.ran
     bare rollout below the root of each of ``trees`` in that order (``wave[j]`` for candidate j,
     j ascending) and returns the step's trees; a candidate is mixed when its tree's bare
     rollouts hold a success and a failure."""
-    order: list[int] = []
+    tree_of: dict[int, int] = {}  # candidate -> its tree, numbered as opened
     counts = allocator.allocate_roots(pool, allocator.root_leaves(budget), rng)
     wave = counts
     while wave is not None:
         ledger.spend(int(wave.sum()), f"{who} root stage")
-        opened = [int(j) for j in np.flatnonzero(wave) if int(j) not in order]
-        order += opened
-        bare, wins = roll(opened, [order.index(int(j)) for j in np.flatnonzero(wave)
-                                   for _ in range(int(wave[j]))]).bare_outcomes()
+        drawn = [int(j) for j in np.flatnonzero(wave)]
+        opened = [j for j in drawn if j not in tree_of]
+        for j in opened:
+            tree_of[j] = len(tree_of)
+        bare, wins = roll(opened, [tree_of[j] for j in drawn for _ in range(int(wave[j]))]
+                          ).bare_outcomes()
         mixed = np.zeros(pool.size, bool)
-        mixed[order] = (wins > 0) & (wins < bare)
+        mixed[list(tree_of)] = (wins > 0) & (wins < bare)
         wave = refill_wave(allocator, pool, counts, mixed, budget, rng)
         if wave is not None:
             counts = counts + wave
-    return counts, order
+    return counts, list(tree_of)
 
 
 def split_jointly(allocator: Allocator, prefixes: PrefixSet, pool: RootPool, counts: np.ndarray,
