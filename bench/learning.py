@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         b = {**b, "keep_checkpoints": 1}
         sig = signature(b, eval_steps, ev, policy)
         check_signatures(rec, sig)  # records of other settings are not silently mixed in
-        start = _start_accuracy(b, policy, rec if not tokens else wd, sig, ev)
+        start = _start_accuracy(b, policy, wd, sig, ev, rec)
         structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens)
     run_jobs(job_order(seeds, {n: st.methods for n, st in structures.items()}), structures,
              args.jobs, policy, eval_steps, ev)
@@ -155,20 +155,28 @@ def records_of(args: argparse.Namespace) -> Path:
     return Path(args.workdir) if args.quick else RECORDS / f"learning_{args.family}"
 
 
-def _start_accuracy(base: dict[str, Any], policy: str, folder: Path, sig: str,
-                    ev: dict[str, Any]) -> float:
-    """The starting policy's held-out accuracy for these settings (``signature``): the first
-    accuracy of a recorded run of them, else kept in ``<folder>/start.json`` (measured once per
-    settings, so that a later invocation adding seeds or methods does not measure it again)."""
-    for s, run in read_records(folder):
-        if s == sig:
-            return float(run.accuracy[0])
-    path = folder / "start.json"
+def _start_accuracy(base: dict[str, Any], policy: str, workdir: Path, sig: str,
+                    ev: dict[str, Any], records: Path) -> float:
+    """The starting policy's held-out accuracy for these settings (``signature``), measured once
+    per work dir (``<workdir>/start.json``, so that a later invocation adding seeds or methods
+    does not measure it again) and checked against the runs already recorded in ``records``: the
+    signature names the policy by its bootstrap inputs, and a policy bootstrapped again on another
+    CPU (sampling is deterministic per CPU, not across CPUs) has other weights, so a record that
+    started elsewhere would pair with this machine's runs in name only: refused."""
+    path = workdir / "start.json"
     if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
-        return float(kept["accuracy"])
-    accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, **ev)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"signature": sig, "accuracy": accuracy}, indent=1) + "\n")
+        accuracy = float(kept["accuracy"])
+    else:
+        accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, **ev)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"signature": sig, "accuracy": accuracy}, indent=1) + "\n")
+    elsewhere = sorted({f"{r.accuracy[0]:.6g}" for s, r in read_records(records) if s == sig}
+                       - {f"{accuracy:.6g}"})
+    if elsewhere:
+        raise SystemExit(f"{records}: its runs start from held-out accuracy {', '.join(elsewhere)}, "
+                         f"this machine's starting policy from {accuracy:.6g}: they were made from "
+                         "another policy or on another CPU and would not pair; give another --records "
+                         "folder (or run where they were made)")
     return accuracy
 
 

@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     eval_steps, ev = eval_plan(args, skip)
     sig = signature({**base, "bench": "peers"}, eval_steps, ev, policy)
     check_signatures(results, sig)
-    start = _start_accuracy(base, policy, workdir, sig, ev)
+    start = _start_accuracy(base, policy, workdir, sig, ev, results)
     meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
             "settings": {k: v for k, v in vars(args).items() if k not in ("set",)}}
     st = Structure("peers", base, sig, start, workdir, results, tuple(methods), matched=False,

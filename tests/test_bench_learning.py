@@ -88,6 +88,18 @@ def test_quick_learning_benchmark(tmp_path, capsys):
         [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
     assert more["tests"]["at_tokens"]["grpo"]["gain"].n == 2
     assert "trace - grpo           at equal generated tokens" in capsys.readouterr().out
+    # A record that started from another accuracy (another CPU's bootstrap, or another policy)
+    # does not pair with this machine's runs: the next invocation refuses the folder, naming it
+    # and both accuracies, before it runs anything.
+    rec = json.loads((runs / "grpo-s1.json").read_text())
+    rec["result"]["accuracy"][0] += 0.125
+    (runs / "grpo-s1.json").write_text(json.dumps(rec))
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(runs.parent))}: its runs start from "
+                       r"held-out accuracy .*would not pair") as refused:
+        main(["--quick", "--workdir", str(tmp_path / "wd"), "--train-items", "12", "--seeds", "2-2",
+              "--methods", "grpo"])
+    assert f"{rec['result']['accuracy'][0]:.6g}" in str(refused.value)
+    assert not (runs / "grpo-s2.json").exists()
 
 
 def test_a_real_family_takes_its_policy_and_settings_without_synthetic_splits(tmp_path, tiny_model_dir):
