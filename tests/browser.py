@@ -10,21 +10,49 @@ from pathlib import Path
 
 
 def install_chromium() -> str | None:
-    """Debian's chromium: on PATH, or installed with apt-get (as root); else why not."""
+    """Debian's chromium: on PATH, or installed with apt-get (as root); else why not. One process
+    at a time installs (a file lock in the machine's temporary folder): two xdist workers must not
+    race for dpkg's lock, the loser skipping its browser tests."""
+    import fcntl
+    import tempfile
+
     if shutil.which("chromium"):
         return None
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return "chromium is not installed and this user cannot apt-get install it (not root)"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "install", "-y", "chromium"],
-                ["sh", "-c", "apt-get update && apt-get install -y chromium"]):
-        try:  # bounded: a package mirror that does not answer must not stall the suite
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        except subprocess.TimeoutExpired:
-            return f"apt-get did not finish installing chromium in 300 s ({' '.join(cmd)})"
-        if done.returncode == 0 and shutil.which("chromium"):
+    base = os.environ.get("TRACE_TESTS_BASE_TMP", tempfile.gettempdir())
+    with open(Path(base) / "trace-chromium-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which("chromium"):  # another process installed it while this one waited
             return None
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "install", "-y", "chromium"],
+                    ["sh", "-c", "apt-get update && apt-get install -y chromium"]):
+            try:  # bounded: a package mirror that does not answer must not stall the suite
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+            except subprocess.TimeoutExpired:
+                return f"apt-get did not finish installing chromium in 300 s ({' '.join(cmd)})"
+            if done.returncode == 0 and shutil.which("chromium"):
+                return None
     return f"apt-get could not install chromium: {(done.stdout + done.stderr).strip()[-300:]}"
+
+
+def chromium_or_skip() -> str:
+    """The chromium executable for a browser test, installed if need be; if there is none, the
+    test skips saying why, or, with ``TRACE_REQUIRE_BROWSER=1`` (``.ci/run``), fails: CI never
+    passes without its browser checks (the Prefect and MLflow UI pages, the tree viewer)."""
+    import pytest
+
+    why = install_chromium()
+    if why is None:
+        return shutil.which("chromium")
+    if os.environ.get("TRACE_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"TRACE_REQUIRE_BROWSER=1 and no browser: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+if __name__ == "__main__":  # scripts/test.sh: install once, before the workers start
+    print(f"browser tests: {install_chromium() or 'chromium ' + shutil.which('chromium')}")
 
 
 class Chromium:

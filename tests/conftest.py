@@ -32,7 +32,7 @@ from trace_rl import environ  # noqa: E402
 environ.apply()
 
 import data_dirs  # noqa: E402
-from browser import Chromium, install_chromium  # noqa: E402
+from browser import Chromium, chromium_or_skip  # noqa: E402
 
 # The real families read the full data when TRACE_DATA_DIR (or ../shared/data) holds all of it,
 # else the fixtures of tests/data/families; `full_data` tests read the full data or skip.
@@ -81,10 +81,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Chromium:
-    why = install_chromium()
-    if why:
-        pytest.skip(why)
-    browser = Chromium(shutil.which("chromium"), tmp_path_factory.mktemp("chromium-profile"))
+    browser = Chromium(chromium_or_skip(), tmp_path_factory.mktemp("chromium-profile"))
     # The console check can fail: a page with an error is seen as one.
     bad = tmp_path_factory.mktemp("bad") / "bad.html"
     bad.write_text("<html><body><script>no_such_function();</script></body></html>")

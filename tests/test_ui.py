@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from browser import Page
+from browser import Page, chromium_or_skip
 from deployments.deploy import CPU_POOL
 from servers import REPO, free_port, prefect_server, start, stop, tail, wait_until_up
 
@@ -133,10 +132,7 @@ def ui_run(ui_server: UiServer) -> Iterator[UiRun]:
 @pytest.fixture
 def page(tmp_path: Path) -> Iterator[Page]:
     """A fresh browser (its own new profile): what a first visit sees."""
-    exe = shutil.which("chromium")
-    if exe is None:
-        pytest.skip("chromium is not installed (tests/browser.py: install_chromium)")
-    with Page(exe, tmp_path / "profile") as p:
+    with Page(chromium_or_skip(), tmp_path / "profile") as p:
         yield p
 
 
