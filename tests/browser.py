@@ -3,16 +3,19 @@ of a page after its scripts ran and what it wrote to its console."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 
+@functools.cache
 def install_chromium() -> str | None:
     """Debian's chromium: on PATH, or installed with apt-get (as root); else why not. One process
     at a time installs (a file lock in the machine's temporary folder): two xdist workers must not
-    race for dpkg's lock, the loser skipping its browser tests."""
+    race for dpkg's lock, the loser skipping its browser tests. Once per process: a failed install
+    (up to 600 s of apt-get) is not retried by every browser test."""
     import fcntl
     import tempfile
 

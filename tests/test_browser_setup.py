@@ -9,6 +9,14 @@ import pytest
 import browser
 
 
+@pytest.fixture(autouse=True)
+def fresh_install_memo():
+    """``install_chromium`` answers once per process: each test here asks anew."""
+    browser.install_chromium.cache_clear()
+    yield
+    browser.install_chromium.cache_clear()
+
+
 @pytest.fixture
 def no_chromium(monkeypatch):
     """A machine without chromium whose user cannot install it (not root)."""
