@@ -106,7 +106,11 @@ class ResultFolder(LocalFileSystem):
     system call per component) at each look-up and write of a record, ~0.13 s of a default
     step here. ``basepath`` is already resolved (``bind``); a path outside it is refused, as
     Prefect's does. (Prefect takes only saved blocks as result storage, so the results
-    themselves stay on its own.)"""
+    themselves stay on its own.) Its own block type name, so that it does not take over the
+    dispatch key of Prefect's ``LocalFileSystem`` (a warning at each import, and any saved local
+    file system block loaded as this class)."""
+
+    _block_type_name = "TRACE result folder"
 
     def _resolve_path(self, path: str | None) -> Path:
         base = Path(self.basepath)
@@ -133,7 +137,7 @@ def bind(task: Task, workdir: str) -> Task:
 
 KEEP_CONNECTION = frozenset({
     "sample-roots", "score-roots", "allocate-roots", "expand-roots", "score-prefixes",
-    "allocate-prefixes", "expand-prefixes", "backup", "fit-predictor", "tree-advantages",
+    "allocate-prefixes", "expand-prefixes", "tree-advantages", "fit-predictor",
     "tree-metrics", "log-step"})
 """Phases that use the store briefly, not at all, or generate for about a second (the
 expansions): inside a ``held`` block of the store (the train flow's steps), they keep its one
