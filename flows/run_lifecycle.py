@@ -98,14 +98,17 @@ class Run:
         (Named running before the mark: a mark that is written but then fails to publish, a
         full disk, still gets the step marked failed, never left "running".)"""
         for step in range(first, self.cfg.steps):
-            self.running = step
-            self.store.mark_step(self.run_id, step, "running")
+            if self.running != step:  # not marked by the previous step's ``complete``
+                self.running = step
+                self.store.mark_step(self.run_id, step, "running")
             yield step
 
     def complete(self, step: int, metrics: dict[str, float]) -> None:
-        """Mark ``step`` complete, prune the checkpoints it outdates, log its line."""
-        self.store.mark_step(self.run_id, step, "complete", metrics)
-        self.running = None
+        """Mark ``step`` complete and the next one (if any) running, in one write; prune the
+        checkpoints it outdates, log its line."""
+        after = step + 1 if step + 1 < self.cfg.steps else None
+        self.store.mark_step(self.run_id, step, "complete", metrics, then_running=after)
+        self.running = after
         prune_checkpoints(self.cfg, self.workdir, self.run_id, step)
         self.logger.info("step %d: reward %.3f, effective ratio %.2f, leaves %d, %.1fs", step,
                          metrics["rollout/reward_mean"], metrics["tree/effective_ratio"],
@@ -173,7 +176,7 @@ def record_failure(logger: Any, store: Any, tracker: Tracker, run_id: str, workd
                 lambda: store.set_run(run_id, status="killed" if killed else "failed"))]
     if step is not None:
         records.insert(0, (f"step {step}'s status in DuckDB",
-                           lambda: store.mark_step(run_id, step, "failed")))
+                           lambda: store.mark_failed(run_id, step)))
     for what, record in records:
         try:
             record()

@@ -2,8 +2,8 @@
 
     sample roots -> score roots -> allocate roots -> expand roots (level 0, persisted; DAPO's
     refill waves) -> score prefixes -> allocate prefixes (with ``joint_split``: or fresh prompts,
-    one more level-0 wave) -> expand prefixes (level 1, persisted) -> backup -> fit predictor
-    -> tree advantages -> policy update -> sync weights -> tree metrics -> log step
+    one more level-0 wave) -> expand prefixes (level 1, persisted) -> tree advantages (the
+    backup, then each path's advantages) -> fit predictor -> policy update -> sync weights -> tree metrics -> log step
 
 Before the first step and after the last, the policy is evaluated on held-out items (paired:
 same items, same sampling seeds; ``TrainConfig.eval_items``), and the run ends with a summary of
@@ -66,9 +66,9 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     t_rollout = time.perf_counter() - t0
     # Learning, on the step's finished trees (read once).
     trees = runtime.step_trees(at)
-    do.backup(at, trees)
+    paths = do.tree_advantages(cfg, at, trees)  # the backup, then each path's advantages
     predictor = do.fit_predictor(cfg, at, trees)
-    update = do.policy_update(cfg, at, policy_dir, do.tree_advantages(cfg, at, trees), trees)
+    update = do.policy_update(cfg, at, policy_dir, paths, trees)
     sync_s = do.sync_weights(cfg.engine, cfg.cluster_section, at.run_id, at.policy_dir, at.step)
     metrics = {**do.tree_metrics(at, trees), **predictor, **update["stats"],
                **track.allocation_metrics(fresh, chosen, waves),

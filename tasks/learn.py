@@ -1,4 +1,4 @@
-"""Learning phases: backup, predictor fit, tree advantages, policy update, weight sync."""
+"""Learning phases: backup and tree advantages, predictor fit, policy update, weight sync."""
 
 from __future__ import annotations
 
@@ -24,19 +24,31 @@ from trace_rl.rollout.treeio import StepTrees
 from trace_rl.session import Session
 
 
-@task(name="backup", cache_policy=runtime.PHASE_KEY)
-def backup(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
-    """V^ and n for every node (success rate of the leaves below), stored on the nodes.
-    ``trees``: the step's trees as the flow read them (else read here)."""
+@task(name="tree-advantages", cache_policy=runtime.PHASE_KEY)
+def tree_advantages(cfg: TrainConfig, at: StepRef, trees: StepTrees | None = None) -> pa.Table:
+    """The backup, V^ and n of every node (success rate of the leaves below), then per
+    root-to-leaf path its node ids and the advantage of each turn
+    (``trace_core.advantages.path_advantages``, estimator from the config), stored on the nodes
+    in one write (a node's advantage: the mean over the paths through it). ``trees``: the step's
+    trees as the flow read them (else read here)."""
     trees = runtime.step_trees(at, trees)
     values, counts = trees.batch.backup()
-    roots = values[trees.batch.roots]
-    mixed = int(np.count_nonzero((roots > 0.0) & (roots < 1.0)))
+    a = adv.path_advantages(trees.batch, cfg.advantage, centre=cfg.centre_advantages,
+                            turns_once=cfg.count_turns_once)
+    advantage = np.full(len(values), np.nan)
+    advantage[a.nodes] = a.node_mean
+    node_id = trees.table.column("node_id")
     runtime.store(at.workdir).update_values(at.run_id, at.step, pa.table({
-        "node_id": trees.table.column("node_id"), "value": pa.array(values, pa.float64()),
-        "n_leaves": pa.array(counts, pa.int64())}))
-    return {"tree/effective_ratio": mixed / len(trees) if len(trees) else 0.0,
-            "tree/trees": float(len(trees))}
+        "node_id": node_id, "value": pa.array(values, pa.float64()),
+        "n_leaves": pa.array(counts, pa.int64()),
+        "advantage": pa.array(advantage, pa.float64(), from_pandas=True)}))
+    return pa.table({
+        "leaf_id": node_id.take(a.rows[a.ends - 1]) if len(a.ends) else pa.array([], pa.string()),
+        "path": pa.ListArray.from_arrays(pa.array(np.r_[0, a.ends], pa.int32()),
+                                         node_id.take(a.rows).combine_chunks() if len(a.rows)
+                                         else pa.array([], pa.string())),
+        "advantages": pa.ListArray.from_arrays(pa.array(np.r_[0, a.turn_ends], pa.int32()),
+                                               pa.array(a.turn_advantages, pa.float64()))})
 
 
 @task(name="fit-predictor", cache_policy=runtime.PHASE_KEY)
@@ -57,27 +69,6 @@ def fit_predictor(cfg: TrainConfig, at: StepRef, trees: StepTrees | None = None
     stats.update({f"predictor/fit_{k}": float(v) for k, v in fit.items()})
     runtime.save_predictor(predictor, at.workdir, at.run_id, at.step)
     return stats
-
-
-@task(name="tree-advantages", cache_policy=runtime.PHASE_KEY)
-def tree_advantages(cfg: TrainConfig, at: StepRef, trees: StepTrees | None = None) -> pa.Table:
-    """Per root-to-leaf path: its node ids and the advantage of each turn
-    (``trace_core.advantages.path_advantages``, estimator from the config). Each node also
-    stores the mean advantage over the paths through it."""
-    trees = runtime.step_trees(at, trees)
-    a = adv.path_advantages(trees.batch, cfg.advantage, centre=cfg.centre_advantages,
-                            turns_once=cfg.count_turns_once)
-    node_id = trees.table.column("node_id")
-    if a.nodes.size:
-        runtime.store(at.workdir).update_values(at.run_id, at.step, pa.table({
-            "node_id": node_id.take(a.nodes), "advantage": pa.array(a.node_mean, pa.float64())}))
-    return pa.table({
-        "leaf_id": node_id.take(a.rows[a.ends - 1]) if len(a.ends) else pa.array([], pa.string()),
-        "path": pa.ListArray.from_arrays(pa.array(np.r_[0, a.ends], pa.int32()),
-                                         node_id.take(a.rows).combine_chunks() if len(a.rows)
-                                         else pa.array([], pa.string())),
-        "advantages": pa.ListArray.from_arrays(pa.array(np.r_[0, a.turn_ends], pa.int32()),
-                                               pa.array(a.turn_advantages, pa.float64()))})
 
 
 def _samples(nodes: pa.Table, paths: pa.Table) -> list[PathSample]:

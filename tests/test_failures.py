@@ -150,10 +150,10 @@ def test_a_step_mark_written_but_not_published_is_still_marked_failed(tiny_model
     real_copy, real_mark = published.shutil.copyfile, TreeStore.mark_step
     armed = []
 
-    def mark(self, run_id, step, status, metrics=None):
-        if (step, status) == (1, "running"):
+    def mark(self, run_id, step, status, metrics=None, then_running=None):
+        if (step, status) == (1, "running") or then_running == 1:  # with step 0's end
             armed.append(True)  # the next publish, this mark's, fails
-        return real_mark(self, run_id, step, status, metrics)
+        return real_mark(self, run_id, step, status, metrics, then_running)
 
     def copy_fails_once(src, dst, *args, **kwargs):
         if armed and armed.pop():

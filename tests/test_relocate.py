@@ -59,7 +59,7 @@ def test_a_copied_work_dir_resumes_in_place_and_leaves_the_original_alone(tiny_m
             id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
     states = sorted((r.name, r.state.name) for r in runs)
     for phase in ("sample-roots", "score-roots", "allocate-roots", "expand-roots",
-                  "expand-prefixes", "backup", "fit-predictor", "policy-update"):
+                  "expand-prefixes", "tree-advantages", "fit-predictor", "policy-update"):
         assert any(name.startswith(phase) and s == "Cached" for name, s in states), (phase, states)
 
 
@@ -72,12 +72,12 @@ def test_phase_keys_do_not_depend_on_where_the_work_dir_lies(tmp_path):
 
     keys = []
     for wd in (tmp_path / "a", tmp_path / "b"):
-        policy = bind(learn.backup, str(wd)).cache_policy
-        ctx = SimpleNamespace(task=learn.backup)
+        policy = bind(learn.tree_advantages, str(wd)).cache_policy
+        ctx = SimpleNamespace(task=learn.tree_advantages)
         keys.append(policy.compute_key(ctx, {"workdir": str(wd), "run_id": "r", "step": 3,
                                              "policy_dir": str(wd / "checkpoints" / "p")}, {}))
     assert keys[0] == keys[1]
-    other = bind(learn.backup, str(tmp_path / "a")).cache_policy.compute_key(
-        SimpleNamespace(task=learn.backup), {"workdir": str(tmp_path / "a"), "run_id": "r",
+    other = bind(learn.tree_advantages, str(tmp_path / "a")).cache_policy.compute_key(
+        SimpleNamespace(task=learn.tree_advantages), {"workdir": str(tmp_path / "a"), "run_id": "r",
                                              "step": 4}, {})
     assert other != keys[0]

@@ -138,7 +138,7 @@ def test_phases_bind_a_task_once_per_session_and_work_dir(tmp_path, monkeypatch)
     monkeypatch.setattr(flows.common, "bind", lambda task, wd: bound.append(wd) or real(task, wd))
     s, a, b = Session(), str(tmp_path / "a"), str(tmp_path / "b")
     for step in range(3):  # the train flow makes a Phases per step
-        Phases(a, where=f"step {step}: ", session=s).backup
-    Phases(b, session=s).backup
-    Phases(a, session=Session()).backup
+        Phases(a, where=f"step {step}: ", session=s).tree_advantages
+    Phases(b, session=s).tree_advantages
+    Phases(a, session=Session()).tree_advantages
     assert bound == [a, b, a]

@@ -339,6 +339,20 @@ def test_runs_and_steps(store):
         store.mark_step("run1", 1, "done")
 
 
+def test_a_step_end_marks_the_next_start_and_a_failure_spares_complete_steps(store):
+    store.mark_step("run1", 0, "running")
+    store.mark_step("run1", 0, "complete", {"x": 1.0}, then_running=1)  # one write
+    def status() -> dict[int, str]:
+        rows = store.query("SELECT step, status FROM steps WHERE run_id = 'run1'").to_pylist()
+        return {r["step"]: r["status"] for r in rows}
+
+    assert status() == {0: "complete", 1: "running"}
+    store.mark_failed("run1", 0)  # the end's write landed, then failed: 0 stays complete
+    assert status() == {0: "complete", 1: "failed"}
+    store.mark_failed("run1", 2)  # a step whose running mark was never written
+    assert status() == {0: "complete", 1: "failed", 2: "failed"}
+
+
 def test_query_is_read_only(store):
     with pytest.raises(Exception, match="read-only"):
         store.query("DELETE FROM nodes")

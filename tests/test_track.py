@@ -46,7 +46,7 @@ def workdir(tmp_path):
     store.write_level(RUN, 0, 0, batch.table(), ledger=dict(
         method="trace", trajectories=4, prompt_tokens=8, generated_tokens=30, tool_calls=3,
         wall_seconds=1.5))
-    learn.backup.fn(StepRef(str(tmp_path), RUN, 0))
+    learn.tree_advantages.fn(TrainConfig(allocator="trace"), StepRef(str(tmp_path), RUN, 0))
     return str(tmp_path)
 
 

@@ -139,20 +139,37 @@ class TreeStore(PublishedDatabase):
         return row
 
     def mark_step(self, run_id: str, step: int, status: str,
-                  metrics: Mapping[str, float] | None = None) -> None:
-        """Record a step as running, complete or failed (re-marking a step is allowed)."""
+                  metrics: Mapping[str, float] | None = None, then_running: int | None = None
+                  ) -> None:
+        """Record a step as running, complete or failed (re-marking a step is allowed); with
+        ``then_running``, also mark that step running in the same transaction (a step's end and
+        the next one's start: one write, one publish)."""
         _check_run_id(run_id)
         if status not in STEP_STATUSES:
             raise StoreError(f"step status {status!r} is not one of {STEP_STATUSES}")
         metrics_json = None if metrics is None else json.dumps(dict(metrics), sort_keys=True)
         now = _now()
-        finished = None if status == "running" else now
+        rows = [[run_id, step, status, now, None if status == "running" else now, metrics_json]]
+        if then_running is not None:
+            rows.append([run_id, then_running, "running", now, None, None])
         with self._transaction() as con:
-            _exec(
-                con, "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, step) DO UPDATE "
-                "SET status = excluded.status, finished_at = excluded.finished_at, "
-                "metrics_json = coalesce(excluded.metrics_json, steps.metrics_json)",
-                [run_id, step, status, now, finished, metrics_json])
+            for row in rows:
+                _exec(con, "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, step) "
+                      "DO UPDATE SET status = excluded.status, finished_at = excluded.finished_at, "
+                      "metrics_json = coalesce(excluded.metrics_json, steps.metrics_json)", row)
+
+    def mark_failed(self, run_id: str, step: int) -> None:
+        """After a failure at ``step``: that step, unless it is complete, and every step of the
+        run still marked running, marked failed (a failed write of a step's end may have left
+        the next step marked running)."""
+        _check_run_id(run_id)
+        now = _now()
+        with self._transaction() as con:
+            _exec(con, "INSERT INTO steps VALUES (?, ?, 'failed', ?, ?, NULL) ON CONFLICT (run_id, "
+                  "step) DO UPDATE SET status = 'failed', finished_at = excluded.finished_at "
+                  "WHERE steps.status <> 'complete'", [run_id, step, now, now])
+            _exec(con, "UPDATE steps SET status = 'failed', finished_at = ? WHERE run_id = ? AND "
+                  "status = 'running'", [now, run_id])
 
     def last_complete_step(self, run_id: str) -> int | None:
         """The highest step marked complete, or None if none is."""
