@@ -138,7 +138,7 @@ def bind(task: Task, workdir: str) -> Task:
 KEEP_CONNECTION = frozenset({
     "sample-roots", "score-roots", "allocate-roots", "expand-roots", "score-prefixes",
     "allocate-prefixes", "expand-prefixes", "tree-advantages", "fit-predictor",
-    "tree-metrics", "log-step"})
+    "log-step"})
 """Phases that use the store briefly, not at all, or generate for about a second (the
 expansions): inside a ``held`` block of the store (the train flow's steps), they keep its one
 connection open for the next, and the step's marks share it (the logging thread's reads and the

@@ -3,7 +3,8 @@
     sample roots -> score roots -> allocate roots -> expand roots (level 0, persisted; DAPO's
     refill waves) -> score prefixes -> allocate prefixes (with ``joint_split``: or fresh prompts,
     one more level-0 wave) -> expand prefixes (level 1, persisted) -> tree advantages (the
-    backup, then each path's advantages) -> fit predictor -> policy update -> sync weights -> tree metrics -> log step
+    backup, then each path's advantages) -> fit predictor -> policy update -> sync weights ->
+    log step (the tree metrics, then MLflow)
 
 Before the first step and after the last, the policy is evaluated on held-out items (paired:
 same items, same sampling seeds; ``TrainConfig.eval_items``), and the run ends with a summary of
@@ -70,13 +71,13 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     predictor = do.fit_predictor(cfg, at, trees)
     update = do.policy_update(cfg, at, policy_dir, paths, trees)
     sync_s = do.sync_weights(cfg.engine, cfg.cluster_section, at.run_id, at.policy_dir, at.step)
-    metrics = {**do.tree_metrics(at, trees), **predictor, **update["stats"],
-               **track.allocation_metrics(fresh, chosen, waves),
+    metrics = {**predictor, **update["stats"], **track.allocation_metrics(fresh, chosen, waves),
                **track.oracle_metrics(mc_roots, mc_prefixes), "time/rollout_s": t_rollout,
                "time/sync_s": sync_s, "time/step_s": time.perf_counter() - t0}
-    do.log_step(at, mlflow_run_id, metrics, cfg.plot_every > 0 and at.step % cfg.plot_every == 0,
-                life.registered(cfg.run, at.step))
-    return at.policy_dir, metrics
+    # the step's tree figures (SQL on the store) join them; MLflow logging in the background
+    return at.policy_dir, do.log_step(at, mlflow_run_id, metrics, cfg.plot_every > 0 and
+                                      at.step % cfg.plot_every == 0,
+                                      life.registered(cfg.run, at.step), trees)
 
 
 def _bare_rollouts(do: Phases, cfg: TrainConfig, allocator: Allocator, at: StepRef,

@@ -27,12 +27,11 @@ from trace_rl.storage.tracking import Tracker
 from trace_rl.view.page import step_page
 
 
-@task(name="tree-metrics", cache_policy=runtime.PHASE_KEY)
 def tree_metrics(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
     """Contrast and cost figures of a finished step, read with the same SQL users run (one
     query), and how well its allocation inputs predicted its outcomes (``prediction_metrics``),
-    on one read-only snapshot. ``trees``: the step's trees as the flow read them (else read
-    here)."""
+    on one read-only snapshot (the first half of ``log_step``). ``trees``: the step's trees as
+    the flow read them (else read here)."""
     with runtime.store(at.workdir).snapshot() as con:
         params = {"r": at.run_id, "s": at.step}
         figures = _tree_metrics(con.sql(TREE_METRICS_SQL, params=params).to_arrow_table()
@@ -177,14 +176,16 @@ PENDING = ".pending-logs"
 
 @task(name="log-step")
 def log_step(at: StepRef, mlflow_run_id: str, metrics: Mapping[str, float], plot: bool,
-             register_policy: bool = True) -> None:
-    """Hand one step's MLflow logging (``log_step_now``) to the work dir's logging thread
-    (``trace_rl.storage.background``) and return, so the next step does not wait for it. Never
+             register_policy: bool = True, trees: StepTrees | None = None) -> dict[str, float]:
+    """The step's metrics: its tree figures (``tree_metrics``; ``trees`` as the flow read them)
+    and ``metrics``, returned; and their MLflow logging (``log_step_now``) handed to the work
+    dir's logging thread (``trace_rl.storage.background``), so the next step does not wait. Never
     lost: the job is first written to the work dir's journal (``PENDING``) and removed from it
     once it has run; a journal entry a killed or failed process left is run before the next
     step's logging and before the run's summary (``replay_pending``). The run's ``Tracker.end``
     (finished or failed) waits for the thread, and a job's error fails the run."""
     workdir, run_id = at.workdir, at.run_id
+    metrics = {**tree_metrics(at, trees), **metrics}
     job = {"workdir": workdir, "mlflow_run_id": mlflow_run_id, "run_id": run_id, "step": at.step,
            "metrics": {k: float(v) for k, v in metrics.items()}, "policy_dir": at.policy_dir,
            "predictor_file": at.predictor_file, "plot": bool(plot),
@@ -206,6 +207,7 @@ def log_step(at: StepRef, mlflow_run_id: str, metrics: Mapping[str, float], plot
             session.finish(entry)
 
     background.submit(workdir, run)
+    return dict(job["metrics"])
 
 
 def replay_pending(workdir: str, run_id: str) -> list[int]:

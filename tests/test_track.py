@@ -51,7 +51,7 @@ def workdir(tmp_path):
 
 
 def test_tree_metrics_of_a_hand_worked_step(workdir):
-    m = track.tree_metrics.fn(StepRef(workdir, RUN, 0))
+    m = track.tree_metrics(StepRef(workdir, RUN, 0))
     assert m["rollout/leaves"] == 4 and m["alloc/active_roots"] == 2
     assert m["rollout/reward_mean"] == pytest.approx(0.25)
     assert m["rollout/depth_mean"] == pytest.approx((2 + 2 + 2 + 1) / 4)

@@ -77,15 +77,18 @@ def test_log_step_journals_each_job_until_it_has_run(tmp_path, monkeypatch):
         calls.append(job)
 
     monkeypatch.setattr(track, "log_step_now", fake)
+    monkeypatch.setattr(track, "tree_metrics", lambda at, trees: {"tree/trees": 2.0})
     workdir = str(tmp_path)
-    track.log_step.fn(StepRef(workdir, "run-a", 0), **ARGS)
+    assert track.log_step.fn(StepRef(workdir, "run-a", 0), **ARGS) == \
+        {"tree/trees": 2.0, "rollout/reward_mean": 0.5}  # the step's figures join its metrics
     journal = tmp_path / track.PENDING
     assert [p.name for p in journal.iterdir()] == ["run-a-step-000000.json"]
     assert calls == []  # handed over, not run
     gate.set()
     background.drain(workdir)
     assert [c["step"] for c in calls] == [0] and not list(journal.iterdir())
-    assert calls[0]["metrics"] == {"rollout/reward_mean": 0.5} and calls[0]["workdir"] == workdir
+    assert calls[0]["metrics"] == {"tree/trees": 2.0, "rollout/reward_mean": 0.5}
+    assert calls[0]["workdir"] == workdir
 
     track.log_step.fn(StepRef(workdir, "run-a", 1), **ARGS)
     with pytest.raises(OSError, match="unreachable"):
