@@ -48,10 +48,25 @@ def test_rollouts_give_trl_aligned_completions_and_the_loops_rewards(tiny_model_
     assert rollouts.reward_mismatches == 1
 
 
-def test_a_stateful_family_is_refused(tiny_model_dir):
+def test_a_stateful_family_is_rewarded_as_its_episodes_were_graded(tiny_model_dir):
+    """Function calling grades the final state (the calls made), which a reward function does
+    not see: the rollout's episodes run on the family as on any other, and TRL's reward is the
+    one the loop gave each, whatever the answer text (a re-grade of the text alone would give
+    the answerless first 0 and could not give the second its 0)."""
     env = make_env("synth_fncall", difficulty=1)
-    with pytest.raises(ValueError, match="stateful"):
-        Rollouts(TrainConfig(family="synth_fncall"), str(tiny_model_dir), env, {}, seed=0)
+    items = {it.id: it for it in env.load("train", limit=2)}
+    cfg = TrainConfig(family="synth_fncall", max_turns=2, max_new_tokens=16, temperature=1.0)
+    rollouts = Rollouts(cfg, str(tiny_model_dir), env, items, seed=0)
+    prompts = [q for q in rollouts.questions for _ in range(2)]
+    out = rollouts(prompts, _Trainer(tiny_model_dir))
+    assert len(out["episode_reward"]) == len(prompts)
+    assert rollouts.reward(prompts, out["completion_ids"], answer=out["answer"],
+                           answered=out["answered"], episode_reward=out["episode_reward"]) \
+        == out["episode_reward"]
+    q = rollouts.questions[0]
+    gold = items[next(iter(items))].gold
+    assert rollouts.reward([q, q], [[], []], answer=[None, gold], answered=[False, True],
+                           episode_reward=[1.0, 0.0]) == [1.0, 0.0]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed "

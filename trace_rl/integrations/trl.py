@@ -1,7 +1,8 @@
 """TRL's ``GRPOTrainer`` on this project's families: its ``rollout_func`` runs the multi-turn ReAct
 loop (``trace_rl.rollout.react``) on an ``HFEngine`` that holds the trainer's current weights, the
 completion being every turn's generated and observation tokens with ``env_mask`` marking the
-generated ones, and the family's grader is its reward function (``Rollouts.reward``). TRL is the
+generated ones, and the family's grader is its reward function (``Rollouts.reward``; a
+stateful family's, function calling, grades in the rollout, where the episode's state is). TRL is the
 optional extra ``peers`` (``pip install -e .[peers] -c requirements/cpu-constraints.txt``),
 imported only where a function here needs it. ``bench/peers.py`` compares this with the train
 flow.
@@ -33,9 +34,6 @@ class Rollouts:
         from trace_rl.engines import context_limit
         from trace_rl.engines.hf import HFEngine
 
-        if env.stateful:
-            raise ValueError(f"{cfg.family} is stateful; its grade needs the episode's state, "
-                             "which a TRL reward function does not see")
         self.cfg, self.env, self.seed = cfg, env, seed
         self.questions = [it.question for it in items.values()]
         self.by_question = {it.question: it for it in items.values()}
@@ -80,7 +78,12 @@ class Rollouts:
                answered: list[bool], episode_reward: list[float], **_: Any) -> list[float]:
         """The family's grader as a TRL reward function: the final answer graded against the
         item's gold (0 when the episode ended without one: turn cap, context or a bad action).
-        Counts where it differs from the reward the ReAct loop gave the episode (none expected)."""
+        Counts where it differs from the reward the ReAct loop gave the episode (none expected).
+        A stateful family's grade needs the episode's final state (function calling checks the
+        calls made, ``Environment.verify_final``), which only the rollout sees: its reward is
+        the one the loop gave, handed over by the rollout function."""
+        if self.env.stateful:
+            return [float(r) for r in episode_reward]
         out = [float(self.env.verify(self.by_question[p], a).reward) if ok else 0.0
                for p, a, ok in zip(prompts, answer, answered)]
         self.reward_mismatches += sum(x != y for x, y in zip(out, episode_reward))
