@@ -1,6 +1,5 @@
-"""Benchmarks that measure and print figures (not pass/fail timing tests). The records that let
-seeds accumulate across invocations and machines live outside the package, in ``RECORDS``
-(results/README.md: the layout)."""
+"""Benchmarks that measure and print figures (not pass/fail timing tests); their records, which
+let seeds accumulate across invocations and machines, are in ``RECORDS`` (results/README.md)."""
 
 from argparse import ArgumentParser
 from pathlib import Path

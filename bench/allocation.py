@@ -44,10 +44,9 @@ class BenchConfig:
     allocator: AllocatorConfig = AllocatorConfig(
         group_size=8, tree_group=4, min_per_root=2, max_per_root=None, exploration=0.003,
         branch_from_root=True, joint_split=False)
-    """Shared allocator knobs of the simulation, which differ from a training run's
-    (``TrainConfig``) on purpose: a pool of 512 prompts and M = 128 afford groups of 8 and trees
-    of 4, and in this stationary process exploration only costs (docs/results.md, "Why the
-    defaults are what they are"), hence 0.003 rather than the 0.1 a drifting policy needs."""
+    """Not ``TrainConfig``'s on purpose: a pool of 512 and M = 128 afford groups of 8 and trees of 4;
+    this process is stationary, so exploration only costs (docs/results.md, "Why the defaults are
+    what they are")."""
     head: HeadConfig = HeadConfig()
     sim: SimConfig = SimConfig()
 
@@ -79,7 +78,6 @@ class MethodRun:
         self.last_sampled = np.full(config.dataset_size, -1, dtype=np.int64)
         self.first_offered = np.full(config.dataset_size, -1, dtype=np.int64)
         self.totals = Totals()
-        self.fit_stats: dict[str, float] = {}
 
     def predict(self, histories: list[str]) -> np.ndarray:
         if self.predictor is None:
@@ -122,23 +120,18 @@ class MethodRun:
             grower.roll(self.sim, np.repeat(rows, k), 1, self.rng)
         self.totals.add(grower.trees, grower.tokens)
         self.last_sampled[pool_idx[order]] = step
-        if self.predictor is not None:
-            self.fit_stats = self._fit(grower)
+        if self.predictor is not None:  # fitted on this step's internal nodes' backed-up values
+            value, n_leaves = grower.trees.backup()
+            internal = np.flatnonzero(~grower.trees.is_leaf)
+            self.predictor.fit([render(*grower.history(r)) for r in internal], value[internal],
+                               n_leaves[internal].astype(np.float64))
         self.totals.seconds += time.perf_counter() - start
-
-    def _fit(self, step_trees: Grower) -> dict[str, float]:
-        trees = step_trees.trees
-        value, n_leaves = trees.backup()
-        internal = np.flatnonzero(~trees.is_leaf)
-        histories = [render(*step_trees.history(r)) for r in internal]
-        return self.predictor.fit(histories, value[internal], n_leaves[internal].astype(np.float64))
 
 
 def evaluate_predictor(predictor: Predictor, sim: Simulator, prompts: list[Prompt], n: int,
                        rng: np.random.Generator) -> dict[str, float]:
-    """Held-out check: one fresh rollout per prompt; every non-terminal prefix on it (root included)
-    is scored against the rollout's outcome and against the exact V. The constant predictor is the
-    held-out base rate itself (the best constant in hindsight)."""
+    """Held-out check: every non-terminal prefix (root included) of one fresh rollout per prompt,
+    scored against the rollout's outcome and the exact V, beside the held-out base rate's scores."""
     histories, outcome, truth = [], [], []
     for i in rng.choice(len(prompts), size=n, replace=False):
         p = prompts[i]
@@ -226,9 +219,7 @@ def main(argv: list[str] | None = None) -> None:
                 ("--pool", d.pool_size, "candidate prompts per step"),
                 ("--explore", d.allocator.exploration, "exploration strength (trace, prompt_only)"))
     args = parser.parse_args(argv)
-    # The predictor's small matmuls and Adam updates run fastest single-threaded; extra intra-op
-    # threads only contend on a shared CPU.
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # the predictor's small matmuls: extra threads only contend
     config = BenchConfig(steps=args.steps, seed=args.seed, roots=args.roots, multiplier=args.multiplier,
                          pool_size=args.pool, allocator=replace(d.allocator, exploration=args.explore))
     print(f"allocation bench: steps={config.steps} seed={config.seed} M={config.roots} N={config.multiplier} "

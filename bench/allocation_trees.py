@@ -1,8 +1,6 @@
-"""The allocation benchmark's rollout trees and what is counted on them: a step's trees as one
-``trace_core.tree.TreeBatch`` with each node's turns (``Grower``: rollouts hung below nodes, a
-batch at a time), and per method the running sums behind the table's figures (``Totals``:
-effective ratio, mixed-anchor share, sibling contrast pairs, tokens).
-Definitions: ``bench.allocation``'s docstring."""
+"""The allocation benchmark's rollout trees (``Grower``: a step's trees as one ``TreeBatch`` with
+each node's turns) and per method the running sums behind its table (``Totals``); definitions:
+docs/algorithm.md, "Allocation benchmark (bench/allocation.py): definitions"."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import argparse
 import random
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench import add_options
@@ -31,7 +31,6 @@ OBSERVATION = "<tool_response>{\"result\": 42, \"source\": \"kb\"}</tool_respons
 
 @dataclass
 class EngineRun:
-    model: str
     engine: str
     startup_s: float
     tokens: int
@@ -53,8 +52,7 @@ def chat_prompts(fmt: TurnFormat, count: int, seed: int) -> list[tuple[int, ...]
 
 
 def throughput(engine: Engine, prompts, n: int, max_tokens: int, seed: int) -> tuple[int, float, list]:
-    """Generated tokens, wall seconds and the (prompt, completion) pairs of one batch of the
-    shared requests."""
+    """Generated tokens, seconds and (prompt, completion) pairs of one batch of the requests."""
     reqs = [GenRequest(p, n, SamplingSettings(max_tokens=max_tokens, temperature=1.0,
                                               seed=seed + i)) for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
@@ -89,14 +87,13 @@ def mismatch(model_dir: Path, pairs) -> dict[str, float]:
 
 def prefix_cache_share(engine, prompts, turn_tokens: int, continuations: int,
                        seed: int) -> tuple[int, int, int]:
-    """Build two-turn trajectories, continue every turn-level prefix; return (prefixes,
-    Δqueries, Δhits) of vLLM's prefix cache over the continuation phase."""
+    """(prefixes, queries, hits) of vLLM's prefix cache over continuations of two-turn prefixes."""
     fmt = TurnFormat(engine.tokenizer)
     turn = SamplingSettings(max_tokens=turn_tokens, temperature=1.0, stop=("</tool_call>",))
     histories = [list(p) for p in prompts]
     prefixes: list[tuple[int, ...]] = []
     for depth in range(2):
-        reqs = [GenRequest(tuple(h), 1, SamplingSettings(**{**turn.__dict__, "seed": seed + i}))
+        reqs = [GenRequest(tuple(h), 1, replace(turn, seed=seed + i))
                 for i, h in enumerate(histories)]
         for h, (c,) in zip(histories, engine.generate(reqs)):
             h += c.token_ids + fmt.obs_ids(OBSERVATION, c.token_ids)  # the rollouts' glue
@@ -109,7 +106,7 @@ def prefix_cache_share(engine, prompts, turn_tokens: int, continuations: int,
     return len(prefixes), q1 - q0, h1 - h0
 
 
-def run_model(label: str, model_dir: Path, args) -> tuple[list[EngineRun], tuple[int, int, int]]:
+def run_model(model_dir: Path, args) -> tuple[list[EngineRun], tuple[int, int, int]]:
     runs, cache = [], (0, 0, 0)
     for kind in ("vllm", "hf"):
         t0 = time.perf_counter()
@@ -121,8 +118,7 @@ def run_model(label: str, model_dir: Path, args) -> tuple[list[EngineRun], tuple
             throughput(engine, prompts[:2], 1, 8, args.seed)  # warm-up, not measured
             tokens, seconds, pairs = throughput(engine, prompts, args.n, args.max_tokens, args.seed)
             sync = engine.load_weights(model_dir)
-            runs.append(EngineRun(label, kind, startup, tokens, seconds, sync,
-                                  mismatch(model_dir, pairs)))
+            runs.append(EngineRun(kind, startup, tokens, seconds, sync, mismatch(model_dir, pairs)))
             if kind == "vllm":
                 cache = prefix_cache_share(engine, prompts, args.turn_tokens, args.continuations,
                                            args.seed)
@@ -154,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         for label in models:
             model_dir = smollm2_dir() if label == "smollm2" else make_tiny_policy(
                 Path(tmp) / "tiny", preset="tiny", seed=args.seed)
-            results[label] = run_model(label, model_dir, args)
+            results[label] = run_model(model_dir, args)
             runs, (prefixes, queries, hits) = results[label]
             for r in runs:
                 print(f"{label:8s} {r.engine:5s} startup {r.startup_s:6.1f} s  "

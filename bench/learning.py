@@ -1,17 +1,15 @@
 """TRACE against the baselines, end to end on a CPU: every method is the same ``train`` flow with
 another ``allocator`` (or a ``VARIANTS`` row) from the same bootstrapped tiny policy, evaluated on
 held-out items at a few checkpoints (docs/results.md, "Learning benchmark (the tiny LM, end to
-end)": both protocols). ``--protocol leaves``: equal leaf budgets (``report``); ``--protocol
-tokens`` (``--regime paper``): the flat baselines sized to the reference's generated tokens per
-step (``matched_budget``), a negative control, the power statement and the closing line
-(``protocol_report``).
+end)"). ``--protocol leaves``: equal leaf budgets; ``--protocol tokens`` (``--regime paper``): the
+flat baselines sized to the reference's generated tokens per step, and a negative control.
 
     python -m bench.learning --regime paper --seeds 0-9    # the protocol; records accumulate
     python -m bench.learning --quick                       # a small configuration (the tests')
     python -m bench.learning --summarise-only [options]    # re-print a benchmark from its records
 
 Records: one JSON per (structure, method, seed) under ``records_of(args)``, written as each run
-ends; a later invocation with the same settings runs only what is missing (``--jobs``: workers).
+ends; a later invocation with the same settings runs only what is missing.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ import numpy as np
 
 from bench import RECORDS, add_options
 from bench.learning_report import conclude, report, run_log, structure_rows
-from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan,
-                                 eval_run_id, load_run, parse_seeds, read_records, recorded_runs,
-                                 run_one, save_run, signature)
+from bench.learning_runs import (METHODS, VARIANTS, RunResult, _eval, check_signatures, eval_plan, load_run,
+                                 parse_seeds, read_records, recorded_runs, run_one, save_run, signature)
 from trace_core.allocators import Budget
 
 REFERENCE = "trace_cover"
@@ -42,8 +39,8 @@ ORACLE = "trace_cover_oracle"
 """The reference with its predictor replaced by a Monte-Carlo oracle (``oracle_rollouts``)."""
 TOKEN_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "cover_oracle", ORACLE)
 OPTIONAL = (ORACLE,)
-"""Rows a seed is complete without, run after every seed's other rows (their oracle costs several
-times the run's own rollouts), each reported over the seeds that hold it (``structure_rows``)."""
+"""Rows a seed is complete without, run last (their oracle costs several times the run's own
+rollouts)."""
 CONTROL_METHODS = (REFERENCE, "grpo", "dapo", "prompt_only")
 """The control needs the reference and the baselines the closing line's best is taken from."""
 LM_RESULTS = RECORDS / "learning_lm"
@@ -54,14 +51,12 @@ REGIMES: dict[str, dict[str, Any]] = {
               "eval_items": 300, "eval_samples": 2, "final_of": 2,
               "methods": f"trace_cover,grpo,dapo,prompt_only,trace,{ORACLE}"},
 }
-"""``--regime``: defaults under the explicit options (docs/results.md, "Learning benchmark (the
-tiny LM, end to end)": why the paper regime is this)."""
+"""``--regime``: defaults under the explicit options (docs/results.md says why the paper regime)."""
 
 
 @dataclass
 class Structure:
-    """One family configuration of the invocation: the equal-leaf one, or the tokens protocol's
-    main one or its control."""
+    """One family configuration: the equal-leaf one, or the tokens protocol's main or control."""
 
     name: str
     base: dict[str, Any]
@@ -78,8 +73,7 @@ class Structure:
     """Added to every run's ``extra`` (``bench.peers``: the TRL version, machine and settings)."""
 
     def recorded(self) -> list[RunResult]:
-        """Every recorded run of these settings and methods, this invocation's and earlier ones',
-        by seed then method."""
+        """Every recorded run of these settings and methods, by seed then method."""
         return sorted((r for r in recorded_runs(self.records, self.signature) if r.method in self.methods),
                       key=lambda r: (r.seed, self.methods.index(r.method)))
 
@@ -114,9 +108,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         plan = [("leaves", base, methods, workdir, records)]
     structures = {}
     for name, b, ms, wd, rec in plan:
-        # the runs keep only the evaluated checkpoints (checkpoint_every = the evaluation
-        # interval: 13 MB a step for the tiny policy); not in the run id or the signature
-        b = {**b, "keep_checkpoints": 1}
+        b = {**b, "keep_checkpoints": 1}  # only the evaluated ones (13 MB a step for the tiny policy)
         sig = signature(b, eval_steps, ev, policy)
         check_signatures(rec, sig)  # records of other settings are not silently mixed in
         start = _start_accuracy(b, policy, wd, sig, ev, rec)
@@ -131,9 +123,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def quick(args: argparse.Namespace, **sizes: int) -> None:
     """``--quick`` (the tests'): two steps, 8 held-out items x 2, a pool of 8, one seed; ``sizes``."""
     if args.quick:
-        for key, value in {"steps": 2, "eval_every": 2, "eval_items": 8, "eval_samples": 2,
-                           "pool_size": 8, "seeds": args.seeds or "1", **sizes}.items():
-            setattr(args, key, value)
+        vars(args).update({"steps": 2, "eval_every": 2, "eval_items": 8, "eval_samples": 2, "pool_size": 8,
+                           "seeds": args.seeds or "1", **sizes})
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -158,16 +149,13 @@ def records_of(args: argparse.Namespace) -> Path:
 def _start_accuracy(base: dict[str, Any], policy: str, workdir: Path, sig: str,
                     ev: dict[str, Any], records: Path) -> float:
     """The starting policy's held-out accuracy for these settings (``signature``), measured once
-    per work dir (``<workdir>/start.json``, so that a later invocation adding seeds or methods
-    does not measure it again) and checked against the runs already recorded in ``records``: the
-    signature names the policy by its bootstrap inputs, and a policy bootstrapped again on another
-    CPU (sampling is deterministic per CPU, not across CPUs) has other weights, so a record that
-    started elsewhere would pair with this machine's runs in name only: refused."""
+    per work dir (``<workdir>/start.json``) and checked against the runs in ``records``: a policy
+    bootstrapped from the same inputs on another CPU has other weights, so its runs would not pair."""
     path = workdir / "start.json"
     if path.exists() and (kept := json.loads(path.read_text())).get("signature") == sig:
         accuracy = float(kept["accuracy"])
     else:
-        accuracy = _eval({**base, "policy": policy, "run_id": eval_run_id(policy)}, policy, **ev)
+        accuracy = _eval({**base, "policy": policy}, policy, **ev)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"signature": sig, "accuracy": accuracy}, indent=1) + "\n")
     elsewhere = sorted({f"{r.accuracy[0]:.6g}" for s, r in read_records(records) if s == sig}
@@ -203,8 +191,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_options(ap: argparse.ArgumentParser) -> None:
-    """The options of the runs themselves, shared with ``bench.peers``: the family and starting
-    policy (``_policy_and_base``), the seeds, the steps and leaves, the evaluation."""
+    """The options of the runs themselves, shared with ``bench.peers``."""
     add_options(
         ap, ("--family", "synth_arith", ""), ("--difficulty", 1, ""),
         ("--mix", "", "item difficulties taken in turn, e.g. 1,2,3 (--difficulty >= the largest); "
@@ -231,13 +218,11 @@ def run_options(ap: argparse.ArgumentParser) -> None:
 
 
 def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict[str, Any], int]:
-    """The starting policy (``--policy``, else the family's bootstrapped tiny policy, cached in
-    ``workdir``), the train config every method shares (as a mapping: the method and seed are
-    added per run) and how many test items the bootstrap used (skipped by the evaluations)."""
+    """The starting policy (``--policy``, else the family's bootstrapped tiny policy), the train
+    config every method shares, and how many test items the bootstrap used (not evaluated on)."""
     from flows.bootstrap import bootstrap
     from tasks.evaluate import bootstrap_items
-    from trace_rl.config import TrainConfig, load_config
-    from trace_rl.config import warmstart_defaults
+    from trace_rl.config import TrainConfig, load_config, warmstart_defaults
     from trace_rl.envs.registry import is_generated, options
 
     mix = [int(d) for d in args.mix.split(",") if d.strip()]
@@ -262,17 +247,16 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
             "eval_items": 0,  # evaluated here, at eval_steps, not by the flow
             "checkpoint_every": args.eval_every}
     skip = bootstrap_items(policy)
-    # A family with its own train-split option (synth_chain's chain_train_items) takes
-    # --train-items there; the other synthetic families as n_train.
-    own_train = next((k for k in options(args.family) if k.endswith("_train_items")), None)
     # A real family's options: those its warm start was built with (HotpotQA's top_k and
     # max_chars: the observations RL shows must be the ones SFT taught it to read), unless --set.
-    base["extra"] = {"n_test": skip + args.eval_items, **({"mix": mix} if mix else {}),
-                     **({"n_train": args.train_items} if args.train_items is not None
-                        and own_train is None else {})} if synthetic else \
-        warmstart_defaults(policy, args.family).get("extra", {})
-    if own_train and args.train_items is not None:
-        base[own_train] = args.train_items
+    base["extra"] = ({"n_test": skip + args.eval_items, **({"mix": mix} if mix else {})} if synthetic
+                     else warmstart_defaults(policy, args.family).get("extra", {}))
+    if args.train_items is not None:  # synth_chain's own chain_train_items, the others' n_train
+        own_train = next((k for k in options(args.family) if k.endswith("_train_items")), None)
+        if own_train:
+            base[own_train] = args.train_items
+        else:
+            base["extra"]["n_train"] = args.train_items
     if args.learning_rate is not None:
         base["learning_rate"] = args.learning_rate
     if overridden is not None:
@@ -280,12 +264,9 @@ def _policy_and_base(args: argparse.Namespace, workdir: Path) -> tuple[str, dict
     return policy, base, skip
 
 
-# ----------------------------------------------------------------------------- the runs
-
 def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[str, int]:
-    """The config fields that give flat ``method`` the reference run's generated tokens per step:
-    its mean over the run, over the reference's mean tokens per bare rollout (every bare rollout
-    is a full rollout from the root, what a flat method's leaf is)."""
+    """The config fields that give flat ``method`` the reference run's mean generated tokens per
+    step, at the reference's mean tokens per bare rollout (what a flat method's leaf is)."""
     steps = reference.extra["steps"]
     per_step = float(np.mean(steps["tokens"]))
     per_leaf = float(np.sum(steps["bare_tokens"]) / max(np.sum(steps["bare"]), 1.0))
@@ -294,10 +275,9 @@ def matched_budget(reference: RunResult, method: str, group_size: int) -> dict[s
 
 
 def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]]) -> list[tuple[str, str, int]]:
-    """(structure, method, seed) in the order runs start: seed by seed, the references of every
-    structure first, then the matched baselines (which wait for them), then the other rows, so
-    that paired seeds of the closing line complete as early as they can, and the ``OPTIONAL`` rows
-    of every seed after all of these."""
+    """(structure, method, seed) in the order runs start, so that paired seeds complete early: seed
+    by seed the references, the matched baselines (which wait for them), the other rows; the
+    ``OPTIONAL`` rows of every seed last."""
     def rank(m: str) -> int:
         return 0 if m == REFERENCE else 1 if m in MATCHED else 3 if m in OPTIONAL else 2
 
@@ -306,8 +286,8 @@ def job_order(seeds: Sequence[int], methods: dict[str, Sequence[str]]) -> list[t
 
 
 def _budget(st: Structure, method: str, seed: int) -> dict[str, int] | None:
-    """The run's budget fields: the leaf budget (none) or, for a matched baseline, its size from
-    the reference of the same seed; None while that reference is not recorded."""
+    """A matched baseline's budget fields, from its seed's reference (None while that is not
+    recorded); no fields for the others."""
     if not st.matched or method not in MATCHED:
         return {}
     ref = load_run(st.records, st.signature, REFERENCE, seed)
@@ -334,11 +314,9 @@ def _job(st: Structure, method: str, seed: int, budget: dict[str, int], policy: 
 
 def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structure], workers: int,
              policy: str, eval_steps: Sequence[int], ev: dict[str, Any]) -> None:
-    """The runs on ``workers`` processes (one: in this process, in the structure's work dir;
-    several: each in ``<workdir>/job-<method>-s<seed>``, since a DuckDB file has one writer
-    process), each started once its budget is known (a matched baseline after its seed's
-    reference); a job already recorded with its structure's settings is not run again. A failed
-    run is reported and the runs waiting on it are left for a later invocation."""
+    """The jobs not yet recorded, on ``workers`` processes (several: each in
+    ``<workdir>/job-<method>-s<seed>``, as a DuckDB file has one writer), each once its budget is
+    known; a failed run is reported, and the runs waiting on it are left for a later invocation."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -380,8 +358,6 @@ def run_jobs(jobs: Sequence[tuple[str, str, int]], structures: dict[str, Structu
     if pending:
         print(f"not run (no recorded reference of their seed): {pending}", file=sys.stderr)
 
-
-# ----------------------------------------------------------------------------- the tokens report
 
 def load_structure(folder: Path) -> dict[int, dict[str, RunResult]]:
     """{seed: {method: run}} of every record in ``folder`` (one setting: else an error)."""

@@ -1,8 +1,7 @@
 """The learning benchmarks' report, shared by the simulator (``bench.learning_sim``) and the tiny LM
-(``bench.learning``): the learning protocol's tables, power statement and closing line over a
-run's log (per-step lists ``tokens``, ``train_tokens``, ``leaves``, ``mixed``, ``active``, maybe
-``cosine``; ``acc0``, ``accuracy`` and, for the LM, ``eval_tokens`` and ``final_of``), and the
-equal-leaf benchmark (``report``); intervals Student t over paired seeds (``trace_core.stats``)."""
+(``bench.learning``): the learning protocol's tables, power statement and closing line over each
+run's log (per-step lists, ``acc0``, ``accuracy``: ``run_log``), and the equal-leaf benchmark
+(``report``); intervals Student t over paired seeds (``trace_core.stats``)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ BASELINES = ("grpo", "dapo", "prompt_only")  # the closing line's best is taken 
 BESIDE = ("trace", "cover_oracle", "oracle_pred")  # rows shown against it before the closing line
 
 
-# ----------------------------------------------------------------------------- the protocol
-
 def run_log(r: RunResult, final_of: int = LAST) -> dict[str, Any]:
     """A recorded run as a log: per-step costs where it kept them, accuracy at its evaluations."""
     steps = r.extra.get("steps", {})
@@ -36,8 +33,7 @@ def final_accuracy(log: dict) -> float:
 
 
 def curve(log: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(cumulative generated tokens, held-out accuracy in points) at the start and after each
-    evaluation: every step's, or those at ``eval_tokens`` where the log has them."""
+    """(cumulative generated tokens, accuracy in points) at the start and after each evaluation."""
     spent = log["eval_tokens"] if "eval_tokens" in log else np.cumsum(log["tokens"])
     if len(spent) != len(log["accuracy"]):
         raise ValueError(f"{len(log['accuracy'])} accuracies against {len(spent)} token totals")
@@ -56,9 +52,8 @@ def tokens_to_reach(log: dict, target: float) -> float:
 
 
 def reach_ratio(logs: list[dict], grpo: list[dict]) -> tuple[float, float, float, int]:
-    """(median ratio, 95% low, high, seeds that never reach): per seed, the generated tokens a
-    method needs to reach GRPO's final accuracy over the tokens GRPO needs (its first crossing);
-    ``trace_core.stats.median_ratio`` over seeds."""
+    """(median ratio, 95% low, high, seeds that never reach) over seeds of the generated tokens a
+    method needs to reach GRPO's final accuracy over the tokens GRPO needs (its first crossing)."""
     targets = [final_accuracy(g) for g in grpo]
     need = [tokens_to_reach(lg, t) for lg, t in zip(logs, targets)]
     base = [tokens_to_reach(g, t) for g, t in zip(grpo, targets)]
@@ -112,12 +107,9 @@ def print_rows(table: list[dict]) -> None:
 
 def structure_rows(name: str, logs: list[dict], names: list[str], reference: str,
                    optional: Sequence[str] = ()) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """One structure's table (``rows_of``), printed under its start accuracy, GRPO's effective
-    ratio over its first ``START`` steps and each method's generated tokens per step over the
-    ``reference``'s; then each ``optional`` method's row over the seeds whose log holds it (a
-    Monte-Carlo oracle's: ``bench.learning.OPTIONAL``), with its ``seeds``, its oracle's generated
-    tokens per step (``oracle_tokens``) and, over two or more seeds, ``vs``: its paired
-    difference on those seeds from the best baseline and from the ``reference``."""
+    """One structure's table (``rows_of``), printed; then each ``optional`` method's row over the
+    seeds whose log holds it, with its ``seeds``, ``oracle_tokens`` per step and, over two or more
+    seeds, ``vs``: its paired difference from the best baseline and from the ``reference``."""
     table, finals = rows_of(logs, names)
     by = {r["method"]: r for r in table}
     print(f"\n{name}: {len(logs)} seed(s); start accuracy {100 * logs[0]['grpo']['acc0']:.1f}; "
@@ -167,8 +159,7 @@ def describe(iv: Interval) -> str:
 
 def conclude(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None, contender: str) -> dict:
     """Print the power statement (the paired difference's SD against the best baseline and the
-    effect detectable at 80% power), the ``BESIDE`` rows it holds against the same baseline, and
-    the closing line; the figures as a dict."""
+    effect detectable at 80% power), the ``BESIDE`` rows against it and the closing line."""
     line, iv, civ = closing(main, control, contender)
     base = best_baseline(main)
     n = len(main[contender])
@@ -185,20 +176,16 @@ def conclude(main: dict[str, np.ndarray], control: dict[str, np.ndarray] | None,
     return {"gain": iv, "control": civ, "line": line, "sd": sd, "best": base}
 
 
-# ----------------------------------------------------------------------------- equal leaves
-
 def token_budget(results: Sequence[RunResult]) -> float:
-    """The generated-token budget every run reached: the smallest total any run spent (nan when
-    no run recorded its tokens per evaluation)."""
+    """The smallest generated-token total any run spent (nan where none recorded it)."""
     totals = [r.eval_tokens[-1] for r in results if r.eval_tokens]
     return float(min(totals)) if totals else float("nan")
 
 
 def accuracy_at(r: RunResult, x: float, axis: str = "eval_tokens") -> float:
-    """Held-out accuracy of run ``r`` at ``x`` on an axis of its evaluations: ``eval_tokens``
-    (the generated tokens spent before each) or ``eval_wall_s`` (training seconds, kept in its
-    ``extra`` by ``bench.peers``), linear in between (the start at 0). nan beyond the run's last
-    evaluation (no extrapolation) or where the run did not record that axis."""
+    """Held-out accuracy of run ``r`` at ``x`` on an axis of its evaluations, ``eval_tokens`` or
+    ``extra["eval_wall_s"]`` (``bench.peers``), linear in between; nan beyond the last evaluation
+    or where the run did not record that axis."""
     at = r.eval_tokens if axis == "eval_tokens" else r.extra.get(axis, [])
     if not at:
         return float("nan")
@@ -213,10 +200,8 @@ def accuracy_at(r: RunResult, x: float, axis: str = "eval_tokens") -> float:
 def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at_tokens"
                  ) -> dict[str, dict[str, Any]]:
     """``method`` minus each other method in points, paired by seed, on ``key`` (``at_tokens``:
-    held-out accuracy at equal generated tokens, ``token_budget``, the primary comparison;
-    ``final``: at equal leaves): the seeds both ran, the finite differences (``diffs``), ``gain``
-    (their mean and 95% t interval, ``paired_gain``; the interval nan below two) and the effect
-    ``detectable`` at 80% power."""
+    accuracy at the ``token_budget``; ``final``: at equal leaves): the ``seeds`` both ran, the
+    finite ``diffs``, their ``gain`` (``paired_gain``; nan below two) and the effect ``detectable``."""
     budget = token_budget(results)
     value = {(r.method, r.seed): 100 * (accuracy_at(r, budget) if key == "at_tokens" else r.accuracy[-1])
              for r in results}
@@ -235,9 +220,8 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
 
 
 def report(results: list[RunResult], start: float) -> dict[str, Any]:
-    """The equal-leaf benchmark (``bench.learning --protocol leaves``): per method over seeds the
-    final held-out accuracy and that at equal generated tokens, TRACE minus each method paired by
-    seed at both, and the last line ``TRACE vs best baseline: ...``."""
+    """The equal-leaf benchmark: per method over seeds the final held-out accuracy and that at equal
+    generated tokens, TRACE minus each method paired by seed at both, and the closing line."""
     budget = token_budget(results)
     table: dict[str, dict[str, Any]] = {}
     for m in dict.fromkeys(r.method for r in results):

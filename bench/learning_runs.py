@@ -1,6 +1,5 @@
-"""The learning benchmark's runs: one (method, seed) run of the train flow from the shared
-starting policy, its held-out evaluations, and its record under ``<workdir>/runs/`` (kept per
-settings, so seeds accumulate across invocations; ``bench.learning``)."""
+"""The learning benchmark's runs: one (method, seed) run of the train flow from the shared starting
+policy, its held-out evaluations, and its record under ``<workdir>/runs/`` (kept per settings)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cover_oracle": {"allocator": "trace_cover", "root_oracle": True},
     "trace_cover_oracle": {"allocator": "trace_cover", "oracle_rollouts": 8},
 }
-"""Methods beyond the allocators, as ``TrainConfig`` overrides (``trace_cover_oracle``'s
-Monte-Carlo oracle tokens: the record's ``steps["oracle_tokens"]``)."""
+"""Methods beyond the allocators, as ``TrainConfig`` overrides."""
 
 
 @dataclass
@@ -39,23 +37,20 @@ class RunResult:
     eval_tokens: list[float] = field(default_factory=list)  # generated tokens spent before each evaluation
 
 
-def eval_run_id(policy: str) -> str:
-    """The run id of the evaluations of runs that start from ``policy``: one evaluation engine
-    per starting policy in a process (``tasks.runtime.engine_for`` keys engines by run id and
-    only reloads weights, which must fit the engine's model and tokenizer)."""
-    import hashlib
-
-    return "learn-eval-" + hashlib.sha256(str(Path(policy).resolve()).encode()).hexdigest()[:8]
-
-
 def _eval(cfg_dict: dict[str, Any], policy_dir: str, eval_items: int, eval_skip: int,
           eval_samples: int, eval_temperature: float) -> float:
     """Mean reward of ``eval_samples`` rollouts per item on test items past the ``eval_skip`` the
-    bootstrap chose its epoch on (accuracy on those is biased upward: 27% there against 16%)."""
+    bootstrap chose its epoch on (accuracy on those is biased upward: 27% there against 16%). The
+    evaluations of runs from one starting policy (``cfg_dict["policy"]``) share a run id, hence one
+    engine that only reloads weights (``tasks.runtime.engine_for`` keys engines by run id)."""
+    import hashlib
+
     from flows.evaluate import evaluate_rollouts
     from trace_rl.config import config_from_mapping
 
-    cfg = config_from_mapping(cfg_dict, "bench.learning")
+    start = str(Path(cfg_dict["policy"]).resolve()).encode()
+    run_id = "learn-eval-" + hashlib.sha256(start).hexdigest()[:8]
+    cfg = config_from_mapping({**cfg_dict, "run_id": run_id}, "bench.learning")
     out = evaluate_rollouts.fn(cfg, policy_dir, cfg.eval_split, eval_items, eval_samples,
                                eval_temperature, skip=eval_skip)
     return out["accuracy"]
@@ -64,8 +59,7 @@ def _eval(cfg_dict: dict[str, Any], policy_dir: str, eval_items: int, eval_skip:
 def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
             eval_steps: Sequence[int], start_accuracy: float, **ev: Any) -> RunResult:
     """One (method, seed) run of the train flow in ``workdir``, its checkpoints at ``eval_steps``
-    evaluated on the test split, so that the record is whole once the run ends and its work dir
-    (the checkpoints) can go."""
+    evaluated on the test split: the record is whole once the run ends."""
     from flows.train import train
     from tasks.runtime import Paths
     from trace_rl.config import config_from_mapping
@@ -82,9 +76,8 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
                         "ORDER BY step", {"r": run_id}).to_pylist()
     metrics = [json.loads(s["metrics_json"]) for s in steps]
     acc = [start_accuracy]
-    eval_cfg = {**config, "run_id": eval_run_id(policy)}  # one evaluation engine, weights reloaded
     for s in eval_steps:
-        acc.append(_eval(eval_cfg, str(Paths(workdir).policy_dir(run_id, s)), **ev))
+        acc.append(_eval(config, str(Paths(workdir).policy_dir(run_id, s)), **ev))
     return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
                      effective_ratio=[m["tree/effective_ratio"] for m in metrics],
                      leaves=[m["rollout/leaves"] for m in metrics],
@@ -98,11 +91,9 @@ def run_one(method: str, seed: int, base: dict[str, Any], policy: str, workdir: 
 
 
 def step_costs(store: Any, run_id: str, metrics: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per step (step order), what the protocol's tables show: generated tokens, training tokens
-    (generated tokens summed over every root-to-leaf path, a shared prefix once per path through
-    it: what the update forwards and backwards), the bare rollouts (level 0) and their generated
-    tokens, the active prompts (trees) with the mixed ones among them and, with a Monte-Carlo
-    oracle (``oracle_rollouts``), its generated tokens, outside the others."""
+    """Per step, what the protocol's tables show: generated tokens, training tokens (summed over
+    every root-to-leaf path: what the update forwards), the bare rollouts (level 0) and their
+    tokens, the active and mixed prompts and a Monte-Carlo oracle's own generated tokens."""
     rows = {r["step"]: r for r in store.query(
         "SELECT step, sum(gen_tokens * coalesce(n_leaves, 0)) AS train_tokens, "
         "coalesce(sum(gen_tokens) FILTER (WHERE level = 0), 0) AS bare_tokens, "
@@ -122,13 +113,12 @@ def step_costs(store: Any, run_id: str, metrics: Sequence[dict[str, Any]]) -> di
 
 PREDICTOR_KEYS = ("root_auc", "prefix_auc", "root_brier", "prefix_brier", "flip_predicted",
                   "flip_realised")
-"""Per-step predictor statistics kept in a run record (``tasks.track.prediction_metrics``, under
-``predictor/``); nan where the step had no such score."""
+"""Per-step predictor statistics kept in a run record (``tasks.track.prediction_metrics``)."""
 UPDATE_KEYS = ("rollout/reward_mean", "loss/pg_loss", "loss/grad_norm", "loss/approx_kl",
                "loss/approx_kl_max", "loss/ratio_max", "loss/entropy_proxy", "loss/kl_stopped",
                "loss/kl_after_step_max", "time/step_s", "time/rollout_s")
-"""Per-step statistics of the rollouts and the update kept in a run record (``extra["per_step"]``),
-readable after its store is gone; the steps' seconds also cover steps of an earlier process."""
+"""Per-step statistics of the rollouts and the update kept in a run record (``extra["per_step"]``);
+the steps' seconds also cover steps of an earlier process."""
 
 
 def curves(metrics: Sequence[dict[str, Any]], keys: Sequence[str],
@@ -217,11 +207,10 @@ def recorded_runs(workdir: Path, signature: str | None = None) -> list[RunResult
 
 
 def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any], policy: str) -> str:
-    """What makes two runs of one method and seed the same run: the train config (every field
-    but the method and seed), the evaluation settings, the starting policy's record and the
-    trainer's torch threads (``$TRACE_TORCH_THREADS``, named only when not the default 1, so the
-    records made at 1 keep their signatures): another thread count sums the update in another
-    order, so its runs do not pair with those. The config's ``NEVER_HASHED`` fields are left out."""
+    """What makes two runs of one method and seed the same run: the train config but its
+    ``NEVER_HASHED`` fields (where a run executes, what it keeps), the evaluation settings, the
+    starting policy's record and ``$TRACE_TORCH_THREADS`` where not 1 (another count sums the
+    update in another order; the records made at 1 keep their signatures)."""
     import hashlib
 
     from trace_rl.config import NEVER_HASHED
@@ -229,8 +218,6 @@ def signature(base: dict[str, Any], eval_steps: Sequence[int], ev: dict[str, Any
 
     record = Path(policy) / "bootstrap.json"
     policy_id = json.loads(record.read_text()).get("input_hash", "") if record.exists() else policy
-    # where a run executes and what it keeps (--set cluster=..., keep_checkpoints=...) are not
-    # what it computes, as in the run id
     base = {k: v for k, v in base.items() if k not in NEVER_HASHED}
     parts: dict[str, Any] = {"base": base, "eval_steps": list(eval_steps), "ev": ev,
                              "policy": policy_id}

@@ -2,10 +2,8 @@
 model of the multi-hop chain family (``trace_rl.sim``), trained with the project's allocators,
 trees, backup, advantages, calibration and posterior at ``TrainConfig``'s defaults; a seed takes
 seconds where the tiny LM takes an hour. The protocol, the regimes and the report:
-docs/results.md, "Learning simulator" (``--protocol leaves``: equal leaves for everyone; every
-seed also runs the negative control ``arith``). Records: one JSON per (structure, method, seed)
-under ``--records`` (default ``results/learning_sim/<regime>-<protocol>``); seeds already there
-are skipped and reported on.
+docs/results.md, "Learning simulator" (every seed also runs the negative control ``arith``).
+Records: one JSON per (structure, method, seed); seeds already there are skipped.
 
     python -m bench.learning_sim --regime paper --seeds 0-39     # the chain family and the control
     python -m bench.learning_sim --regime default --seeds 0-39
@@ -27,17 +25,11 @@ from trace_rl.config import TrainConfig
 from trace_rl.sim.model import ChainParams
 from trace_rl.sim.run import LOG_KEYS, PLUS, REFERENCE, SimSettings, methods, run_seed
 
-REGIMES = {
-    "default": {"hops": ChainParams.hops, "hazard_a": ChainParams.hazard_a,
-                "hazard_b": ChainParams.hazard_b},
-    "paper": {"hops": "1:0.2,6:0.4,8:0.4", "hazard_a": 1.0, "hazard_b": 1.0},
-}
-"""The chain family's generator per regime (module docstring)."""
+REGIMES = {"default": {}, "paper": {"hops": "1:0.2,6:0.4,8:0.4", "hazard_a": 1.0, "hazard_b": 1.0}}
+"""The chain family's generator per regime, over ``ChainParams``' defaults."""
 DEFAULT_ROWS = (REFERENCE, "grpo", "dapo", "prompt_only", "trace", "oracle_pred", "cover_oracle")
 """The rows run unless ``--methods`` adds more."""
 RESULTS = RECORDS / "learning_sim"
-
-# ----------------------------------------------------------------------------- records
 
 
 def write_records(root: Path, structure: str, seed: int, out: dict, meta: dict) -> None:
@@ -53,8 +45,7 @@ def write_records(root: Path, structure: str, seed: int, out: dict, meta: dict) 
 def load_records(root: Path, structure: str, names: Sequence[str], meta: dict | None = None
                  ) -> dict[int, dict]:
     """{seed: {method: log}} for every seed whose records hold all ``names``; a record written
-    under other settings than ``meta`` (None: the first record's) is an error (use another
-    --records folder)."""
+    under other settings than ``meta`` (None: the first record's) is an error."""
     seeds: dict[int, dict] = {}
     for name in names:
         for path in sorted((root / structure / name).glob("seed*.json")):
@@ -67,20 +58,14 @@ def load_records(root: Path, structure: str, names: Sequence[str], meta: dict | 
     return {s: logs for s, logs in sorted(seeds.items()) if set(logs) >= set(names)}
 
 
-# ----------------------------------------------------------------------------- main
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
-    regime = REGIMES[args.regime]
-    params = ChainParams(args.hops or regime["hops"],
-                         regime["hazard_a"] if args.hazard_a is None else args.hazard_a,
-                         regime["hazard_b"] if args.hazard_b is None else args.hazard_b,
-                         args.alias_share, args.cue_rate, "chain")
+    given = {"hops": args.hops or None, "hazard_a": args.hazard_a, "hazard_b": args.hazard_b}
+    params = ChainParams(**{**REGIMES[args.regime], **{k: v for k, v in given.items() if v is not None}},
+                         alias_share=args.alias_share, cue_rate=args.cue_rate)
     control = ChainParams(structure="arith")
-    settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items,
-                           args.learning_rate, args.strength,
-                           TrainConfig(root_budget=args.root_budget))
+    settings = SimSettings(args.steps, args.pool_size, args.train_items, args.eval_items, args.learning_rate,
+                           args.strength, TrainConfig(root_budget=args.root_budget))
     all_rows = methods([p for p in args.plus.split(",") if p])
     keep = set(DEFAULT_ROWS) | {m for m in args.methods.split(",") if m}
     unknown = keep - {m.name for m in all_rows}
@@ -91,14 +76,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     root = Path(args.records) if args.records else RESULTS / f"{args.regime}-{args.protocol}"
     meta = {"params": asdict(params), "steps": settings.steps, "pool": settings.pool_size,
             "train_items": settings.train_items, "eval_items": settings.eval_items,
-            "lr": settings.learning_rate, "root_budget": args.root_budget,
-            "protocol": args.protocol}
+            "lr": settings.learning_rate, "root_budget": args.root_budget, "protocol": args.protocol}
     structures = {"chain": (params, meta), "control": (control, {**meta, "params": asdict(control)})}
     start = time.time()
     for seed in parse_seeds(args.seeds, count=False):
         for structure, (p, m) in structures.items():
-            done = load_records(root, structure, names, m)
-            if seed in done:
+            if seed in load_records(root, structure, names, m):
                 continue
             t0 = time.time()
             out = run_seed(seed, rows, p, settings, args.protocol)
@@ -118,9 +101,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def report(root: Path, names: Sequence[str], metas: dict[str, dict | None] | None = None) -> dict:
-    """Both structures' tables over their complete seeds under ``root`` (records of ``metas``'
-    settings; None: of the one setting each holds), the power statement and the closing line;
-    the figures as a dict (``bench.tables`` reads them)."""
+    """Both structures' tables over their complete seeds under ``root`` (of ``metas``' settings;
+    None: of the one each holds), the power statement and the closing line (``conclude``)."""
     finals: dict[str, dict] = {}
     tables: dict[str, list] = {}
     for structure, meta in (metas or {"chain": None, "control": None}).items():
@@ -141,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--regime", choices=sorted(REGIMES), default="default",
                     help="the chain family's generator: default, or paper (GRPO mixes ~1/3 of its groups)")
     ap.add_argument("--protocol", choices=("tokens", "leaves"), default="tokens",
-                    help="tokens: baselines matched to trace_cover's generated tokens per step")
+                    help="tokens: baselines matched to trace_cover's generated tokens per step; "
+                         "leaves: equal leaves for everyone")
     regime = "(default: the regime's)"
     add_options(
         ap, ("--records", "", "records folder (default results/learning_sim/<regime>-<protocol>)"),
@@ -153,8 +136,7 @@ def _parser() -> argparse.ArgumentParser:
         ("--pool-size", TrainConfig().pool_size, "candidate prompts per step"),
         ("--train-items", SimSettings.train_items, "train pool (recurs every train_items / pool_size steps)"),
         ("--eval-items", SimSettings.eval_items, "held-out test items"), ("--steps", SimSettings.steps, ""),
-        ("--root-budget", TrainConfig().root_budget,
-         "M: bare rollouts per step (the leaf budget is M (1 + N))"),
+        ("--root-budget", TrainConfig().root_budget, "M: bare rollouts per step (leaves: M (1 + N))"),
         ("--seeds", "0-19", "paired seeds, e.g. 0-19"),
         ("--learning-rate", SimSettings.learning_rate, "Adam step size on the logits"),
         ("--strength", SimSettings.strength, "posterior prior weight k (pseudo-rollouts)"),

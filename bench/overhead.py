@@ -1,23 +1,19 @@
-"""Where a training step's wall time goes: ``python -m bench.overhead`` (a profile of the step,
-docs/results.md, "The overhead of a step, and the optimiser against the machine").
+"""Where a training step's wall time goes (docs/results.md, "The overhead of a step, and the
+optimiser against the machine").
 
 Runs the real ``train`` flow (Prefect, DuckDB, MLflow, the tiny policy bootstrapped as ``trace
 train`` does) in a new work dir and ``PREFECT_HOME``, then reads the timers the run recorded: the
-step's wall (``steps``: ``started_at`` -> ``finished_at``), generation (``ledger.wall_seconds``),
-the optimiser (the ``loss/seconds`` metric) and each phase (Prefect's task-run records). The
-overhead is what is neither generation nor the optimiser (orchestration, caching, DuckDB, MLflow,
-the predictor, bookkeeping), as a share of the step's wall, with the phases it is spent in. The
-rollout engine's start (once per process) is timed on its own, not counted as overhead. Cases:
-``default`` (``trace train``'s defaults, evaluation off, ``--steps`` steps; the share is over the
-steps after step 0, which also warms caches) and ``4096`` (one step of 4,096 leaves).
+step's wall (``steps``), generation (``ledger.wall_seconds``), the optimiser (``loss/seconds``) and
+each phase (Prefect's task runs). The overhead is the wall less generation and the optimiser, as a
+share of the wall; the engine's start (once per process) is reported on its own. Cases:
+``default`` (``trace train``'s defaults, evaluation off; the share is over the steps after step 0,
+which also warms caches) and ``4096`` (one step of 4,096 leaves).
 
     python -m bench.overhead --out bench_runs/overhead.json            # both cases
     python -m bench.overhead --case default --steps 4
     python -m bench.overhead --case default --ref main   # the same case on main's code first
 
-``--ref REV`` runs each case first on git revision REV (a temporary worktree, its own process and
-Prefect home), then on this checkout, and puts the two overhead shares side by side. ``--keep
-DIR`` keeps the work dirs (``studies.optimiser`` replays a kept run's last policy update).
+``--keep DIR`` keeps the work dirs (``studies.optimiser`` replays a kept run's last policy update).
 """
 
 from __future__ import annotations
@@ -32,6 +28,8 @@ from collections import defaultdict
 from datetime import timezone
 from pathlib import Path
 from typing import Any
+
+from bench import add_options
 
 CASES: dict[str, dict[str, Any]] = {
     "default": {},
@@ -88,56 +86,42 @@ def measure(workdir: Path, run_id: str) -> list[dict[str, Any]]:
                 phases[_phase(t.name)] += (t.end_time - t.start_time).total_seconds()
         metrics = json.loads(s["metrics_json"])
         wall = (end - start).total_seconds()
-        out.append({"step": s["step"], "wall_s": wall, "generation_s": float(gen.get(s["step"], 0)),
-                    "optimiser_s": float(metrics["loss/seconds"]),
-                    "leaves": int(metrics["rollout/leaves"]),
-                    "tasks_s": sum(phases.values()), "phases_s": dict(phases)})
-    for r in out:
-        r["overhead_s"] = r["wall_s"] - r["generation_s"] - r["optimiser_s"]
-        r["overhead_share"] = r["overhead_s"] / r["wall_s"]
+        gen_s, opt_s = float(gen.get(s["step"], 0)), float(metrics["loss/seconds"])
+        out.append({"step": s["step"], "wall_s": wall, "generation_s": gen_s, "optimiser_s": opt_s,
+                    "leaves": int(metrics["rollout/leaves"]), "tasks_s": sum(phases.values()),
+                    "phases_s": dict(phases), "overhead_s": wall - gen_s - opt_s,
+                    "overhead_share": (wall - gen_s - opt_s) / wall})
     return out
 
 
-ENGINE_STARTS: list[float] = []
-"""Seconds each rollout engine of this process took to start (``_timed_engines``)."""
-
-
-def _timed_engines() -> None:
-    """Time every rollout engine start (vLLM's takes minutes here): once per process, not a cost
-    of a step, so it is reported on its own and not counted as step overhead."""
+def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
+    """One real train run of the case in ``root``; its per-step figures. Every rollout engine's
+    start (vLLM's takes minutes here) is timed: once per process, not a cost of a step."""
     import trace_rl.engines as engines
+    from flows.train import train
+    from trace_rl.config import TrainConfig
 
-    make = engines.make_engine
-    if getattr(make, "timed", False):
-        return
+    make, starts = engines.make_engine, []
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return make(*args, **kwargs)
         finally:
-            ENGINE_STARTS.append(time.perf_counter() - t0)
-
-    timed.timed = True  # type: ignore[attr-defined]
-    engines.make_engine = timed
-
-
-def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
-    """One real train run of the case in ``root``; its per-step figures."""
-    from flows.train import train
-    from trace_rl.config import TrainConfig
-
-    _timed_engines()
-    ENGINE_STARTS.clear()
+            starts.append(time.perf_counter() - t0)
 
     overrides = {"steps": steps, **CASES[name], "eval_items": 0, "run_name": f"overhead-{name}"}
     cfg = TrainConfig(**overrides)
     workdir = root / name
     t0 = time.perf_counter()
-    summary = train(config=cfg, workdir=str(workdir))
+    engines.make_engine = timed
+    try:
+        summary = train(config=cfg, workdir=str(workdir))
+    finally:
+        engines.make_engine = make
     total = time.perf_counter() - t0
     rows = measure(workdir, summary["run_id"])
-    rows[0]["engine_start_s"] = sum(ENGINE_STARTS)  # started by step 0's first rollout
+    rows[0]["engine_start_s"] = sum(starts)  # started by step 0's first rollout
     rows[0]["overhead_s"] -= rows[0]["engine_start_s"]
     rows[0]["overhead_share"] = rows[0]["overhead_s"] / rows[0]["wall_s"]
     later = rows[1:] or rows  # step 0 also starts the engine (not counted) and warms caches
@@ -149,8 +133,7 @@ def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     """The case as text: per step, then the overhead's phases of the last step."""
     lines = [f"case {result['case']} ({json.dumps(result['overrides'], sort_keys=True)}), "
-             f"run {result['run_s']:.1f} s" + (f", code {result['code']}" if "code" in result
-                                                else "")]
+             f"run {result['run_s']:.1f} s, code {result['code']}"]
     lines.append("  step  leaves   wall s  engine start s  generation s  optimiser s  overhead s"
                  "  share")
     for r in result["steps"]:
@@ -170,9 +153,8 @@ def report(result: dict[str, Any]) -> str:
 
 
 def run_ref(ref: str, name: str, steps: int, root: Path) -> dict[str, Any]:
-    """``run_case`` on the code of git revision ``ref``: a worktree of it under ``root``, its own
-    ``python -m bench.overhead`` process (studies/ in the few revisions where it lived there; a new
-    Prefect home); its figures, with the commit."""
+    """``run_case`` on the code of git revision ``ref``, in a worktree of it under ``root`` and a
+    process of its own (a new Prefect home); its figures, with the commit."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
@@ -196,15 +178,13 @@ def run_ref(ref: str, name: str, steps: int, root: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", choices=sorted(CASES), action="append",
                    help="case to run (repeatable; default: all)")
-    p.add_argument("--steps", type=int, default=3, help="steps of the default case")
-    p.add_argument("--out", type=Path, help="also write the figures here as JSON")
-    p.add_argument("--keep", type=Path, help="keep the work dirs under this folder (default: a "
-                                             "temporary one, removed at the end)")
-    p.add_argument("--ref", help="also run each case on the code of this git revision, first "
-                                 "(before/after in one invocation)")
+    add_options(p, ("--steps", 3, "steps of the default case"),
+                ("--out", Path, "also write the figures here as JSON"),
+                ("--keep", Path, "keep the work dirs under this folder (default: a temporary one)"),
+                ("--ref", str, "first run each case on the code of this git revision (before/after)"))
     args = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
@@ -228,9 +208,6 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     # A new Prefect home (its own database) per invocation, set before Prefect is imported.
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="trace-overhead-prefect-"))
-    from trace_rl import environ
-
-    environ.apply()
     from trace_rl.engines import entry_point
 
     sys.exit(entry_point(main))  # its engines stop with it (trace_rl.engines.lifecycle)

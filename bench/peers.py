@@ -1,8 +1,7 @@
 """This project against TRL's ``GRPOTrainer`` (docs/results.md, "Against TRL": the shared
 settings and what is reported): ``trl_grpo`` (TRL at its defaults, on the multi-turn task through
 its ``rollout_func``: ``trace_rl.integrations.trl``), ``grpo`` (the train flow with ``allocator=grpo``) and
-``trace`` (the default allocator), from the same bootstrapped tiny policy and held-out items. Each
-(method, seed) result is one JSON under ``--results`` (default ``results/peers/runs/``).
+``trace`` (the default allocator), from the same bootstrapped tiny policy and held-out items.
 
     python -m bench.peers                  # 3 seeds (about 40 min on 2 loaded cores)
     python -m bench.peers --quick          # one seed, two steps (the test)
@@ -24,20 +23,9 @@ from bench import RECORDS, add_options, markdown
 from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, run_jobs, run_options
 from bench.learning_report import (accuracy_at, final_accuracy, paired_tests, reach_ratio, run_log,
                                    token_budget, tokens_to_reach)
-from bench.learning_runs import (RunResult, _eval, check_signatures, eval_plan, eval_run_id, parse_seeds,
-                                 run_one, signature)
+from bench.learning_runs import RunResult, _eval, check_signatures, eval_plan, parse_seeds, run_one, signature
 
 METHODS = ("trl_grpo", "grpo", "trace")
-INSTALL = "pip install -e .[peers] -c requirements/cpu-constraints.txt"
-
-
-def require_trl() -> str:
-    """TRL's version; exits with one line naming the install command when it is missing."""
-    try:
-        import trl
-    except ImportError:
-        raise SystemExit(f"bench.peers needs TRL (not installed): {INSTALL}") from None
-    return trl.__version__
 
 
 def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_steps: Sequence[int],
@@ -55,7 +43,6 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
     config = {**base, "allocator": "grpo", "seed": seed, "policy": policy,
               "run_name": f"peers-{method}-s{seed}"}
     cfg = config_from_mapping(config, "bench.peers")
-    runtime.configure_threads()
     out_dir = workdir / f"{method}-s{seed}"
     t0 = time.perf_counter()
     rollouts = Rollouts(cfg, policy, runtime.env_for(cfg), runtime.items_for(cfg, cfg.train_split, policy),
@@ -88,8 +75,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
     if len(at_step) != cfg.steps:
         raise RuntimeError(f"TRL ran {len(at_step)} RL steps, expected {cfg.steps}")
     history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
-    eval_cfg = {**config, "run_id": eval_run_id(policy)}
-    acc = [start_accuracy] + [_eval(eval_cfg, saved[s], **ev) for s in eval_steps]
+    acc = [start_accuracy] + [_eval(config, saved[s], **ev) for s in eval_steps]
     steps_t = np.diff([0.0] + [a["t"] for a in at_step])
     return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
                      effective_ratio=[], leaves=[float(batch)] * cfg.steps,
@@ -103,28 +89,23 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                      eval_tokens=[0.0, *(at_step[s]["tokens"] for s in eval_steps)])
 
 
-# ----------------------------------------------------------------------------- this project's runs
-
 def run_peer(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,
              eval_steps: Sequence[int], **ev: Any) -> RunResult:
-    """One run of ``method`` (``bench.learning.Structure.runner``): ``run_trl``, else
-    ``bench.learning_runs.run_one`` with the wall time at each evaluation added (the flow's
-    set-up, i.e. the train call's wall less its steps' seconds, counted before the first step)."""
+    """``run_trl``, else ``bench.learning_runs.run_one`` with the wall time at each evaluation (the
+    flow's set-up, its wall less its steps' seconds, counted before the first step)."""
     if method == "trl_grpo":
         return run_trl(seed, base, policy, workdir, eval_steps, **ev)
     r = run_one(method, seed, base, policy, workdir, eval_steps, **ev)
     step_s = [float(x) for x in r.extra["per_step"]["time/step_s"]]
     setup = max(0.0, r.wall_s - float(np.nansum(step_s)))
     cum = setup + np.cumsum(np.nan_to_num(step_s))
-    return RunResult(**{**r.__dict__, "extra": {**r.extra, "step_s": step_s,
-                                                "eval_wall_s": [0.0, *(float(cum[s])
-                                                                       for s in eval_steps)]}})
+    r.extra.update(step_s=step_s, eval_wall_s=[0.0, *(float(cum[s]) for s in eval_steps)])
+    return r
 
 
 def _warm_prefect() -> float:
-    """Start this process's Prefect harness (its temporary API server) with a no-op flow before
-    any timed run, so that the one-time start is not charged to whichever of this project's runs
-    comes first; returns its seconds (printed, not counted)."""
+    """Start this process's Prefect server with a no-op flow, so that the one-time start is not
+    charged to the first timed run; its seconds."""
     from prefect import flow
 
     @flow(name="peers-warm-up")
@@ -135,8 +116,6 @@ def _warm_prefect() -> float:
     warm_up()
     return time.perf_counter() - t0
 
-
-# ----------------------------------------------------------------------------- report
 
 def summarise(results: list[RunResult], steps: int) -> dict[str, dict[str, Any]]:
     budget = token_budget(results)
@@ -208,8 +187,7 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
         q = out[f"parity_{other}"] = parity(results, other, "trl_grpo")
         print(f"{other} minus trl_grpo at equal tokens: {q['gain'].mean:+.1f} points "
               f"(95% CI {q['gain'].low:+.1f}, {q['gain'].high:+.1f}; seeds {q['seeds']})")
-        # the tokens to TRL's final accuracy (its last evaluation) over TRL's own first crossing
-        # of it (its curve need not rise monotonically), per seed: reach_ratio's
+        # per seed, the tokens to TRL's final accuracy over TRL's own first crossing of it
         runs = [r for r in results if r.method == other and r.seed in ref]
         mine, trl = [run_log(r, final_of=1) for r in runs], [run_log(ref[r.seed], final_of=1) for r in runs]
         out[f"tokens_to_trl_final_{other}"] = [tokens_to_reach(lg, final_accuracy(t))
@@ -225,23 +203,22 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
     return {**out, **figures}
 
 
-# ----------------------------------------------------------------------------- main
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     run_options(ap)  # bench.learning's: the family, policy, seeds, steps, leaves, evaluation
-    ap.set_defaults(steps=10, eval_items=100, eval_samples=2, multiplier=1,
-                    workdir="bench_runs/peers")
+    ap.set_defaults(steps=10, eval_items=100, eval_samples=2, multiplier=1, workdir="bench_runs/peers")
     add_options(ap, ("--methods", ",".join(METHODS), "of trl_grpo, grpo, trace"),
-                ("--group-size", 4,
-                 "rollouts per prompt; grpo and TRL: M (1 + N) / group-size prompts a step"),
-                ("--results", "",
-                 "records folder (default results/peers; with --quick <workdir>/records)"))
+                ("--group-size", 4, "rollouts per prompt (grpo, TRL: M (1 + N) / group-size prompts a step)"),
+                ("--results", "", "records folder (default results/peers; with --quick <workdir>/records)"))
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    version = require_trl()
+    try:
+        from trl import __version__ as version
+    except ImportError:
+        raise SystemExit("bench.peers needs TRL (not installed): pip install -e .[peers] "
+                         "-c requirements/cpu-constraints.txt") from None
     args = _parser().parse_args(argv)
     quick(args, root_budget=8, multiplier=1)
     workdir = Path(args.workdir)

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# 20 RL steps on a real family's warm start, TRACE and GRPO, paired seeds.
+# 20 RL steps on a real family's warm start, TRACE and GRPO, paired seeds; records in
+# results/rl_<family>/runs/ (results/README.md).
 #   SEEDS=0-2 bash bench/rl_real.sh hotpotqa     # or bfcl; METHODS=trace,grpo by default
-# Self-contained: builds the warm start where the committed records expect it (the benchmark's
-# run signature names the starting policy by its path); the records are results/rl_<family>/runs/
-# (finished (method, seed) runs are skipped, a new one is written there as it ends, and the report
-# pairs every seed).
-# Work dir: $RL_DIR, default /work/exp25b for bfcl (where its records were made), else
-# /work/rl_<family>.
+# Builds the warm start where the records expect it (their signature names the policy by its path):
+# under $RL_DIR, default /work/exp25b for bfcl (where its records were made), else /work/rl_<family>.
 set -euo pipefail
 family=${1:?usage: SEEDS=0-2 bash bench/rl_real.sh hotpotqa|bfcl}
 export MLFLOW_DISABLE_TELEMETRY=true PREFECT_SERVER_ANALYTICS_ENABLED=false VLLM_CPU_KVCACHE_SPACE=1
@@ -17,14 +14,12 @@ case $family in
     learn=(--set engine=vllm temperature=1.0 trainable_layers=6 ppo_epochs=2 micro_batch=4) ;;
   hotpotqa)  # RL on dev_rest (400 items), measured on dev_heldout (100) at the warm start's 0.7
     root=${RL_DIR:-/work/rl_hotpotqa}; rl=$root/rl
-    # one SFT thread, as the committed runs' start was built: a build on two threads sums in
-    # another order and is another policy, so a seed run later would not pair with them; measured
-    # at the RL runs' temperature (and at 1.0 beside it)
+    # one SFT thread, as the committed runs' start was built (two threads sum in another order:
+    # another policy, whose runs would not pair), measured at the RL runs' temperature
     ws_args=(threads=1 eval_temperature=0.7)
-    # the policy update on both cores (the engine idles meanwhile): 200 s a step instead of 320
-    # (studies.update_threads: 1.79x on the update); the runs' signature names the thread count
+    # the update on both cores while the engine idles: 200 s a step, not 320 (studies.update_threads);
+    # the runs' signature names the thread count
     export TRACE_TORCH_THREADS=${TRACE_TORCH_THREADS:-2}
-    # (bench.learning keeps only the evaluated checkpoints: not 11 GB a run)
     learn=(--eval-temperature 0.7
            --set engine=vllm temperature=0.7 train_split=dev_rest ppo_epochs=2 micro_batch=4) ;;
   *) echo "bench/rl_real.sh: family $family has no RL recipe here (bfcl, hotpotqa)" >&2; exit 2 ;;

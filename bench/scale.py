@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +47,18 @@ def rollout(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings
 
 def prefix_hits(pool: Any, env: Any, starts: list[Start], sampling: SamplingSettings) -> dict[str, float]:
     """Level-0 requests, then one continuation of every sampled first turn: the continuations'
-    prefix-cache hit rate by vLLM's own counters (``hit_rate``; none for engines without them)
-    and, for every engine, ``routed_prefix_rate``: the share of the continuations' prompt tokens
-    that extend a sequence the same engine computed before (an unbounded cache at token
-    granularity, so an upper bound on what a real cache of blocks can hit)."""
+    prefix-cache ``hit_rate`` by vLLM's counters and, for every engine, ``routed_prefix_rate``
+    (``routed_prefix_tokens``: an upper bound on what a real cache of blocks can hit)."""
     from trace_rl.rollout.format import TurnFormat
 
     fmt = TurnFormat(pool.tokenizer)
     level0 = [GenRequest(tuple(fmt.prompt_ids(env.system_prompt(), env.user_prompt(s.item))), s.k,
-                         SamplingSettings(max_tokens=sampling.max_tokens, temperature=1.0,
-                                          seed=100 + i), affinity=s.item.id)
-              for i, s in enumerate(starts)]
+                         replace(sampling, seed=100 + i), affinity=s.item.id) for i, s in enumerate(starts)]
     outs = pool.generate(level0)
     owners0 = list(pool.last_owners)
     q0, h0 = pool.prefix_cache_stats()
-    cont = [GenRequest(req.prompt_ids + tuple(c.token_ids), 1,
-                       SamplingSettings(max_tokens=sampling.max_tokens, temperature=1.0,
-                                        seed=200 + i * 10 + j), affinity=req.affinity)
+    cont = [GenRequest(req.prompt_ids + tuple(c.token_ids), 1, replace(sampling, seed=200 + i * 10 + j),
+                       affinity=req.affinity)
             for i, (req, cs) in enumerate(zip(level0, outs)) for j, c in enumerate(cs)]
     pool.generate(cont)
     q1, h1 = pool.prefix_cache_stats()
@@ -77,9 +73,9 @@ def prefix_hits(pool: Any, env: Any, starts: list[Start], sampling: SamplingSett
 def routed_prefix_tokens(n: int, level0: list[GenRequest], owners0: list[int],
                          outs: list[list[Any]], cont: list[GenRequest],
                          owners1: list[int]) -> int:
-    """Prompt tokens of the continuations ``cont`` (sent to engines ``owners1``) that are a
-    prefix of a sequence their engine computed before: a level-0 prompt with one of its
-    completions (``outs``, on engines ``owners0``), or an earlier continuation's prompt."""
+    """Prompt tokens of the continuations ``cont`` (sent to engines ``owners1``) that are a prefix
+    of a sequence their engine computed before: a level-0 prompt with one of its completions
+    (``outs``, on engines ``owners0``), or an earlier continuation's prompt (an unbounded cache)."""
     held: list[list[tuple[int, ...]]] = [[] for _ in range(n)]
     for req, e, cs in zip(level0, owners0, outs):
         held[e] += [tuple(req.prompt_ids) + tuple(c.token_ids) for c in cs]
@@ -115,8 +111,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 ("--ranks", "1,2", "trainer group sizes to measure"), ("--items", 16, ""), ("--k", 4, ""),
                 ("--max-tokens", 48, ""), ("--policy", "tiny", "tiny (built here), smollm2, or an HF dir"),
                 ("--engine-opts", "{}", "JSON of engine options"),
-                ("--gpu-share", 1.0, "GPU fraction of each engine actor and trainer rank"))
-    ap.add_argument("--out", type=Path, default=None)
+                ("--gpu-share", 1.0, "GPU fraction of each engine actor and trainer rank"),
+                ("--out", Path, ""))
     args = ap.parse_args(argv)
     args.engine_opts = json.loads(args.engine_opts)
     args.engines, args.ranks = ([int(x) for x in v.split(",")] for v in (args.engines, args.ranks))
@@ -124,8 +120,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure_pools(args: argparse.Namespace, policy: str, result: dict[str, Any]) -> list[Any]:
-    """Rollout (and, on pools of several engines, prefix-cache hits by routing) for each pool
-    size; returns the first pool's episodes."""
+    """Rollout, and prefix-cache hits by routing on pools of several engines; the first pool's episodes."""
     from trace_rl.cluster.pool import EnginePool
     from trace_rl.envs.registry import make_env
 
@@ -184,8 +179,7 @@ def _record_update(result: dict[str, Any], ranks: int, seconds: float, paths: in
 
 
 def measure_sync(s: Any, policy: str, new: str) -> dict[str, Any]:
-    """New weights into every engine of the session's pool: disk, broadcast (the first builds
-    the group), broadcast, disk."""
+    """New weights into every engine: disk, broadcast (the first builds the group), broadcast, disk."""
     s.engine(policy, policy)
     for how in ("disk", "broadcast", "broadcast", "disk"):
         s.weight_sync = how
@@ -199,8 +193,7 @@ def measure_sync(s: Any, policy: str, new: str) -> dict[str, Any]:
 
 def _mp_rank(rank: int, world: int, port: int, policy: str, strategy: str, paths: list[Any],
              out: str) -> None:
-    """One trainer rank without Ray: a warm-up update (loads, first AdamW step), then the timed
-    one, as ``measure_ray`` times the second update of a group; rank 0 writes the seconds."""
+    """One trainer rank without Ray, timed as ``measure_ray`` times its group; rank 0 writes it."""
     import torch
     import torch.distributed as dist
 
@@ -250,12 +243,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     policy = _policy(args.policy, tmp)
     t0 = time.perf_counter()
     cluster.connect(args.cluster, cpus_per_node=max(2, max(args.engines) + max(args.ranks)))
-    result: dict[str, Any] = {
-        "cluster": args.cluster, "engine": args.engine, "policy": args.policy,
-        "items": args.items, "k": args.k, "max_tokens": args.max_tokens,
-        "strategy": args.strategy, "update_on": args.update_on, "date": time.strftime("%Y-%m-%d"),
-        "cluster_start_s": time.perf_counter() - t0,
-        "rollout": {}, "prefix_cache": {}, "update": {}, "sync": {}}
+    result: dict[str, Any] = {k: getattr(args, k) for k in ("cluster", "engine", "policy", "items", "k",
+                                                            "max_tokens", "strategy", "update_on")}
+    result.update(date=time.strftime("%Y-%m-%d"), cluster_start_s=time.perf_counter() - t0,
+                  rollout={}, prefix_cache={}, update={}, sync={})
     try:
         paths = _paths(measure_pools(args, policy, result))
         if args.update_on == "mp":

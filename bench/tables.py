@@ -51,9 +51,7 @@ def learning_sim(root: Path = RECORDS) -> str:
 
 
 def _cells(r: dict, *columns: str) -> list[str]:
-    """A protocol row's mixed prompts and effective ratio, ``columns`` of ``active`` (prompts per
-    step), ``tokens`` (generated / train tokens per step, a Monte-Carlo oracle's apart) and
-    ``leaves``, its accuracy and its difference from GRPO."""
+    """A protocol row's cells: mixed prompts, effective ratio, ``columns``, accuracy, vs GRPO."""
     oracle = f" (+ {r['oracle_tokens']:.0f} oracle)" if "oracle_tokens" in r else ""
     shown = {"active": f"{r['active']:.1f}", "leaves": f"{r['leaves']:.1f}",
              "tokens": f"{r['tokens']:.0f} / {r['train_tokens']:.0f}{oracle}"}
@@ -62,8 +60,7 @@ def _cells(r: dict, *columns: str) -> list[str]:
 
 
 def learning_lm(root: Path = RECORDS) -> str:
-    """The tiny LM under the learning protocol (paper regime): per structure, every complete
-    seed's mean (``bench.learning.protocol_report``)."""
+    """The tiny LM under the learning protocol's paper regime: per structure, the seeds' means."""
     from bench.learning import REGIMES, protocol_report as report
 
     with contextlib.redirect_stdout(io.StringIO()):
@@ -78,8 +75,7 @@ def learning_lm(root: Path = RECORDS) -> str:
 
 
 def peers(root: Path = RECORDS) -> str:
-    """This project against TRL's GRPOTrainer, one invocation's three methods
-    (``bench.peers.summarise``, ``closing``)."""
+    """This project against TRL's GRPOTrainer: ``bench.peers``' table and closing line."""
     from bench.learning_runs import read_records
     from bench.peers import METHODS, closing, summary_table, summarise
 

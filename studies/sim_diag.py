@@ -17,8 +17,7 @@ from trace_rl.sim.run import SimSettings, methods, run_seed
 
 
 def main(regime: str, seeds: str, names: list[str], out: Path) -> None:
-    r = REGIMES[regime]
-    params = ChainParams(r["hops"], r["hazard_a"], r["hazard_b"])
+    params = ChainParams(**REGIMES[regime])
     rows = [m for m in methods([]) if m.name in names]
     for s in parse_seeds(seeds, count=False):
         t0 = time.time()
