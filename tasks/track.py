@@ -13,6 +13,7 @@ import pyarrow as pa
 from prefect import task
 
 from tasks import runtime
+from tasks.correlation import remember_step_terms
 from tasks.runtime import StepRef
 from tasks.reports import (artifact_key, complete_steps, fmt_value, promotion_line,  # noqa: F401
                            run_summary, step_markdown, summary_markdown)
@@ -89,7 +90,9 @@ def prediction_metrics(at: StepRef, trees: StepTrees | None = None,
     trees = runtime.step_trees(at, trees)
     predicted = trees.allocation_scores(scores)
     pairs = calibration.batch_pairs(trees.batch, predicted)
-    flips = [t for t in calibration.batch_terms(trees.batch, predicted) if t.depth >= 1]
+    terms = calibration.batch_terms(trees.batch, predicted)
+    remember_step_terms(at.workdir, at.run_id, at.step, terms)  # the next steps' rho reads them
+    flips = [t for t in terms if t.depth >= 1]
     out: dict[str, float] = {}
     for name, p, y in (("root", pairs[0], pairs[1]), ("prefix", pairs[2], pairs[3])):
         if len(p):

@@ -73,6 +73,21 @@ def test_prediction_metrics_of_a_stored_step(workdir):
     assert m["predictor/flip_realised"] == 1.0
 
 
+def test_a_finished_steps_correlation_terms_are_kept_not_read_again(workdir, monkeypatch):
+    """The metrics of a finished step keep its calibration terms in the session: the next
+    steps' rho uses them without reading the step back, and they are what a read gives."""
+    from tasks import correlation
+    from trace_rl.session import Session
+
+    with Session().use():
+        read = correlation._step_terms(workdir, RUN, 0)  # from the store
+    with Session().use():
+        track.prediction_metrics(StepRef(workdir, RUN, 0))
+        monkeypatch.setattr(runtime, "store", lambda *a: pytest.fail("the store was read again"))
+        kept = correlation._step_terms(workdir, RUN, 0)
+    assert kept == read and len(kept) == 3 + 1  # three roots, the one continued prefix
+
+
 CHAIN = {"engine": "hf", "steps": 2, "root_budget": 8, "pool_size": 4, "max_per_root": 2,
          "max_turns": 5, "max_new_tokens": 16, "multiplier": 1, "family": "synth_chain",
          "chain_hops": "2:1", "chain_train_items": 4, "root_posterior": 4.0, "plot_every": 0,
