@@ -78,3 +78,23 @@ def test_grpo_config_carries_the_train_config(tmp_path):
     assert (args.learning_rate, args.seed, args.beta) == (2e-5, 7, cfg.kl_coef)
     assert args.per_device_train_batch_size == cfg.leaf_budget
     assert (args.epsilon, args.epsilon_high) == (cfg.clip_low, cfg.clip_high)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed "
+                    "(the optional extra: pip install -e .[peers] -c requirements/cpu-constraints.txt)")
+def test_trl_trains_the_layers_the_train_flow_trains(tiny_model_dir, tmp_path):
+    """``trainable_layers`` reaches TRL's model: the same top layers trainable, the rest frozen
+    (else TRL would update every parameter where the train flow updates a few layers)."""
+    from trace_rl.integrations.trl import grpo_trainer
+
+    env = make_env("synth_arith", difficulty=1)
+    items = {it.id: it for it in env.load("train", limit=2)}
+    cfg = TrainConfig(family="synth_arith", trainable_layers=1, group_size=2, root_budget=2,
+                      multiplier=1)
+    trainer = grpo_trainer(cfg, str(tiny_model_dir), Rollouts(cfg, str(tiny_model_dir), env, items,
+                                                              seed=0), tmp_path)
+    layers = trainer.model.model.layers
+    assert all(p.requires_grad for p in layers[-1].parameters())
+    assert not any(p.requires_grad for layer in layers[:-1] for p in layer.parameters())
+    assert not trainer.model.model.embed_tokens.weight.requires_grad
+

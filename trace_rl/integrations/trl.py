@@ -113,18 +113,23 @@ def grpo_config(cfg: TrainConfig, seed: int, out_dir: Path) -> Any:
 def grpo_trainer(cfg: TrainConfig, policy: str, rollouts: Rollouts, out_dir: Path,
                  callbacks: Sequence[Any] = ()) -> Any:
     """TRL's ``GRPOTrainer`` from ``policy`` (float32) on ``rollouts``' prompts, sampled through
-    it and rewarded by ``rollouts.reward`` (``grpo_config``'s settings, seed ``rollouts.seed``)."""
+    it and rewarded by ``rollouts.reward`` (``grpo_config``'s settings, seed ``rollouts.seed``),
+    training the same parameters as the train flow (``cfg.trainable_layers``: the top decoder
+    layers only, the rest frozen)."""
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
+    from trace_rl.policy.freeze import freeze_lower_layers
+
     tokenizer = AutoTokenizer.from_pretrained(policy)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32),
-                       reward_funcs=rollouts.reward, args=grpo_config(cfg, rollouts.seed, out_dir),
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    freeze_lower_layers(model, cfg.trainable_layers)
+    return GRPOTrainer(model=model, reward_funcs=rollouts.reward, args=grpo_config(cfg, rollouts.seed, out_dir),
                        train_dataset=datasets.Dataset.from_list(
                            [{"prompt": q} for q in rollouts.questions]),
                        processing_class=tokenizer, rollout_func=rollouts, callbacks=list(callbacks))
