@@ -13,6 +13,9 @@ from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import StepTrees
 from trace_rl.session import Session
 
+TERMS = "correlation-terms"
+"""The session memo of each finished step's terms, keyed (work dir, run id, step)."""
+
 
 def outcome_correlation(cfg: TrainConfig, allocator: Allocator, workdir: str, run_id: str,
                         step: int) -> calibration.Correlation:
@@ -53,24 +56,20 @@ def stored_terms(workdir: str, run_id: str, first: int, stop: int) -> list[calib
     return [t for s in range(first, stop) for t in _step_terms(workdir, run_id, s)]
 
 
-def _step_terms(workdir: str, run_id: str, step: int,
-                terms: list[calibration.Term] | None = None) -> list[calibration.Term]:
-    """The terms of one stored step (complete, never rewritten: kept in the session); ``terms``:
-    already computed from the step's final trees (``remember_step_terms``), not read again."""
+def _step_terms(workdir: str, run_id: str, step: int) -> list[calibration.Term]:
+    """The terms of one stored step (complete, never rewritten: kept in the session)."""
     def read() -> list[calibration.Term]:
-        if terms is not None:
-            return terms
         store = runtime.store(workdir)
         scores = store.query("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND "
                              "step = $s AND level = 1", {"r": run_id, "s": step})
         trees = StepTrees(store.read_step(run_id, step))
         return calibration.batch_terms(trees.batch, trees.allocation_scores(scores))
 
-    return Session.current().memo("correlation-terms", (workdir, run_id, step), read, maxsize=64)
+    return Session.current().memo(TERMS, (workdir, run_id, step), read, maxsize=64)
 
 
 def remember_step_terms(workdir: str, run_id: str, step: int,
                         terms: list[calibration.Term]) -> None:
     """Keep a finished step's terms (computed from its final trees and allocation scores, as
     ``_step_terms`` reads them) for the next steps' rho, so the store is not read for them."""
-    _step_terms(workdir, run_id, step, terms)
+    Session.current().memo(TERMS, (workdir, run_id, step), lambda: terms, maxsize=64)
