@@ -136,9 +136,8 @@ def bind(task: Task, workdir: str) -> Task:
 
 
 KEEP_CONNECTION = frozenset({
-    "sample-roots", "score-roots", "allocate-roots", "expand-roots", "score-prefixes",
-    "allocate-prefixes", "expand-prefixes", "tree-advantages", "fit-predictor",
-    "log-step"})
+    "allocate-roots", "expand-roots", "allocate-prefixes", "expand-prefixes", "tree-advantages",
+    "fit-predictor", "log-step"})
 """Phases that use the store briefly, not at all, or generate for about a second (the
 expansions): inside a ``held`` block of the store (the train flow's steps), they keep its one
 connection open for the next, and the step's marks share it (the logging thread's reads and the
@@ -148,7 +147,7 @@ other processes (a retrain or evaluate flow of the work dir) while they run long
 
 
 class Phases:
-    """A flow's tasks, looked up by name in the task modules (``phases.score_roots``), each bound
+    """A flow's tasks, looked up by name in the task modules (``phases.allocate_roots``), each bound
     to the work dir once per session (``bind``: results and cache records kept there, so a re-run
     finds its finished phases) and its runs named by step, level and wave (``tasks.track.named``).
     Each call runs in the flow's ``session`` (``trace_rl.session.Session``: the engines, stores,

@@ -1,8 +1,8 @@
 """The ``train`` flow: TRACE's RL loop, one step as a sequence of named, cached phases.
 
-    sample roots -> score roots -> allocate roots -> expand roots (level 0, persisted; DAPO's
-    refill waves) -> score prefixes -> allocate prefixes (with ``joint_split``: or fresh prompts,
-    one more level-0 wave) -> expand prefixes (level 1, persisted) -> tree advantages (the
+    candidate pool -> allocate roots (scored, then Stage 1) -> expand roots (level 0, persisted;
+    DAPO's refill waves) -> allocate prefixes (scored, then Stage 2; with ``joint_split``: or
+    fresh prompts, one more level-0 wave) -> expand prefixes (level 1, persisted) -> tree advantages (the
     backup, then each path's advantages) -> fit predictor -> policy update -> sync weights ->
     log step (the tree metrics, then MLflow)
 
@@ -29,7 +29,7 @@ from prefect import flow
 from flows import run_lifecycle as life
 from flows.common import announced, NAMES_ITS_TASK_RUN, Phases, RELEASES_ENGINES, train_run_name
 from tasks import evaluate, runtime, track
-from tasks.roots import root_pool, with_counts
+from tasks.roots import candidate_pool, root_pool, with_counts
 from tasks.runtime import StepRef
 from trace_core.allocators import Allocator
 from trace_core.seeds import Phase, phase_rng
@@ -45,20 +45,19 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     do = Phases(at.workdir, watch, f"step {at.step}: ")
     t0 = time.perf_counter()
     allocator = runtime.allocator_for(cfg.allocation)
-    # Stage 1: the candidate pool, its values (or a Monte-Carlo oracle's); level 0: bare
-    # rollouts (and refill waves).
-    roots = do.sample_roots(cfg, at)
+    # Stage 1: the candidate pool (a seeded draw), its values (or a Monte-Carlo oracle's) and
+    # bare rollouts per prompt; level 0: the bare rollouts (and refill waves).
+    roots = candidate_pool(cfg, at.step)
     mc_roots = do.measure_roots(cfg, at, policy_dir, roots) if cfg.oracle_rollouts else None
-    pool = do.score_roots(cfg, allocator, at, roots, mc_roots)
-    counts, waves = _bare_rollouts(do, cfg, allocator, at, policy_dir, pool,
-                                   do.allocate_roots(cfg, allocator, at, pool))
+    pool = do.allocate_roots(cfg, allocator, at, roots, mc_roots)
+    counts, waves = _bare_rollouts(do, cfg, allocator, at, policy_dir, pool)
     # Stage 2 on the level-0 trees (read once), its values the predictor's (or a Monte-Carlo
     # oracle's): continuations, and any fresh prompts.
     bare = runtime.step_trees(at)
     mc_prefixes = do.measure_prefixes(cfg, allocator, at, policy_dir, bare) \
         if cfg.oracle_rollouts else None
-    prefixes = do.score_prefixes(cfg, allocator, at, bare, mc_prefixes)
-    chosen, fresh = do.allocate_prefixes(cfg, allocator, at, prefixes, pool, counts.tolist())
+    chosen, fresh = do.allocate_prefixes(cfg, allocator, at, pool, counts.tolist(), bare,
+                                         mc_prefixes)
     if np.any(fresh.column("m").to_numpy() > 0):  # fresh prompts: one more level-0 wave
         do.expand_roots(cfg, at, policy_dir, fresh, waves)
         waves += 1
@@ -81,17 +80,18 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
 
 
 def _bare_rollouts(do: Phases, cfg: TrainConfig, allocator: Allocator, at: StepRef,
-                   policy_dir: str, scored: Any, allocation: Any) -> tuple[np.ndarray, int]:
-    """Level 0: the allocated bare rollouts, then a refill wave while the allocator asks for
-    one after seeing the outcomes (DAPO; ``trace_core.waves.refill_wave``). Returns [P] rollouts
-    per candidate and the number of waves run."""
-    rng, pool = phase_rng(cfg.seed, at.step, Phase.REFILL), root_pool(scored)
+                   policy_dir: str, allocation: Any) -> tuple[np.ndarray, int]:
+    """Level 0: the allocated bare rollouts (``allocation``: ``allocate_roots``' table), then a
+    refill wave while the allocator asks for one after seeing the outcomes (DAPO;
+    ``trace_core.waves.refill_wave``). Returns [P] rollouts per candidate and the number of
+    waves run."""
+    rng, pool, plan = phase_rng(cfg.seed, at.step, Phase.REFILL), root_pool(allocation), allocation
     counts, mixed, wave = np.zeros(pool.size, dtype=np.int64), np.zeros(pool.size, bool), 0
     while allocation is not None:
         c, m = do.expand_roots(cfg, at, policy_dir, allocation, wave)
         counts, mixed, wave = counts + c, mixed | m, wave + 1
         extra = refill_wave(allocator, pool, counts, mixed, cfg.budget, rng)
-        allocation = None if extra is None else with_counts(scored, extra)
+        allocation = None if extra is None else with_counts(plan, extra)
     return counts, wave
 
 

@@ -4,7 +4,7 @@
 seconds inside each Prefect task run; this study times the pieces that make it up, in one real
 ``train`` run of the default config (evaluation off, a new work dir and Prefect home): Prefect's
 own cost around each task run (``run_task_sync`` less the task's function), the store's calls,
-the weight load into the engine, the checkpoint save, the tree-metrics SQL and the step's end
+the weight load into the engine, the checkpoint save, the tree metrics and the step's end
 mark. It wraps those functions with timers for the run's length; each row is a mean over the
 steps after step 0 (which starts the engine). Its finding is in docs/results.md, "The overhead
 of a step, and the optimiser against the machine".
@@ -81,7 +81,7 @@ def instrument() -> None:
     timed(PolicyTrainer, "save", "checkpoint save")
     timed(PolicyTrainer, "update", "optimiser (not overhead)")
     timed(expand, "_rollout", "rollouts (generation, not overhead)")
-    timed(track, "tree_metrics", "tree metrics (SQL)")
+    timed(track, "tree_metrics", "tree metrics")
 
 
 def main(argv: list[str] | None = None) -> None:

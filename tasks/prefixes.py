@@ -1,5 +1,5 @@
-"""Prefix phases (Stage 2): score every candidate prefix on the bare rollouts, then choose K per
-prefix and any fresh prompts (``trace_core.waves.continuations``)."""
+"""Stage 2, one task: score every candidate prefix on the bare rollouts (``score_prefixes``), then
+choose K per prefix and any fresh prompts (``allocate_prefixes``; ``trace_core.waves.continuations``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from trace_rl.config import TrainConfig
 from trace_rl.rollout.treeio import StepTrees
 
 
-@task(name="score-prefixes", cache_policy=runtime.PHASE_KEY)
 def score_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef,
                    trees: StepTrees | None = None, measured: pa.Table | None = None) -> pa.Table:
     """p = V~(H_ijt) and the observed outcome r_ij of every Stage 2 candidate of the step's bare
@@ -53,12 +52,23 @@ def score_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef,
 
 
 @task(name="allocate-prefixes", cache_policy=runtime.PHASE_KEY)
-def allocate_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef, scored: pa.Table,
-                      roots: pa.Table, counts: list[int]) -> tuple[pa.Table, pa.Table]:
-    """Stage 2 (``trace_core.waves.continuations``): K per prefix of ``scored``
-    (``score_prefixes``) and, where the allocator splits jointly, bare rollouts of candidates of
-    ``roots`` (``score_roots``) not yet rolled out (``counts``, per candidate). Returns
-    (``scored`` with ``k``, ``roots`` with ``m``: all 0 unless fresh prompts were bought)."""
+def allocate_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef, roots: pa.Table,
+                      counts: list[int], trees: StepTrees | None = None,
+                      measured: pa.Table | None = None) -> tuple[pa.Table, pa.Table]:
+    """Stage 2 (``trace_core.waves.continuations``) on the step's bare rollouts (``trees``, as
+    the flow read them): every candidate prefix scored (``score_prefixes``; ``measured``: the
+    Monte-Carlo oracle's), K per prefix and, where the allocator splits jointly, bare rollouts of
+    candidates of ``roots`` (``allocate_roots``' table) not yet rolled out (``counts``, per
+    candidate). Returns (the scored prefixes with ``k``, ``roots`` with ``m``: all 0 unless fresh
+    prompts were bought). Scoring and allocating are one task run (both cheap; cached together)."""
+    return choose_prefixes(cfg, allocator, at, score_prefixes(cfg, allocator, at, trees, measured),
+                           roots, counts)
+
+
+def choose_prefixes(cfg: TrainConfig, allocator: Allocator, at: StepRef, scored: pa.Table,
+                    roots: pa.Table, counts: list[int]) -> tuple[pa.Table, pa.Table]:
+    """``allocate_prefixes`` after the scoring: K per prefix of ``scored`` (``score_prefixes``)
+    and any fresh prompts of ``roots``."""
     rng = phase_rng(cfg.seed, at.step, Phase.JOINT if allocator.splits_jointly else Phase.PREFIXES)
     col = {name: scored.column(name).to_numpy() for name in
            ("tree_id", "depth", "bare", "predicted_v", "observed", "correlation", "seen")}

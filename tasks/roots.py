@@ -1,4 +1,5 @@
-"""Root phases: sample the candidate pool, score it with the predictor, allocate bare rollouts."""
+"""Stage 1, one task: the step's candidate pool (``candidate_pool``), scored by the predictor
+(``score_roots``), and its bare rollouts allocated (``allocate_roots``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from trace_core.allocators import Allocator, RootPool
 from trace_core.posterior import PromptPosterior, root_values
 from trace_core.seeds import Phase, phase_rng
 from trace_rl.config import TrainConfig
-from trace_rl.rollout.treeio import history_text
+from trace_rl.rollout.treeio import StepTrees, history_text
+from trace_rl.session import Session
 
 
 def candidate_pool(cfg: TrainConfig, step: int, ids: list[str] | None = None) -> list[str]:
@@ -26,12 +28,6 @@ def candidate_pool(cfg: TrainConfig, step: int, ids: list[str] | None = None) ->
                          f"{cfg.pool_size} needs at least that many")
     rng = phase_rng(cfg.seed, step, Phase.POOL)
     return [ids[i] for i in rng.choice(len(ids), size=cfg.pool_size, replace=False)]
-
-
-@task(name="sample-roots", cache_policy=runtime.PHASE_KEY, retries=1)
-def sample_roots(cfg: TrainConfig, at: StepRef) -> list[str]:
-    """``candidate_pool(cfg, step)``."""
-    return candidate_pool(cfg, at.step)
 
 
 def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
@@ -59,15 +55,41 @@ def staleness(cfg: TrainConfig, step: int, item_ids: list[str],
             else float(step - first_offered.get(i, step)) for i in item_ids]
 
 
+BARE_COUNTS = "bare-counts"
+"""The session memo of ``bare_counts`` as of a step's start, keyed (work dir, run id, step)."""
+
+
 def bare_counts(workdir: str, run_id: str, step: int) -> list[dict]:
     """Per prompt rolled out before ``step``: successes ``s`` and rollouts ``n`` of its bare
     rollouts (level-0 leaves, refill waves included) and ``last``, the last step it was rolled
-    out in, from the stored steps before ``step``."""
-    return runtime.store(workdir).query(
-        "SELECT item_id, coalesce(sum(reward) FILTER (WHERE is_leaf AND level = 0), 0) AS s, "
-        "count(*) FILTER (WHERE is_leaf AND level = 0) AS n, max(step) AS last FROM nodes "
-        "WHERE run_id = $r AND step < $s AND (depth = 0 OR is_leaf AND level = 0) "
-        "GROUP BY item_id ORDER BY item_id", {"r": run_id, "s": step}).to_pylist()
+    out in, from the stored steps before ``step``. Read once per session: a finished step adds
+    its own to the counts as of its start (``remember_bare_counts``), so the next step's read is
+    served from memory; a resumed run reads them from the store."""
+    def read() -> list[dict]:
+        return runtime.store(workdir).query(
+            "SELECT item_id, coalesce(sum(reward) FILTER (WHERE is_leaf AND level = 0), 0) AS s, "
+            "count(*) FILTER (WHERE is_leaf AND level = 0) AS n, max(step) AS last FROM nodes "
+            "WHERE run_id = $r AND step < $s AND (depth = 0 OR is_leaf AND level = 0) "
+            "GROUP BY item_id ORDER BY item_id", {"r": run_id, "s": step}).to_pylist()
+
+    return Session.current().memo(BARE_COUNTS, (workdir, run_id, step), read, maxsize=4)
+
+
+def remember_bare_counts(workdir: str, run_id: str, step: int, trees: StepTrees) -> None:
+    """After ``step`` finished (``trees``: its final trees): ``bare_counts`` as of ``step + 1``,
+    the counts as of ``step`` plus the step's own bare rollouts, kept in the session (the rows
+    the store's query would return, in its order)."""
+    counts = {r["item_id"]: dict(r) for r in bare_counts(workdir, run_id, step)}
+    columns = ("item_id", "depth", "is_leaf", "level", "reward")
+    for item, depth, leaf, level, reward in zip(*(trees.column(c) for c in columns)):
+        bare = bool(leaf) and level == 0
+        if depth == 0 or bare:
+            row = counts.setdefault(item, {"item_id": item, "s": 0.0, "n": 0, "last": step})
+            row["last"] = step
+            if bare:
+                row["s"], row["n"] = row["s"] + reward, row["n"] + 1
+    rows = [counts[i] for i in sorted(counts)]
+    Session.current().memo(BARE_COUNTS, (workdir, run_id, step + 1), lambda: rows, maxsize=4)
 
 
 def prompt_posterior(cfg: TrainConfig, workdir: str, run_id: str, step: int) -> PromptPosterior:
@@ -97,7 +119,6 @@ def _rates(measured: pa.Table, item_ids: list[str]) -> np.ndarray:
     return measured.column("successes").to_numpy() / measured.column("rollouts").to_numpy()
 
 
-@task(name="score-roots", cache_policy=runtime.PHASE_KEY)
 def score_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids: list[str],
                 measured: pa.Table | None = None) -> pa.Table:
     """V~(x_i) for the pool (``trace_core.posterior.root_values``: the text predictor's, the
@@ -132,15 +153,21 @@ def root_pool(scored: pa.Table) -> RootPool:
 
 
 def with_counts(scored: pa.Table, m: np.ndarray) -> pa.Table:
-    """``score_roots``' table with ``m``, the bare rollouts of each candidate (a wave's plan)."""
+    """``score_roots``' table with ``m``, the bare rollouts of each candidate (a wave's plan;
+    an ``m`` already there is replaced)."""
+    if "m" in scored.column_names:
+        scored = scored.drop_columns(["m"])
     return scored.append_column("m", pa.array(np.asarray(m, dtype=np.int64)))
 
 
 @task(name="allocate-roots", cache_policy=runtime.PHASE_KEY)
-def allocate_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef,
-                   scored: pa.Table) -> pa.Table:
-    """m_i per candidate of ``scored`` (``score_roots``) by the step's allocator (Stage 1 for
-    trace / prompt_only); ``scored`` with the column ``m``."""
+def allocate_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids: list[str],
+                   measured: pa.Table | None = None) -> pa.Table:
+    """Stage 1 on the step's candidate pool ``item_ids`` (``candidate_pool``): its scores
+    (``score_roots``; ``measured``: the Monte-Carlo oracle's) with m_i, the bare rollouts the
+    step's allocator gives each candidate (Stage 1 for trace / prompt_only), as column ``m``.
+    Scoring and allocating are one task: both are cheap and a resumed step redoes them alike."""
+    scored = score_roots(cfg, allocator, at, item_ids, measured)
     rng = phase_rng(cfg.seed, at.step, Phase.ROOTS)
-    pool = root_pool(scored)
-    return with_counts(scored, allocator.allocate_roots(pool, allocator.root_leaves(cfg.budget), rng))
+    return with_counts(scored, allocator.allocate_roots(root_pool(scored),
+                                                        allocator.root_leaves(cfg.budget), rng))

@@ -1,4 +1,4 @@
-"""Tracking phases: tree metrics from the store's views, and the one place metrics are logged
+"""Tracking phases: a step's tree metrics, and the one place metrics are logged
 (the summaries and Markdown they log: ``tasks.reports``)."""
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from prefect import task
 
 from tasks import runtime
 from tasks.correlation import remember_step_terms
+from tasks.roots import remember_bare_counts
 from tasks.runtime import StepRef
 from tasks.reports import (artifact_key, complete_steps, fmt_value, promotion_line,  # noqa: F401
                            run_summary, step_markdown, summary_markdown)
 from tasks.reports import slug as _slug  # re-exported under its old name
 from trace_core import calibration
+from trace_core.tree import TreeBatch, sibling_contrast_pairs
 from trace_core.predictor import auc, brier
 from trace_rl.policy.update import OPTIMIZER_STATE
 from trace_rl.rollout.treeio import StepTrees
@@ -29,51 +31,57 @@ from trace_rl.view.page import step_page
 
 
 def tree_metrics(at: StepRef, trees: StepTrees | None = None) -> dict[str, float]:
-    """Contrast and cost figures of a finished step, read with the same SQL users run (one
-    query), and how well its allocation inputs predicted its outcomes (``prediction_metrics``),
-    on one read-only snapshot (the first half of ``log_step``). ``trees``: the step's trees as
-    the flow read them (else read here)."""
+    """Contrast and cost figures of a finished step (``tree_figures``, on its trees in memory:
+    the figures the store's views give, ``tests/test_track.py``), its cost from the ledger, and
+    how well its allocation inputs predicted its outcomes (``prediction_metrics``), the ledger
+    and the scores read on one read-only snapshot (the first half of ``log_step``). ``trees``:
+    the step's trees as the flow read them (else read here)."""
+    trees = runtime.step_trees(at, trees)
     with runtime.store(at.workdir).snapshot() as con:
         params = {"r": at.run_id, "s": at.step}
-        figures = _tree_metrics(con.sql(TREE_METRICS_SQL, params=params).to_arrow_table()
-                                .to_pylist()[0])
+        ledger = con.sql(LEDGER_SQL, params=params).to_arrow_table().to_pylist()[0]["ledger"]
         scores = con.sql(SCORES_SQL, params=params).to_arrow_table()
-    return {**figures, **prediction_metrics(at, trees, scores)}
+    return {**tree_figures(trees.batch),
+            **{f"ledger/{k}": float(v or 0.0) for k, v in (ledger or {}).items()},
+            **prediction_metrics(at, trees, scores)}
 
 
-TREE_METRICS_SQL = (
-    "SELECT count(*) FILTER (WHERE is_leaf) AS leaves, "
-    "avg(reward) FILTER (WHERE is_leaf) AS mean_reward, "
-    "avg(depth) FILTER (WHERE is_leaf) AS depth, count(*) FILTER (WHERE NOT is_leaf) AS internal, "
-    "count(*) FILTER (WHERE depth = 0) AS roots, "
-    "count(*) FILTER (WHERE depth = 0 AND value > 0 AND value < 1) AS mixed, "
-    "(SELECT count(*) FROM mixed_anchors WHERE run_id = $r AND step = $s) AS anchors, "
-    "(SELECT count(*) FROM contrast_pairs WHERE run_id = $r AND step = $s) AS pairs, "
-    "(SELECT struct_pack(trajectories := sum(trajectories), prompt_tokens := sum(prompt_tokens), "
+LEDGER_SQL = (
+    "SELECT struct_pack(trajectories := sum(trajectories), prompt_tokens := sum(prompt_tokens), "
     "generated_tokens := sum(generated_tokens), tool_calls := sum(tool_calls), "
-    "wall_seconds := sum(wall_seconds)) FROM ledger WHERE run_id = $r AND step = $s) AS ledger "
-    "FROM nodes WHERE run_id = $r AND step = $s")
-"""The figures of ``tree_metrics`` in one row: leaves (their mean reward and depth), internal
-nodes, roots (mixed ones), mixed anchors, contrast pairs and the ledger's sums."""
+    "wall_seconds := sum(wall_seconds)) AS ledger FROM ledger WHERE run_id = $r AND step = $s")
+"""A step's sampling cost: the ledger's sums over its levels and waves."""
 SCORES_SQL = ("SELECT node_id, predicted_v FROM allocations WHERE run_id = $r AND step = $s AND "
               "level = 1")
 """Stage 2's scores of a step's prefixes, as the allocation used them."""
 
 
-def _tree_metrics(row: Mapping[str, Any]) -> dict[str, float]:
-    """``tree_metrics``' figures from the row of ``TREE_METRICS_SQL``."""
-    n_leaves = max(row["leaves"], 1)
-    out = {
-        "rollout/reward_mean": float(row["mean_reward"] or 0.0),
-        "rollout/leaves": float(row["leaves"]),
-        "rollout/depth_mean": float(row["depth"] or 0.0),
-        "tree/effective_ratio": row["mixed"] / row["roots"] if row["roots"] else 0.0,
-        "tree/mixed_anchor_share": row["anchors"] / row["internal"] if row["internal"] else 0.0,
-        "tree/contrast_pairs_per_100_leaves": 100.0 * row["pairs"] / n_leaves,
-        "alloc/active_roots": float(row["roots"]),
+def tree_figures(batch: TreeBatch) -> dict[str, float]:
+    """A step's tree figures from its trees: its leaves (their mean reward and depth), roots
+    (the share mixed), mixed anchors per internal node (``TreeBatch.reward_range``: the
+    ``mixed_anchors`` view) and sibling pairs whose leaf success rates differ per 100 leaves
+    (``sibling_contrast_pairs``: the ``contrast_pairs`` view). In memory: the views recurse over
+    every stored step, ~45 ms a step here and growing with the run."""
+    if batch.num_rows == 0:
+        return {"rollout/reward_mean": 0.0, "rollout/leaves": 0.0, "rollout/depth_mean": 0.0,
+                "tree/effective_ratio": 0.0, "tree/mixed_anchor_share": 0.0,
+                "tree/contrast_pairs_per_100_leaves": 0.0, "alloc/active_roots": 0.0}
+    value, _ = batch.backup()
+    lo, hi = batch.reward_range()
+    leaf, root = batch.is_leaf, batch.up < 0
+    leaves, internal, roots = int(leaf.sum()), int((~leaf).sum()), int(root.sum())
+    anchors = int((~leaf & (lo < hi)).sum())
+    return {
+        "rollout/reward_mean": float(batch.reward[leaf].mean()) if leaves else 0.0,
+        "rollout/leaves": float(leaves),
+        "rollout/depth_mean": float(batch.depth[leaf].mean()) if leaves else 0.0,
+        "tree/effective_ratio": float((root & (value > 0) & (value < 1)).sum() / roots)
+        if roots else 0.0,
+        "tree/mixed_anchor_share": anchors / internal if internal else 0.0,
+        "tree/contrast_pairs_per_100_leaves":
+            100.0 * sibling_contrast_pairs(batch.up, value) / max(leaves, 1),
+        "alloc/active_roots": float(roots),
     }
-    out.update({f"ledger/{k}": float(v or 0.0) for k, v in row["ledger"].items()})
-    return out
 
 
 def prediction_metrics(at: StepRef, trees: StepTrees | None = None,
@@ -181,7 +189,8 @@ PENDING = ".pending-logs"
 def log_step(at: StepRef, mlflow_run_id: str, metrics: Mapping[str, float], plot: bool,
              register_policy: bool = True, trees: StepTrees | None = None) -> dict[str, float]:
     """The step's metrics: its tree figures (``tree_metrics``; ``trees`` as the flow read them)
-    and ``metrics``, returned; and their MLflow logging (``log_step_now``) handed to the work
+    and ``metrics``, returned (the step's prompt counts kept for the next step:
+    ``remember_bare_counts``); and their MLflow logging (``log_step_now``) handed to the work
     dir's logging thread (``trace_rl.storage.background``), so the next step does not wait. Never
     lost: the job is first written to the work dir's journal (``PENDING``) and removed from it
     once it has run; a journal entry a killed or failed process left is run before the next
@@ -189,6 +198,7 @@ def log_step(at: StepRef, mlflow_run_id: str, metrics: Mapping[str, float], plot
     (finished or failed) waits for the thread, and a job's error fails the run."""
     workdir, run_id = at.workdir, at.run_id
     metrics = {**tree_metrics(at, trees), **metrics}
+    remember_bare_counts(workdir, run_id, at.step, runtime.step_trees(at, trees))
     job = {"workdir": workdir, "mlflow_run_id": mlflow_run_id, "run_id": run_id, "step": at.step,
            "metrics": {k: float(v) for k, v in metrics.items()}, "policy_dir": at.policy_dir,
            "predictor_file": at.predictor_file, "plot": bool(plot),

@@ -268,7 +268,7 @@ def _check_names_and_artifacts(run, run_id: str) -> None:
         tasks = {t.name for t in client.read_task_runs(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[run.id])))}
         artifacts = {a.key: a for a in client.read_artifacts() if a.flow_run_id == run.id and a.key}
-    for name in ("sample-roots step 0", "expand-roots step 0 wave 0", "expand-prefixes step 0",
+    for name in ("allocate-roots step 0", "expand-roots step 0 wave 0", "expand-prefixes step 0",
                  "policy-update step 0", "log-step step 0"):
         assert any(t.startswith(name) for t in tasks), (name, sorted(tasks))
     slug = _slug(run_id)

@@ -236,7 +236,7 @@ def test_sigkill_mid_step_then_resume(tiny_model_dir, tmp_path):
     assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
     log = (tmp_path / "second.log").read_text()
     # Step 1's finished phases (its root pool and level 0 at least) come back from the cache.
-    assert "sample-roots" in log and "Cached" in log
+    assert "allocate-roots" in log and "Cached" in log
     after = set(store.query("SELECT node_id FROM nodes").column("node_id").to_pylist())
     assert before <= after  # nothing lost
     _check_trees(store, run_id, 3, TINY["root_budget"] * (1 + TINY["multiplier"]))

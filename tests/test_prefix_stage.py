@@ -68,12 +68,15 @@ def _offered(table: pa.Table) -> set[tuple[int, int, float]]:
 
 
 def test_trace_offers_the_root_of_an_agreeing_tree_only(workdir):
-    scored = prefixes.score_prefixes.fn(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0))
+    scored = prefixes.score_prefixes(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0))
     assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0),  # mixed tree: its depth-1 prefixes
                                 (1, 1, 0.0), (1, 3, 0.0), (1, 0, 0.0),  # + the agreeing root
                                 (2, 0, 0.0)}  # fallback: the root (its rollouts agree)
-    chosen = prefixes.allocate_prefixes.fn(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0), scored,
-                                      _roots(), [2, 2, 2, 0])[0].to_pylist()
+    chosen = prefixes.allocate_prefixes.fn(_cfg(), allocator_for(_cfg().allocation),
+                                           StepRef(workdir, RUN, 0), _roots(), [2, 2, 2, 0]
+                                           )[0]  # the task: the scores above, then Stage 2
+    assert chosen.drop_columns(["k"]).equals(scored)
+    chosen = chosen.to_pylist()
     for t in (0, 1, 2):  # every tree spends exactly m_i N = 2 continuations
         assert sum(r["k"] for r in chosen if r["tree_id"] == t) == 2
     assert [r["k"] for r in chosen if r["tree_id"] == 2] == [2]
@@ -81,9 +84,9 @@ def test_trace_offers_the_root_of_an_agreeing_tree_only(workdir):
 
 def test_the_root_is_not_offered_when_switched_off_or_for_random_prefix(workdir):
     for cfg in (_cfg(branch_from_root=False), _cfg(allocator="random_prefix")):
-        scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
+        scored = prefixes.score_prefixes(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
         assert _offered(scored) == {(0, 1, 1.0), (0, 3, 0.0), (1, 1, 0.0), (1, 3, 0.0), (2, 0, 0.0)}
-        chosen = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), scored,
+        chosen = prefixes.choose_prefixes(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), scored,
                                               _roots(), [2, 2, 2, 0])[0].to_pylist()
         assert [r["k"] for r in chosen if r["tree_id"] == 2] == [2]  # the fallback spends m_i N
 
@@ -154,7 +157,7 @@ def test_a_thin_window_is_widened_not_dropped(workdir):
 
 
 def test_scored_prefixes_carry_rho_and_what_was_seen(workdir):
-    rows = prefixes.score_prefixes.fn(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0)).to_pylist()
+    rows = prefixes.score_prefixes(_cfg(), allocator_for(_cfg().allocation), StepRef(workdir, RUN, 0)).to_pylist()
     assert {r["correlation"] for r in rows} == {0.0}  # step 0: nothing stored before it
     seen = {(r["tree_id"], r["local_index"]): r["seen"] for r in rows}
     assert seen[(1, 0)] == 2  # the agreeing root: both bare rollouts failed
@@ -172,8 +175,8 @@ def test_joint_split_spends_the_rest_of_the_budget_on_prefixes_or_fresh_prompts(
     untrained predictor) win; when the store says prefix outcomes are correlated, the fresh
     prompt takes a pair. Either way the six leaves are spent and used candidates get nothing."""
     cfg = _cfg(joint_split=True)
-    scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
-    chosen, fresh = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), scored, _roots(), [2, 2, 2, 0])
+    scored = prefixes.score_prefixes(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
+    chosen, fresh = prefixes.choose_prefixes(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), scored, _roots(), [2, 2, 2, 0])
     k = {(r["tree_id"], r["local_index"]): r["k"] for r in chosen.to_pylist()}
     m = fresh.column("m").to_pylist()
     assert sum(k.values()) + sum(m) == 6 and m[:3] == [0, 0, 0]
@@ -181,7 +184,7 @@ def test_joint_split_spends_the_rest_of_the_budget_on_prefixes_or_fresh_prompts(
     correlated = scored.set_column(scored.schema.get_field_index("correlation"), "correlation",
                                    pa.array([0.0 if d == 0 else 0.9 for d in
                                              scored.column("depth").to_pylist()], pa.float64()))
-    chosen, fresh = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), correlated, _roots(), [2, 2, 2, 0])
+    chosen, fresh = prefixes.choose_prefixes(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), correlated, _roots(), [2, 2, 2, 0])
     k = {(r["tree_id"], r["local_index"]): r["k"] for r in chosen.to_pylist()}
     m = fresh.column("m").to_pylist()
     assert sum(k.values()) + sum(m) == 6 and m[3] >= 2
@@ -192,12 +195,12 @@ def test_joint_split_never_offers_a_mixed_root(workdir):
     """A tree with no prefix whose bare rollouts are mixed (observed NaN) gets nothing jointly:
     more rollouts from it cannot make it mixed."""
     cfg = _cfg(joint_split=True)
-    scored = prefixes.score_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
+    scored = prefixes.score_prefixes(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0))
     mixed = scored.set_column(scored.schema.get_field_index("observed"), "observed",
                               pa.array([float("nan") if t == 2 else o for t, o in zip(
                                   scored.column("tree_id").to_pylist(),
                                   scored.column("observed").to_pylist())], pa.float64()))
-    chosen, _ = prefixes.allocate_prefixes.fn(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), mixed, _roots(), [2, 2, 2, 0])
+    chosen, _ = prefixes.choose_prefixes(cfg, allocator_for(cfg.allocation), StepRef(workdir, RUN, 0), mixed, _roots(), [2, 2, 2, 0])
     assert [r["k"] for r in chosen.to_pylist() if r["tree_id"] == 2] == [0]
 
 

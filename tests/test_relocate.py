@@ -58,7 +58,7 @@ def test_a_copied_work_dir_resumes_in_place_and_leaves_the_original_alone(tiny_m
         runs = prefect.read_task_runs(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
     states = sorted((r.name, r.state.name) for r in runs)
-    for phase in ("sample-roots", "score-roots", "allocate-roots", "expand-roots",
+    for phase in ("allocate-roots", "expand-roots", "allocate-prefixes",
                   "expand-prefixes", "tree-advantages", "fit-predictor", "policy-update"):
         assert any(name.startswith(phase) and s == "Cached" for name, s in states), (phase, states)
 

@@ -88,6 +88,30 @@ def test_a_finished_steps_correlation_terms_are_kept_not_read_again(workdir, mon
     assert kept == read and len(kept) == 3 + 1  # three roots, the one continued prefix
 
 
+def test_a_finished_steps_prompt_counts_are_kept_not_read_again(workdir, monkeypatch):
+    """After a step, its bare rollouts are added to the counts as of its start and kept in the
+    session: the next step's Stage 1 gets, without reading the store, the rows a read gives."""
+    from trace_rl.session import Session
+
+    rows = []  # step 1: tree 0 asks q0 again, tree 1 asks q7 (new)
+    for tree, item, rewards in ((0, "q0", (1.0, 1.0)), (1, "q7", (0.5, 0.0))):
+        rows.append(dict(node(tree, 0, -1, 0), item_id=item))
+        rows += [dict(node(tree, 1 + i, 0, 1, True, r), item_id=item) for i, r in enumerate(rewards)]
+    TreeStore(Paths(Path(workdir)).db).write_level(
+        RUN, 1, 0, pa.Table.from_pylist(rows, schema=NODE_INPUT_SCHEMA), None, LEDGER)
+    with Session().use():
+        read = [roots.bare_counts(workdir, RUN, s) for s in (1, 2)]  # from the store
+    with Session().use():
+        for step in (0, 1):
+            roots.remember_bare_counts(workdir, RUN, step,
+                                       runtime.step_trees(StepRef(workdir, RUN, step)))
+        monkeypatch.setattr(runtime, "store", lambda *a: pytest.fail("the store was read again"))
+        kept = [roots.bare_counts(workdir, RUN, s) for s in (1, 2)]
+    assert kept == read
+    assert [(r["item_id"], r["s"], r["n"], r["last"]) for r in kept[1]] == [
+        ("q0", 3.0, 4, 1), ("q1", 0.0, 2, 0), ("q2", 0.0, 2, 0), ("q7", 0.5, 2, 1)]
+
+
 CHAIN = {"engine": "hf", "steps": 2, "root_budget": 8, "pool_size": 4, "max_per_root": 2,
          "max_turns": 5, "max_new_tokens": 16, "multiplier": 1, "family": "synth_chain",
          "chain_hops": "2:1", "chain_train_items": 4, "root_posterior": 4.0, "plot_every": 0,

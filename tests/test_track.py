@@ -1,5 +1,5 @@
-"""tasks/track.py on a hand-built run in a real DuckDB store: the step's tree metrics (read with the
-store's SQL views) and the run's summary (evaluations, steps, spend) against hand-worked figures,
+"""tasks/track.py on a hand-built run in a real DuckDB store: the step's tree metrics (what the
+store's SQL views give) and the run's summary (evaluations, steps, spend) against hand-worked figures,
 and the summary's MLflow metrics through a real MLflow store."""
 
 from __future__ import annotations
@@ -62,6 +62,55 @@ def test_tree_metrics_of_a_hand_worked_step(workdir):
     assert m["tree/contrast_pairs_per_100_leaves"] == pytest.approx(100 / 4)
     assert (m["ledger/trajectories"], m["ledger/generated_tokens"], m["ledger/tool_calls"],
             m["ledger/wall_seconds"]) == (4, 30, 3, 1.5)
+
+
+VIEWS_SQL = (  # the figures as a user reads them with the store's views
+    "SELECT count(*) FILTER (WHERE is_leaf) AS leaves, avg(reward) FILTER (WHERE is_leaf) AS "
+    "reward, avg(depth) FILTER (WHERE is_leaf) AS depth, count(*) FILTER (WHERE NOT is_leaf) AS "
+    "internal, count(*) FILTER (WHERE depth = 0) AS roots, "
+    "count(*) FILTER (WHERE depth = 0 AND value > 0 AND value < 1) AS mixed, "
+    "(SELECT count(*) FROM mixed_anchors WHERE run_id = $r AND step = $s) AS anchors, "
+    "(SELECT count(*) FROM contrast_pairs WHERE run_id = $r AND step = $s) AS pairs "
+    "FROM nodes WHERE run_id = $r AND step = $s")
+
+
+def test_tree_figures_are_what_the_store_views_give(tmp_path):
+    """On 40 random trees (1-3 children a node, rewards 0, 0.5 or 1, backed up as the flow
+    does), the in-memory figures equal the mixed_anchors and contrast_pairs views' counts."""
+    import numpy as np
+    import pyarrow as pa
+
+    from test_prefix_stage import node
+    from trace_rl.storage.schema import NODE_INPUT_SCHEMA
+
+    rng, rows = np.random.default_rng(7), []
+    for tree in range(40):
+        rows.append(node(tree, 0, -1, 0))
+        frontier = [(0, 0)]
+        while frontier:
+            parent, depth = frontier.pop(0)
+            for _ in range(int(rng.integers(1, 4))):
+                slot = len([r for r in rows if r["tree_id"] == tree])
+                if depth + 1 == 3 or rng.random() < 0.4:
+                    rows.append(node(tree, slot, parent, depth + 1, True,
+                                     float(rng.choice([0.0, 0.5, 1.0]))))
+                else:
+                    rows.append(node(tree, slot, parent, depth + 1))
+                    frontier.append((slot, depth + 1))
+    store = runtime.store(str(tmp_path))
+    store.init_run(RUN, TrainConfig().to_dict())
+    store.write_level(RUN, 0, 0, pa.Table.from_pylist(rows, schema=NODE_INPUT_SCHEMA))
+    at = StepRef(str(tmp_path), RUN, 0)
+    learn.tree_advantages.fn(TrainConfig(), at)  # the stored values the views' "mixed" reads
+    v = store.query(VIEWS_SQL, {"r": RUN, "s": 0}).to_pylist()[0]
+    m = track.tree_figures(runtime.step_trees(at).batch)
+    assert v["anchors"] > 10 and v["pairs"] > 10 and 0 < v["mixed"] < v["roots"] == 40
+    assert m == pytest.approx({
+        "rollout/reward_mean": v["reward"], "rollout/leaves": v["leaves"],
+        "rollout/depth_mean": v["depth"], "tree/effective_ratio": v["mixed"] / v["roots"],
+        "tree/mixed_anchor_share": v["anchors"] / v["internal"],
+        "tree/contrast_pairs_per_100_leaves": 100 * v["pairs"] / v["leaves"],
+        "alloc/active_roots": v["roots"]})
 
 
 def record_evals(workdir: str, before: list[float], after: list[float]) -> None:

@@ -71,6 +71,21 @@ def test_backup_matches_naive_recursion_on_random_trees():
         assert np.all((value >= 0) & (value <= 1))
 
 
+def test_reward_range_is_the_lowest_and_highest_leaf_below_each_node():
+    # root -> a -> {b: 1, c: 0}; root -> d: 1.
+    tree = TreeBatch.from_paths([["a", "b"], ["a", "c"], ["d"]], [1, 0, 1])
+    lo, hi = tree.reward_range()
+    assert lo.tolist() == [0, 0, 1, 0, 1] and hi.tolist() == [1, 1, 1, 0, 1]
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        parent, reward = random_tree(rng, int(rng.integers(2, 30)))
+        lo, hi = TreeBatch(parent, reward).reward_range()
+        for y in range(len(parent)):
+            below = [reward[i] for i in range(len(parent)) if is_leaf(parent)[i]
+                     and y in TreeBatch(parent, reward).path(i)]
+            assert (lo[y], hi[y]) == (min(below), max(below))
+
+
 def test_backup_accepts_fractional_rewards_in_unit_interval():
     value, n = backup(np.array([-1, 0, 0]), np.array([np.nan, 0.25, 0.75]))
     assert value[0] == pytest.approx(0.5) and n[0] == 2

@@ -293,6 +293,18 @@ class TreeBatch:
                                  minlength=self.num_rows).astype(np.int64)
         return total / count, count
 
+    def reward_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lowest [R], highest [R]) leaf reward below each row (a leaf: its own; a row with no
+        leaf below: +inf, -inf). A node whose two differ holds both outcomes below it: a mixed
+        anchor (the store's ``mixed_anchors`` view). Same passes as ``backup``."""
+        self.check_rewards()
+        lo = np.where(self.is_leaf, self.reward, np.inf)
+        hi = np.where(self.is_leaf, self.reward, -np.inf)
+        for rows in self._levels_up():
+            np.minimum.at(lo, self.up[rows], lo[rows])
+            np.maximum.at(hi, self.up[rows], hi[rows])
+        return lo, hi
+
     def _levels_up(self) -> list[np.ndarray]:
         """Non-root rows per depth level, deepest level first, each in decreasing row order."""
         order = np.lexsort((-np.arange(self.num_rows), -self.depth))
