@@ -104,6 +104,16 @@ def test_a_new_tree_at_a_written_level_is_added(store):
     assert store.query("SELECT count(*) AS n FROM nodes").column("n")[0].as_py() == 14
 
 
+def test_a_level_that_reuses_another_levels_slot_is_refused_whole(store):
+    """Tree 1 has no level-1 rows, but its slot 2 is a level-0 leaf: the write names the clash
+    and stores nothing (a retry's skip is per tree and level; a clash is a bug, not a retry)."""
+    before = snapshot(store)
+    with pytest.raises(StoreError, match="'tree_id', 'local_index' name a node already stored"):
+        store.write_level("run1", 0, 1, table([node(1, 3, 0, 1, True, 0.0),
+                                               node(1, 2, 0, 1, True, 1.0)]))
+    assert snapshot(store) == before
+
+
 BAD_INPUTS = [
     ("tree_id", lambda rows: table(rows).drop_columns(["tree_id"])),
     ("depth", lambda rows: table(rows).set_column(

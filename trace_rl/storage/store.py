@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -245,11 +246,18 @@ class TreeStore(PublishedDatabase):
                 raise StoreError(f"write_level(run={run_id}, step={step}, level={level}) nodes: "
                                  f"column 'parent_index': each parent must be a stored non-leaf "
                                  f"node one turn shallower ({detail})")
+            # A tree stored at this level already (a retry) is skipped whole; every other row
+            # is new (ids are deterministic), so a plain INSERT: the key is still checked, without
+            # OR IGNORE's cost (~4.5 ms of a level's ~8 here), and a clash is an error, not a drop.
             cols = ", ".join(NODE_COLUMNS)
-            inserted = _exec(con,
-                f"INSERT OR IGNORE INTO nodes ({cols}) SELECT {cols} FROM staged_nodes "
-                f"WHERE tree_id NOT IN (SELECT tree_id FROM nodes WHERE run_id = ? AND step = ? "
-                f"AND level = ?)", [run_id, step, level])[0][0]
+            keep = f"WHERE tree_id NOT IN ({', '.join(map(str, skipped))})" if skipped else ""
+            try:
+                inserted = _exec(con, f"INSERT INTO nodes ({cols}) SELECT {cols} FROM staged_nodes "
+                                      f"{keep}")[0][0]
+            except duckdb.ConstraintException as exc:
+                raise StoreError(f"write_level(run={run_id}, step={step}, level={level}) nodes: "
+                                 f"columns 'tree_id', 'local_index' name a node already stored "
+                                 f"at another level ({exc})") from exc
             n_alloc = 0
             if alloc is not None:
                 con.register("staged_alloc", alloc)
