@@ -73,7 +73,7 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     metrics = {**predictor, **update["stats"], **track.allocation_metrics(fresh, chosen, waves),
                **track.oracle_metrics(mc_roots, mc_prefixes), "time/rollout_s": t_rollout,
                "time/sync_s": sync_s, "time/step_s": time.perf_counter() - t0}
-    # the step's tree figures (SQL on the store) join them; MLflow logging in the background
+    # the step's tree figures (on its trees) join them; MLflow logging in the background
     return at.policy_dir, do.log_step(at, mlflow_run_id, metrics, cfg.plot_every > 0 and
                                       at.step % cfg.plot_every == 0,
                                       life.registered(cfg.run, at.step), trees)
