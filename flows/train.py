@@ -64,8 +64,8 @@ def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
     if np.any(chosen.column("k").to_numpy() > 0):  # level 1: the continuations
         do.expand_prefixes(cfg, at, policy_dir, chosen, bare)
     t_rollout = time.perf_counter() - t0
-    # Learning, on the step's finished trees: the level-0 read and the rows written since.
-    trees = runtime.grown_trees(at, bare)
+    # Learning, on the step's finished trees (read once).
+    trees = runtime.step_trees(at)
     paths = do.tree_advantages(cfg, at, trees)  # the backup, then each path's advantages
     predictor = do.fit_predictor(cfg, at, trees)
     update = do.policy_update(cfg, at, policy_dir, paths, trees)

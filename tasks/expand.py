@@ -198,5 +198,4 @@ def persist(at: StepRef, level: int, expansion: dict[str, Any], wave: int = 0) -
     result = runtime.store(at.workdir).write_level(at.run_id, at.step, level, expansion["nodes"],
                                                    allocations=alloc_table,
                                                    ledger=expansion["ledger"])
-    runtime.remember_written(at, result.rows)  # the step's trees after it, without a read
     return result.inserted_nodes

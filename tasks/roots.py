@@ -166,7 +166,7 @@ def allocate_roots(cfg: TrainConfig, allocator: Allocator, at: StepRef, item_ids
     """Stage 1 on the step's candidate pool ``item_ids`` (``candidate_pool``): its scores
     (``score_roots``; ``measured``: the Monte-Carlo oracle's) with m_i, the bare rollouts the
     step's allocator gives each candidate (Stage 1 for trace / prompt_only), as column ``m``.
-    Scoring and allocating are one task: both are cheap and a resumed step redoes them alike."""
+    Scoring and allocating are one task run (both cheap; cached together)."""
     scored = score_roots(cfg, allocator, at, item_ids, measured)
     rng = phase_rng(cfg.seed, at.step, Phase.ROOTS)
     return with_counts(scored, allocator.allocate_roots(root_pool(scored),

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
@@ -169,41 +167,6 @@ def step_trees(at: StepRef, trees: StepTrees | None = None) -> StepTrees:
     """The step's stored trees: ``trees`` when the flow read them and handed them on, else one
     read of the store (a task called on its own)."""
     return trees if trees is not None else StepTrees(store(at.workdir).read_step(at.run_id, at.step))
-
-
-WRITTEN = "written-rows"
-"""The session memo of the node rows each level write of a step added, keyed (work dir, run id,
-step)."""
-
-
-def remember_written(at: StepRef, rows: pa.Table | None) -> None:
-    """Keep the node rows a level write of the step added (``WriteResult.rows``), for
-    ``grown_trees``."""
-    if rows is not None and rows.num_rows:
-        Session.current().memo(WRITTEN, (at.workdir, at.run_id, at.step), list,
-                               maxsize=4).append(rows)
-
-
-def grown_trees(at: StepRef, bare: StepTrees) -> StepTrees:
-    """The step's trees after the writes that followed the read of ``bare`` (a later level, a
-    fresh-prompt wave): ``bare``'s rows and the rows this session's writes of the step added
-    that it lacks (``remember_written``), in the store's order, when the store holds exactly
-    those (one count); otherwise (a resumed step whose expansions were cache hits) one read. So
-    a step reads its trees from DuckDB once."""
-    written = Session.current().memo(WRITTEN, (at.workdir, at.run_id, at.step), list, maxsize=4)
-    known = bare.table.column("node_id")
-    new = [t.filter(pc.invert(pc.is_in(t.column("node_id"), known))) for t in written]
-    added = sum(t.num_rows for t in new)
-    stored = store(at.workdir).query("SELECT count(*) AS n FROM nodes WHERE run_id = $r AND "
-                                     "step = $s", {"r": at.run_id, "s": at.step})
-    if stored.column("n")[0].as_py() != bare.table.num_rows + added:
-        return step_trees(at)
-    if not added:
-        return bare
-    schema = bare.table.schema
-    rows = [bare.table] + [t.select(schema.names).cast(schema) for t in new if t.num_rows]
-    return StepTrees(pa.concat_tables(rows).sort_by([("tree_id", "ascending"),
-                                                     ("local_index", "ascending")]))
 
 
 def environment(family: str, kwargs: tuple[tuple[str, Any], ...] = ()) -> Environment:

@@ -114,30 +114,6 @@ def test_a_level_that_reuses_another_levels_slot_is_refused_whole(store):
     assert snapshot(store) == before
 
 
-def test_a_steps_trees_grown_in_memory_are_the_trees_a_read_gives(tmp_path, monkeypatch):
-    """``tasks.runtime.grown_trees``: the level-0 read plus the rows the later writes added equal
-    a read of the step, column types included; a write this session did not see (a resumed
-    step's cache hit) makes the counts differ, and the step is read instead."""
-    from tasks import runtime
-    from tasks.runtime import StepRef
-    from trace_rl.session import Session
-
-    at = StepRef(str(tmp_path), "run1", 0)
-    with Session().use():
-        s = runtime.store(str(tmp_path))
-        s.init_run("run1", {"allocator": "trace"})
-        runtime.remember_written(at, s.write_level("run1", 0, 0, table(LEVEL0), None, LEDGER).rows)
-        bare = runtime.step_trees(at)
-        runtime.remember_written(at, s.write_level("run1", 0, 1, table(LEVEL1)).rows)
-        with monkeypatch.context() as m:
-            m.setattr(TreeStore, "read_step", lambda *a: pytest.fail("the step was read again"))
-            grown = runtime.grown_trees(at, bare)
-        assert grown.table.num_rows == 12 and grown.table.equals(s.read_step("run1", 0))
-        s.write_level("run1", 0, 0, table([node(2, 0, -1, 0), node(2, 1, 0, 1, True, 0.0)]))
-        again = runtime.grown_trees(at, bare)
-        assert len(again) == 3 and again.table.equals(s.read_step("run1", 0))
-
-
 BAD_INPUTS = [
     ("tree_id", lambda rows: table(rows).drop_columns(["tree_id"])),
     ("depth", lambda rows: table(rows).set_column(

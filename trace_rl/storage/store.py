@@ -26,7 +26,6 @@ from typing import Any, Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trace_rl.storage.published import (DB_FILENAME, PUBLISH_SHARE, READ_CONFIG,  # noqa: F401
@@ -71,9 +70,6 @@ class WriteResult:
     """Allocation rows added (rows already stored are kept as they were)."""
     ledger_written: bool
     """False when a ledger row for (run, step, level, method) already existed."""
-    rows: pa.Table | None = None
-    """The node rows this call added, with the store's columns (so that a caller that keeps a
-    step's trees in memory need not read them back; a read's column types may differ)."""
 
 
 class TreeStore(PublishedDatabase):
@@ -272,9 +268,7 @@ class TreeStore(PublishedDatabase):
             if ledger_values is not None:
                 ledger_written = _exec(con, "INSERT OR IGNORE INTO ledger VALUES "
                                             "(?, ?, ?, ?, ?, ?, ?, ?, ?)", ledger_values)[0][0] > 0
-        added = staged.filter(pc.invert(pc.is_in(staged.column("tree_id"), pa.array(
-            skipped, staged.schema.field("tree_id").type)))) if skipped else staged
-        return WriteResult(int(inserted), skipped, int(n_alloc), ledger_written, added)
+        return WriteResult(int(inserted), skipped, int(n_alloc), ledger_written)
 
     def update_values(self, run_id: str, step: int, updates: pa.Table) -> int:
         """Set backup results (value, n_leaves, advantage) or later scores (predicted_v,
