@@ -82,6 +82,13 @@ def instrument() -> None:
     timed(PolicyTrainer, "update", "optimiser (not overhead)")
     timed(expand, "_rollout", "rollouts (generation, not overhead)")
     timed(track, "tree_metrics", "tree metrics")
+    timed(track, "prediction_metrics", "tree metrics: the predictions' figures")
+    from trace_rl.storage.published import PublishedDatabase
+
+    timed(PublishedDatabase, "_open", "store: connection opens")
+    timed(PublishedDatabase, "_publish", "store: publishes (file copies)")
+    timed(runtime, "save_predictor", "predictor save")
+    timed(runtime, "load_predictor", "predictor load")
 
 
 def main(argv: list[str] | None = None) -> None:

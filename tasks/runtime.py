@@ -272,7 +272,7 @@ def allocator_for(allocation: Allocation) -> Allocator:
 
 def new_predictor(settings: Predictor, seed: int) -> HashedNgramPredictor:
     """A fresh predictor with a config's ``predictor`` section and the run's seed."""
-    torch.manual_seed(seed)
+    torch.random.default_generator.manual_seed(seed)  # the CPU generator (trace_core.predictor)
     return HashedNgramPredictor(head=HeadConfig(lr=settings.predictor_lr,
                                                 epochs=settings.predictor_epochs, seed=seed))
 
@@ -285,7 +285,7 @@ def load_predictor(settings: Predictor, seed: int, workdir: str, run_id: str, st
     it (it leaves the session)."""
     kept = Session.current().kept_predictor(workdir, run_id, step, take) if step >= 0 else None
     if kept is not None:
-        torch.manual_seed(seed)  # the generator's state new_predictor leaves (its init restores it)
+        torch.random.default_generator.manual_seed(seed)  # the state new_predictor leaves
         return kept
     predictor = new_predictor(settings, seed)
     if step < 0:

@@ -157,7 +157,10 @@ class FeaturePredictor:
         self.config = config
         self._gen = torch.Generator().manual_seed(config.seed)
         torch_state = torch.random.get_rng_state()
-        torch.manual_seed(config.seed)  # nn.Linear draws its init from the global generator
+        # nn.Linear draws its init from the global CPU generator. Seeded alone: torch.manual_seed
+        # also queues a CUDA seeding with a formatted stack trace while CUDA is not initialised
+        # (~5 ms a call deep inside a flow, and the queue grows by one entry a call).
+        torch.random.default_generator.manual_seed(config.seed)
         try:
             first = torch.nn.Linear(featurizer.dim, config.hidden or 1)
             rest = (

@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from trace_rl.policy.update import OPTIMIZER_STATE, PolicyTrainer, Ranks, UpdateSettings
+from trace_rl.policy.update import OPTIMIZER_STATE, PolicyTrainer, Ranks, UpdateSettings, save_state
 
 STRATEGIES = ("ddp", "fsdp2")
 """How a group of trainer ranks shares the update (``TrainConfig.trainer_strategy``)."""
@@ -161,7 +161,7 @@ class FSDPTrainer(PolicyTrainer):
         tmp.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(tmp, state_dict=untied, safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
-        torch.save(optim, tmp / OPTIMIZER_STATE)
+        save_state(optim, tmp / OPTIMIZER_STATE)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
