@@ -12,6 +12,8 @@ which also warms caches) and ``4096`` (one step of 4,096 leaves).
     python -m bench.overhead --out bench_runs/overhead.json            # both cases
     python -m bench.overhead --case default --steps 4
     python -m bench.overhead --case default --ref main   # the same case on main's code first
+    python -m bench.overhead --case default --ref main --repeats 3   # A B B A A B, each its own
+                                                          # process: the difference, its interval
 
 ``--keep DIR`` keeps the work dirs (``studies.optimiser`` replays a kept run's last policy update).
 """
@@ -19,6 +21,7 @@ which also warms caches) and ``4096`` (one step of 4,096 leaves).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,7 +30,9 @@ import time
 from collections import defaultdict
 from datetime import timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import numpy as np
 
 from bench import add_options
 
@@ -155,26 +160,81 @@ def report(result: dict[str, Any]) -> str:
 def run_ref(ref: str, name: str, steps: int, root: Path) -> dict[str, Any]:
     """``run_case`` on the code of git revision ``ref``, in a worktree of it under ``root`` and a
     process of its own (a new Prefect home); its figures, with the commit."""
+    with worktree(ref, root / f"ref-{name}") as (tree, commit):
+        return {**run_in(tree, name, steps, root / f"ref-{name}.json"), "code": f"{ref} ({commit})"}
+
+
+@contextlib.contextmanager
+def worktree(ref: str, tree: Path) -> Iterator[tuple[Path, str]]:
+    """A detached git worktree of ``ref`` at ``tree`` for the block, and its short commit."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
-    tree = root / f"ref-{name}"
     subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), ref],
                    check=True, capture_output=True)
     try:
-        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                                check=True, capture_output=True, text=True).stdout.strip()
-        out = root / f"ref-{name}.json"
-        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
-        module = next(d for d in ("bench", "studies") if (tree / d / "overhead.py").exists()) + ".overhead"
-        subprocess.run([sys.executable, "-m", module, "--case", name, "--steps",
-                        str(steps), "--out", str(out)], cwd=tree,
-                       env={**env, "PYTHONPATH": str(tree)}, check=True)
-        result = json.loads(out.read_text())[0]
+        yield tree, subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                                   check=True, capture_output=True, text=True).stdout.strip()
     finally:
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
                        capture_output=True)
-    return {**result, "code": f"{ref} ({commit})"}
+
+
+def run_in(tree: Path, name: str, steps: int, out: Path) -> dict[str, Any]:
+    """``run_case`` on the code checked out at ``tree``, in a process of its own (a new Prefect
+    home); its figures."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    module = next(d for d in ("bench", "studies") if (tree / d / "overhead.py").exists()) + ".overhead"
+    log = out.with_suffix(".log")
+    with log.open("w") as sink:  # its own report says "this checkout" of whichever code it ran
+        done = subprocess.run([sys.executable, "-m", module, "--case", name, "--steps", str(steps),
+                               "--out", str(out)], cwd=tree, env={**env, "PYTHONPATH": str(tree)},
+                              stdout=sink, stderr=subprocess.STDOUT)
+    if done.returncode:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
+        raise RuntimeError(f"the run of {tree} exited {done.returncode}; its log {log} ends:\n{tail}")
+    return json.loads(out.read_text())[0]
+
+
+def alternate(ref: str, name: str, steps: int, repeats: int, root: Path) -> list[dict[str, Any]]:
+    """``repeats`` runs of ``ref``'s code and as many of this checkout's, each in a process of its
+    own, in the order A B B A A B ... (a drift of the machine's speed falls on both); the runs'
+    figures, each with its code and order."""
+    repo = Path(__file__).resolve().parents[1]
+    runs = []
+    with worktree(ref, root / f"ref-{name}") as (tree, commit):
+        codes = [(tree, f"{ref} ({commit})"), (repo, "this checkout")]
+        for r in range(repeats):
+            for tree_, code in codes if r % 2 == 0 else codes[::-1]:
+                result = run_in(tree_, name, steps, root / f"run-{name}-{len(runs)}.json")
+                runs.append({**result, "code": code, "order": len(runs)})
+                print(report(runs[-1]), flush=True)
+    return runs
+
+
+def compare(runs: list[dict[str, Any]]) -> str:
+    """The overhead share of each code over its runs (mean, and the runs' spread), and the
+    difference of the pairs' shares (this checkout less the ref, per repeat) with its 95%
+    interval."""
+    from trace_core.stats import mean_interval
+
+    ref = [r for r in runs if r["code"] != "this checkout"]
+    now = [r for r in runs if r["code"] == "this checkout"]
+    lines = []
+    for rs in (ref, now):
+        shares = [100 * r["overhead_share"] for r in rs]
+        per_step = [s["overhead_s"] for r in rs for s in r["steps"] if s["step"] in r["share_over"]]
+        lines.append(f"  {rs[0]['code']}: overhead share {np.mean(shares):.1f}% over {len(rs)} runs "
+                     f"({', '.join(f'{x:.1f}' for x in shares)}); {np.median(per_step):.2f} s a "
+                     f"step (median over {len(per_step)} steps)")
+    diff = [100 * (b["overhead_share"] - a["overhead_share"]) for a, b in zip(ref, now)]
+    if len(diff) >= 2:
+        d = mean_interval(diff)
+        lines.append(f"  this checkout - ref: {d.mean:+.1f} points (95% CI {d.low:+.1f}, "
+                     f"{d.high:+.1f}) over {len(diff)} pairs")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,22 +244,29 @@ def main(argv: list[str] | None = None) -> None:
     add_options(p, ("--steps", 3, "steps of the default case"),
                 ("--out", Path, "also write the figures here as JSON"),
                 ("--keep", Path, "keep the work dirs under this folder (default: a temporary one)"),
-                ("--ref", str, "first run each case on the code of this git revision (before/after)"))
+                ("--ref", str, "first run each case on the code of this git revision (before/after)"),
+                ("--repeats", 1, "with --ref: this many runs of each, alternating, each in a "
+                                 "process of its own; prints the difference with its interval"))
     args = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         for name in args.case or ["default", "4096"]:
-            if args.ref:
-                results.append(run_ref(args.ref, name, args.steps, args.keep or Path(tmp)))
+            if args.ref and args.repeats > 1:
+                runs = alternate(args.ref, name, args.steps, args.repeats, args.keep or Path(tmp))
+                results += runs
+                print(f"case {name}, {args.repeats} runs of each:\n{compare(runs)}", flush=True)
+            else:
+                if args.ref:
+                    results.append(run_ref(args.ref, name, args.steps, args.keep or Path(tmp)))
+                    print(report(results[-1]), flush=True)
+                results.append({**run_case(name, args.steps, args.keep or Path(tmp)),
+                                "code": "this checkout"})
                 print(report(results[-1]), flush=True)
-            results.append({**run_case(name, args.steps, args.keep or Path(tmp)),
-                            "code": "this checkout"})
-            print(report(results[-1]), flush=True)
-            if args.ref:
-                before, after = results[-2], results[-1]
-                print(f"case {name}: overhead share {100 * before['overhead_share']:.1f}% "
-                      f"({before['code']}) -> {100 * after['overhead_share']:.1f}% "
-                      f"({after['code']})", flush=True)
+                if args.ref:
+                    before, after = results[-2], results[-1]
+                    print(f"case {name}: overhead share {100 * before['overhead_share']:.1f}% "
+                          f"({before['code']}) -> {100 * after['overhead_share']:.1f}% "
+                          f"({after['code']})", flush=True)
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(results, indent=1, default=str))
