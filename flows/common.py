@@ -142,8 +142,9 @@ KEEP_CONNECTION = frozenset({
 expansions): inside a ``held`` block of the store (the train flow's steps), they keep its one
 connection open for the next, and the step's marks share it (the logging thread's reads and the
 publish timer run between their uses, on it). Every other phase (the update, the sync,
-evaluation, the run's summary) first closes it (``released``), so that the file is not held from
-other processes (a retrain or evaluate flow of the work dir) while they run long."""
+evaluation, the run's summary) runs in a ``released`` stretch: the connection stays open through
+it unless another process (a retrain or evaluate flow of the work dir) asks for the file, and is
+then closed within 50 ms, so that the file is not held from others while a phase runs long."""
 
 
 class Phases:

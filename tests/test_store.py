@@ -192,20 +192,59 @@ def test_a_held_block_shares_one_connection_publishes_writes_and_lets_go(store, 
         between.join(30)
         assert other == [12] and opened == []  # between the block's uses, on its connection
         with published.released():
-            with store.snapshot() as con:  # suspended: each use its own connection, as outside
+            with store.snapshot() as con:  # suspended, but nobody else asked: the kept connection
                 con.execute("SELECT * FROM nodes")  # a result left unfinished
-            assert store.read_step("run1", 0).num_rows == 12 and len(opened) == 2
-            opened.clear()
+            assert store.read_step("run1", 0).num_rows == 12 and opened == []
         with store.snapshot() as con:  # each use of the block's connection is its own cursor,
             con.execute("SELECT * FROM nodes")  # so a result left unfinished is no one else's
         assert store.read_step("run1", 0).num_rows == 12
-        assert store.get_run("run1") is not None and len(opened) == 1  # a fresh one
+        assert store.get_run("run1") is not None and opened == []  # still the same one
         with pytest.raises(StoreError, match="only SELECT"):
             store.query("DELETE FROM nodes")
-        assert store.get_run("run1") is not None and len(opened) == 2  # the failed one closed
+        assert store.get_run("run1") is not None and len(opened) == 1  # the failed one closed
     assert published.PublishedDatabase._holds.files == {}
     assert store.query("SELECT value FROM nodes WHERE node_id = $n",
                        {"n": nid(2)}).to_pylist() == [{"value": 1.0}]
+
+
+def test_a_released_stretch_keeps_the_connection_until_another_process_asks(store, monkeypatch):
+    """Through a ``released`` stretch a writer's held connection stays open while nobody else
+    wants the file; once another process waits for the file lock (here a thread, on a descriptor
+    of its own: flock sees it as another holder), the connection is closed and the lock let go
+    within the poll, the waiter writes, and the block's next use opens a connection that sees it."""
+    import duckdb
+
+    from trace_rl.storage import locks, published
+
+    opened = []
+    real = duckdb.connect
+    monkeypatch.setattr(published.duckdb, "connect",
+                        lambda *a, **k: opened.append(a) or real(*a, **k))
+    lock = store._lock_file
+    assert not locks.waited_on(lock)
+    waited: list[float] = []
+
+    def other_process() -> None:
+        t0 = time.monotonic()
+        with locks.file_lock(lock, 30, "test"):
+            waited.append(time.monotonic() - t0)
+            con = real(str(store.private))  # it has the file to itself now
+            con.execute("UPDATE runs SET status = 'failed' WHERE run_id = 'run1'")
+            con.close()
+
+    with store.held():
+        assert store.get_run("run1")["status"] != "failed" and len(opened) == 1
+        with published.released():
+            time.sleep(3 * published.YIELD_POLL_S)
+            hold = published.PublishedDatabase._open_holds.get(store.private)
+            assert hold is not None and hold.con is not None  # kept: nobody asked
+            other = threading.Thread(target=other_process)
+            other.start()
+            other.join(30)
+            assert waited and waited[0] < 20 * published.YIELD_POLL_S
+            assert published.PublishedDatabase._open_holds.get(store.private) is None
+        assert store.get_run("run1")["status"] == "failed" and len(opened) == 2  # a new one
+    assert not locks.waited_on(lock)
 
 
 def python_paths(rows):

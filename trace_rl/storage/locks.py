@@ -91,13 +91,19 @@ def _try_flock(fd: int) -> bool:
 def file_lock(path: str | Path, timeout_s: float, what: str) -> Iterator[None]:
     """Hold an exclusive flock on ``path`` (created if missing), polling up to ``timeout_s``.
 
-    Past 5 s of waiting a warning names the holder once; past ``timeout_s``, ``LockTimeout``."""
+    While it waits it holds a shared flock on ``<path>.waiting``, so that a holder that keeps the
+    lock between its uses sees someone waits (``waited_on``) and lets go. Past 5 s of waiting a
+    warning names the holder once; past ``timeout_s``, ``LockTimeout``."""
     path = Path(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    waiting: int | None = None
     try:
         start = time.monotonic()
         delay, warned = 0.002, False
         while not _try_flock(fd):
+            if waiting is None:  # say so, for as long as it waits
+                waiting = os.open(_waiting(path), os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(waiting, fcntl.LOCK_SH)
             waited = time.monotonic() - start
             if waited >= timeout_s:
                 raise LockTimeout(f"{what}: {path} stayed locked for {timeout_s:.0f} s by "
@@ -107,9 +113,31 @@ def file_lock(path: str | Path, timeout_s: float, what: str) -> Iterator[None]:
                 warned = True
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+        if waiting is not None:
+            os.close(waiting)
+            waiting = None
         yield
     finally:
+        if waiting is not None:
+            os.close(waiting)
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def _waiting(path: Path) -> Path:
+    """Where a process waiting in ``file_lock`` for ``path`` says so (a shared flock)."""
+    return path.with_name(path.name + ".waiting")
+
+
+def waited_on(path: str | Path) -> bool:
+    """Whether any process (or another thread of this one) waits in ``file_lock`` for ``path``."""
+    try:
+        fd = os.open(_waiting(Path(path)), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        return not _try_flock(fd)  # a waiter's shared flock refuses this exclusive one
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------ one train per work dir

@@ -47,7 +47,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import duckdb
 import pyarrow as pa
 
-from trace_rl.storage.locks import LockTimeout, file_lock, holders
+from trace_rl.storage.locks import LockTimeout, file_lock, holders, waited_on
 
 DB_FILENAME = "trace.duckdb"
 _log = logging.getLogger(__name__)
@@ -91,25 +91,48 @@ class _Hold:
         self.stack: ExitStack | None = None
 
 
+YIELD_POLL_S = 0.05
+"""How often a writer's ``held`` connection kept through a ``released`` stretch checks whether
+another process waits for the file."""
+
+
 @contextmanager
 def released() -> Iterator[None]:
-    """Suspend this thread's ``held`` blocks (closing their connections and letting go of their
-    file locks) for a stretch that runs long without the store (generation, the update), so that
-    other processes get their turn: inside it each use opens and closes its own connection, as
-    outside any block; after it the next use opens another. Outside any ``held`` block:
-    nothing."""
+    """Suspend this thread's ``held`` blocks for a stretch that runs long without the store
+    (the update, the weight sync): inside it each use runs as outside any block. A writer's
+    connection stays open through the stretch (opening one costs ~16 ms here, a DuckDB database's
+    start, even in memory), so the next use after it finds it, unless another process asks for
+    the file: it waits in ``locks.file_lock``, which says so, and a watcher thread closes the
+    connection and lets go of the file lock within ``YIELD_POLL_S``; the next use then opens
+    another. A reader's connection is closed at once. Outside any block: nothing."""
     files = getattr(PublishedDatabase._holds, "files", None)
     if not files:
         yield
         return
     for hold in list(files.values()):
-        hold.db._let_go()
+        if not hold.db.writer:
+            hold.db._let_go(hold)
     suspended = dict(files)
     files.clear()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_let_go_when_asked, args=(list(suspended.values()), stop),
+                               name="trace-store-yield", daemon=True)
+    watcher.start()
     try:
         yield
     finally:
+        stop.set()
+        watcher.join()
         files.update(suspended)
+
+
+def _let_go_when_asked(holds: list["_Hold"], stop: threading.Event) -> None:
+    """Until ``stop``: close each writer's ``held`` connection, letting go of its file lock, once
+    another process waits for that lock (``locks.waited_on``)."""
+    while not stop.wait(YIELD_POLL_S):
+        for hold in holds:
+            if hold.con is not None and waited_on(hold.db._lock_file):
+                hold.db._let_go(hold)
 
 
 class PublishedDatabase:
@@ -153,6 +176,8 @@ class PublishedDatabase:
         self._published_at = 0.0
         self._timer: threading.Timer | None = None
         self._file = self.private if create else self.path
+        self._lock_file = self.private.with_name(self.private.name + ".lock")
+        """Held (``locks.file_lock``) by whichever TRACE process has the private file open."""
         with PublishedDatabase._locks_guard:
             self._lock = PublishedDatabase._locks.setdefault(self._file, threading.RLock())
         if create:
@@ -181,8 +206,7 @@ class PublishedDatabase:
     def _file_lock(self) -> Iterator[None]:
         """This process's turn on a writer's file, among TRACE's processes."""
         try:
-            with file_lock(self.private.with_name(self.private.name + ".lock"),
-                           self.write_timeout_s, "TreeStore writer"):
+            with file_lock(self._lock_file, self.write_timeout_s, "TreeStore writer"):
                 yield
         except LockTimeout as exc:
             raise StoreBusyError(str(exc)) from exc
@@ -241,10 +265,11 @@ class PublishedDatabase:
     def held(self) -> Iterator[None]:
         """Within the block, this thread's reads and writes of the file share one connection
         (a writer's is read-write; each use gets a cursor of it), opened at the first of them and
-        closed at the block's end or at a ``released`` block. Opening a connection costs 10-40 ms
-        here, so a run of short phases that read and write the store saves one per use. While
-        the connection is open the block keeps the file lock (other processes wait for the
-        block), but this process's thread lock is taken per use: between uses, other threads'
+        closed at the block's end, or in a ``released`` stretch once another process asks for the
+        file (a reader's: at the stretch's start). Opening a connection costs 10-40 ms here, so a
+        run of short phases that read and write the store saves one per use. While the connection
+        is open the block keeps the file lock (other processes wait for the block's next
+        ``released`` stretch), but this process's thread lock is taken per use: between uses, other threads'
         uses of the file run on the block's connection and the publish timer publishes deferred
         writes, so readers see a write within the deferral however long the block lasts. Each
         write is checkpointed and published (or deferred) as if its connection had closed; a
