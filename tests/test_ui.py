@@ -114,8 +114,8 @@ def ui_run(ui_server: UiServer) -> Iterator[UiRun]:
             artifacts = [a for a in client.read_artifacts() if a.key]
         ports = free_port(), free_port()
         mlflow_log, view_log = home / "mlflow.log", home / "view.log"
-        procs.append(start([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
-                            f"sqlite:///{wd / 'mlflow.db'}", "--host", "127.0.0.1",
+        procs.append(start([sys.executable, "-m", "mlflow", "ui", "--workers", "1",  # ui_command's
+                            "--backend-store-uri", f"sqlite:///{wd / 'mlflow.db'}", "--host", "127.0.0.1",
                             "--port", str(ports[0])], env, mlflow_log))
         procs.append(start([sys.executable, "-m", "cli", "view", "--workdir", str(wd),
                             "--port", str(ports[1])], env, view_log))

@@ -2,7 +2,7 @@
 
 One MLflow run per training flow run (docs/architecture.md). The default store needs no server:
 ``sqlite:///<workdir>/mlflow.db`` for runs and the model registry, ``<workdir>/mlruns`` for
-artifacts; ``mlflow ui --backend-store-uri sqlite:///<workdir>/mlflow.db`` shows it.
+artifacts; ``mlflow ui --workers 1 --backend-store-uri sqlite:///<workdir>/mlflow.db`` shows it.
 
 Everything goes through an ``MlflowClient`` with an explicit run id rather than the fluent
 ``mlflow.start_run`` API, whose active run is global per thread: Prefect runs tasks in worker
@@ -217,8 +217,11 @@ class Tracker(ModelRegistry):
 
     @property
     def ui_command(self) -> str:
-        """The command that shows this store in a browser."""
-        return f"mlflow ui --backend-store-uri {self.tracking_uri}"
+        """The command that shows this store in a browser. One worker process: MLflow's default of
+        four, each importing MLflow, crash-looped on a 2-core machine busy training (uvicorn's
+        supervisor restarts a worker that misses its ping while it starts), and one serves one
+        user."""
+        return f"mlflow ui --workers 1 --backend-store-uri {self.tracking_uri}"
 
     def ui_url(self, run_id: str | None = None, artifact: str | None = None) -> str:
         """Where ``ui_command``'s server (its default address) shows a run of this store (default:
