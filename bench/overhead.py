@@ -11,9 +11,9 @@ which also warms caches) and ``4096`` (one step of 4,096 leaves).
 
     python -m bench.overhead --out bench_runs/overhead.json            # both cases
     python -m bench.overhead --case default --steps 4
-    python -m bench.overhead --case default --ref main   # the same case on main's code first
-    python -m bench.overhead --case default --ref main --repeats 3   # A B B A A B, each its own
-                                                          # process: the difference, its interval
+    python -m bench.overhead --case default --ref main   # main's code, then this checkout's
+    python -m bench.overhead --case default --ref main --repeats 3   # A B B A A B: the
+                                                          # difference with its 95% interval
 
 ``--keep DIR`` keeps the work dirs (``studies.optimiser`` replays a kept run's last policy update).
 """
@@ -157,13 +157,6 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_ref(ref: str, name: str, steps: int, root: Path) -> dict[str, Any]:
-    """``run_case`` on the code of git revision ``ref``, in a worktree of it under ``root`` and a
-    process of its own (a new Prefect home); its figures, with the commit."""
-    with worktree(ref, root / f"ref-{name}") as (tree, commit):
-        return {**run_in(tree, name, steps, root / f"ref-{name}.json"), "code": f"{ref} ({commit})"}
-
-
 @contextlib.contextmanager
 def worktree(ref: str, tree: Path) -> Iterator[tuple[Path, str]]:
     """A detached git worktree of ``ref`` at ``tree`` for the block, and its short commit."""
@@ -244,29 +237,22 @@ def main(argv: list[str] | None = None) -> None:
     add_options(p, ("--steps", 3, "steps of the default case"),
                 ("--out", Path, "also write the figures here as JSON"),
                 ("--keep", Path, "keep the work dirs under this folder (default: a temporary one)"),
-                ("--ref", str, "first run each case on the code of this git revision (before/after)"),
-                ("--repeats", 1, "with --ref: this many runs of each, alternating, each in a "
-                                 "process of its own; prints the difference with its interval"))
+                ("--ref", str, "also run each case on the code of this git revision (before/after), "
+                               "each run in a process of its own"),
+                ("--repeats", 1, "with --ref: this many runs of each, alternating; from 2 on the "
+                                 "difference comes with its 95%% interval"))
     args = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
         for name in args.case or ["default", "4096"]:
-            if args.ref and args.repeats > 1:
+            if args.ref:
                 runs = alternate(args.ref, name, args.steps, args.repeats, args.keep or Path(tmp))
                 results += runs
-                print(f"case {name}, {args.repeats} runs of each:\n{compare(runs)}", flush=True)
+                print(f"case {name}, {args.repeats} run(s) of each:\n{compare(runs)}", flush=True)
             else:
-                if args.ref:
-                    results.append(run_ref(args.ref, name, args.steps, args.keep or Path(tmp)))
-                    print(report(results[-1]), flush=True)
                 results.append({**run_case(name, args.steps, args.keep or Path(tmp)),
                                 "code": "this checkout"})
                 print(report(results[-1]), flush=True)
-                if args.ref:
-                    before, after = results[-2], results[-1]
-                    print(f"case {name}: overhead share {100 * before['overhead_share']:.1f}% "
-                          f"({before['code']}) -> {100 * after['overhead_share']:.1f}% "
-                          f"({after['code']})", flush=True)
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(results, indent=1, default=str))

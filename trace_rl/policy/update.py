@@ -37,6 +37,7 @@ from trace_rl.policy.packing import Packed, pack, packing_agrees, worth_packing
 from trace_rl.policy.trunk import FrozenTrunk
 
 OPTIMIZER_STATE = "optimizer.pt"
+"""File of a policy checkpoint that holds the AdamW state (what resuming a run needs)."""
 
 
 def save_state(state: Any, path: Path) -> None:
@@ -49,7 +50,6 @@ def save_state(state: Any, path: Path) -> None:
         torch.save(state, path)
     finally:
         torch.serialization.set_crc32_options(crc)
-"""File of a policy checkpoint that holds the AdamW state (what resuming a run needs)."""
 
 
 @dataclass(frozen=True)

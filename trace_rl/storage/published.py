@@ -114,15 +114,18 @@ def released() -> Iterator[None]:
             hold.db._let_go(hold)
     suspended = dict(files)
     files.clear()
-    stop = threading.Event()
-    watcher = threading.Thread(target=_let_go_when_asked, args=(list(suspended.values()), stop),
-                               name="trace-store-yield", daemon=True)
-    watcher.start()
+    kept = [hold for hold in suspended.values() if hold.con is not None]  # writers' open ones
+    stop, watcher = threading.Event(), None
+    if kept:
+        watcher = threading.Thread(target=_let_go_when_asked, args=(kept, stop),
+                                   name="trace-store-yield", daemon=True)
+        watcher.start()
     try:
         yield
     finally:
         stop.set()
-        watcher.join()
+        if watcher is not None:
+            watcher.join()
         files.update(suspended)
 
 
@@ -269,11 +272,11 @@ class PublishedDatabase:
         file (a reader's: at the stretch's start). Opening a connection costs 10-40 ms here, so a
         run of short phases that read and write the store saves one per use. While the connection
         is open the block keeps the file lock (other processes wait for the block's next
-        ``released`` stretch), but this process's thread lock is taken per use: between uses, other threads'
-        uses of the file run on the block's connection and the publish timer publishes deferred
-        writes, so readers see a write within the deferral however long the block lasts. Each
-        write is checkpointed and published (or deferred) as if its connection had closed; a
-        failed use closes the connection. Nested blocks are one block."""
+        ``released`` stretch), but this process's thread lock is taken per use: between uses,
+        other threads' uses of the file run on the block's connection and the publish timer
+        publishes deferred writes, so readers see a write within the deferral however long the
+        block lasts. Each write is checkpointed and published (or deferred) as if its connection
+        had closed; a failed use closes the connection. Nested blocks are one block."""
         files = PublishedDatabase._holds.__dict__.setdefault("files", {})
         if self._file in files:
             yield

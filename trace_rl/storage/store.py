@@ -155,9 +155,10 @@ class TreeStore(PublishedDatabase):
             rows.append([run_id, then_running, "running", now, None, None])
         with self._transaction() as con:
             for row in rows:  # an update, else an insert: ~2-3 ms a row here, ON CONFLICT's ~7
+                run, at, state, _, finished, metrics_of = row
                 changed = _exec(con, "UPDATE steps SET status = ?, finished_at = ?, metrics_json = "
                                 "coalesce(?, metrics_json) WHERE run_id = ? AND step = ?",
-                                [row[2], row[4], row[5], row[0], row[1]])
+                                [state, finished, metrics_of, run, at])
                 if not changed[0][0]:
                     _exec(con, "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?)", row)
 
