@@ -11,7 +11,8 @@ level writes and value updates publish at once unless that would spend more than
 -readonly trace.duckdb``, a notebook) holding the published file keeps the inode it opened, a
 consistent snapshot as of one transaction, for as long as it likes; the next publish swaps a new
 inode in under it and the writer never waits. Each snapshot is whole because the private file is
-checkpointed on close (no WAL) and the copy happens under the writer's lock file.
+checkpointed before each copy (no WAL: on close, or by the publish itself while a ``held`` block
+keeps the connection open) and the copy happens under the writer's lock file.
 
 Why a published copy rather than immutable per-level Parquet files behind views: the private
 file keeps one ACID database with in-place ``update_values`` (backup, advantages, late scores)
@@ -60,8 +61,11 @@ READ_CONFIG = {
 }
 """DuckDB config of every read-only connection (``query``, ``trace sql``)."""
 _READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
-PUBLISH_SHARE = 0.1
-"""Most of a writer's wall time that publishing level writes may take (see ``_publish_due``)."""
+PUBLISH_SHARE = 0.02
+"""Most of a writer's wall time that publishing level writes may take (see ``_publish_due``): a
+publish (a checkpoint of the writes since the last one, then the copy) of a small store takes
+~15 ms here, so writes less than ~0.7 s after a publish wait for the next one (a step of the
+tiny policy writes 5 times in ~4 s); a store of 120 MB publishes at most every ~8 s."""
 
 
 class StoreError(ValueError):
@@ -89,6 +93,9 @@ class _Hold:
         self.db = db
         self.con: duckdb.DuckDBPyConnection | None = None
         self.stack: ExitStack | None = None
+        self.unsaved = False
+        """Whether writes on ``con`` since its last checkpoint are only in the WAL: a write that
+        is not published at once is not checkpointed either; ``_publish`` checkpoints first."""
 
 
 YIELD_POLL_S = 0.05
@@ -275,8 +282,9 @@ class PublishedDatabase:
         ``released`` stretch), but this process's thread lock is taken per use: between uses,
         other threads' uses of the file run on the block's connection and the publish timer
         publishes deferred writes, so readers see a write within the deferral however long the
-        block lasts. Each write is checkpointed and published (or deferred) as if its connection
-        had closed; a failed use closes the connection. Nested blocks are one block."""
+        block lasts. Each write is published (checkpointed first) or deferred, as if its connection
+        had closed, except that a deferred write stays in the WAL until its publish; a failed use
+        closes the connection. Nested blocks are one block."""
         files = PublishedDatabase._holds.__dict__.setdefault("files", {})
         if self._file in files:
             yield
@@ -299,6 +307,7 @@ class PublishedDatabase:
                 return
             con, stack = hold.con, hold.stack
             hold.con = hold.stack = None
+            hold.unsaved = False  # DuckDB checkpoints on close
             if PublishedDatabase._open_holds.get(self._file) is hold:
                 del PublishedDatabase._open_holds[self._file]
             with stack:  # the lock is let go after the close
@@ -344,8 +353,9 @@ class PublishedDatabase:
                 cursor = hold.con.cursor()  # a use of its own: its results and registrations
                 try:
                     yield cursor
-                    if not read_only:  # as a close leaves it: the file holds everything, no WAL
-                        _exec(cursor, "CHECKPOINT")
+                    # committed to the WAL; checkpointed into the file by the publish that copies
+                    # it (``_publish``), now or when due, or by the connection's close
+                    hold.unsaved = hold.unsaved or not read_only
                 except BaseException:
                     cursor.close()
                     self._let_go(hold)
@@ -379,6 +389,11 @@ class PublishedDatabase:
         """Copy the private file to a temporary name and rename it onto the published file
         (atomic: a reader sees the old snapshot or the new one, never a torn file)."""
         t0 = time.perf_counter()
+        hold = self._open_hold()
+        if hold is not None and hold.unsaved:  # as a close leaves it: the file holds all, no WAL
+            with hold.con.cursor() as cursor:
+                _exec(cursor, "CHECKPOINT")
+            hold.unsaved = False
         tmp = self.path.with_name(f".{self.path.name}.publish-{os.getpid()}")
         try:
             shutil.copyfile(self.private, tmp)
@@ -417,9 +432,9 @@ class PublishedDatabase:
         """Whether a level write or value update publishes: yes unless the last publish was so
         recent that publishing again would spend more than ``PUBLISH_SHARE`` of the wall time on
         copies. A copy is linear in the file size (~10 ms at 6 MB, ~160 ms at 120 MB here), so a
-        small store publishes every write and a large one at most every ~1.5 s; run, step and
-        schema changes always publish, and a deferred publish happens by then at the latest
-        (``_defer_publish``), so no write stays unpublished longer than that."""
+        small store publishes a write ~0.7 s after the last publish and a large one at most every
+        ~8 s; run, step and schema changes always publish, and a deferred publish happens by then
+        at the latest (``_defer_publish``), so no write stays unpublished longer than that."""
         if not self.publish_seconds:
             return True
         since = time.perf_counter() - self._published_at
