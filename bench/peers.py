@@ -209,7 +209,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.set_defaults(steps=10, eval_items=100, eval_samples=2, multiplier=1, workdir="bench_runs/peers")
     add_options(ap, ("--methods", ",".join(METHODS), "of trl_grpo, grpo, trace"),
                 ("--group-size", 4, "rollouts per prompt (grpo, TRL: M (1 + N) / group-size prompts a step)"),
-                ("--results", "", "records folder (default results/peers; with --quick <workdir>/records)"))
+                ("--records", "", "records folder (default results/peers, with --policy "
+                                  "results/peers_<family>; with --quick <workdir>/records)"))
     return ap
 
 
@@ -222,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
     quick(args, root_budget=8, multiplier=1)
     workdir = Path(args.workdir)
-    results = Path(args.results or (workdir / "records" if args.quick else RECORDS / "peers"))
+    results = Path(args.records or (workdir / "records" if args.quick else
+                                    RECORDS / (f"peers_{args.family}" if args.policy else "peers")))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if set(methods) - set(METHODS):
         raise SystemExit(f"--methods: unknown {sorted(set(methods) - set(METHODS))}; of {METHODS}")

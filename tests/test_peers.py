@@ -82,7 +82,7 @@ def test_quick_peers_benchmark(tmp_path, capsys):
     from bench.peers import METHODS, main
 
     results = tmp_path / "res"
-    out = main(["--quick", "--workdir", str(tmp_path / "wd"), "--results", str(results)])
+    out = main(["--quick", "--workdir", str(tmp_path / "wd"), "--records", str(results)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = CLOSING.fullmatch(last)
     assert m, last
@@ -101,6 +101,6 @@ def test_quick_peers_benchmark(tmp_path, capsys):
     # the family's grader as TRL's reward function agrees with the ReAct loop's own reward
     assert trl["reward_mismatches"] == 0
     # a second invocation reuses every record: nothing is run again
-    again = main(["--quick", "--workdir", str(tmp_path / "wd"), "--results", str(results)])
+    again = main(["--quick", "--workdir", str(tmp_path / "wd"), "--records", str(results)])
     assert again["summary"]["methods"]["trl_grpo"]["wall_per_step"] == \
         table["trl_grpo"]["wall_per_step"]
