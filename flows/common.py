@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import os
 from pathlib import Path
 from types import MappingProxyType
@@ -19,24 +18,6 @@ from tasks.runtime import PHASE_KEY, Paths, PhaseKey
 from trace_rl.environ import resolve_workdir
 from trace_rl.session import Session
 from trace_rl.storage.published import released
-
-
-class _CompletedTaskRunLine(logging.Filter):
-    """Drops the line "Finished in state Completed()" that Prefect logs as each task run of a
-    flow ends, nothing else: the run's state says it in the UI and the progress line names the
-    phase, while the line itself (nine a step, to the terminal and the server's log) flooded the
-    flow run's log and cost ~3 ms each (rendering, and shipping to the server) on the step's
-    critical path. A cached, failed or crashed task run still says so."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and record.msg == "Finished in state Completed()")
-
-
-def quiet_completed_task_runs() -> None:
-    """Install ``_CompletedTaskRunLine`` on Prefect's task-run logger (once per process)."""
-    log = logging.getLogger("prefect.task_runs")
-    if not any(isinstance(f, _CompletedTaskRunLine) for f in log.filters):
-        log.addFilter(_CompletedTaskRunLine())
 
 
 def _release_engines(flow: Any, flow_run: Any, state: Any) -> None:
@@ -180,7 +161,6 @@ class Phases:
                  session: Session | None = None):
         self._workdir, self._watch, self._where = workdir, watch, where
         self.session = session or Session.current()
-        quiet_completed_task_runs()
 
     def __getattr__(self, name: str) -> Any:
         from tasks import evaluate, expand, learn, prefixes, roots, track

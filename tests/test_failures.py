@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from tasks.runtime import Paths
 from trace_rl.storage.store import TreeStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,6 +256,7 @@ NODE_COLUMNS = ("node_id", "parent_id", "tree_id", "step", "level", "depth", "is
 it earned, the allocation and the backed-up values."""
 FLOAT_COLUMNS = ("predicted_v", "advantage")
 """Computed by the predictor and the estimators; compared to 1e-6."""
+PROGRESS = "Finished in state Completed()"  # a phase run for real (a cache hit says Cached)
 
 
 def _nodes(workdir: Path) -> dict[str, dict]:
@@ -265,23 +265,16 @@ def _nodes(workdir: Path) -> dict[str, dict]:
     return {r["node_id"]: r for r in store.query(f"SELECT {cols} FROM nodes ORDER BY node_id").to_pylist()}
 
 
-def _records(workdir: Path) -> int:
-    """The work dir's Prefect cache records: one per phase that ran for real and kept its result
-    (a cache hit adds none)."""
-    keys = Paths(workdir).results / "keys"
-    return sum(1 for _ in keys.iterdir()) if keys.is_dir() else 0
-
-
-def _kill_after(proc: subprocess.Popen, log: Path, workdir: Path, phases: int, delay_s: float,
+def _kill_after(proc: subprocess.Popen, log: Path, phases: int, delay_s: float,
                 timeout_s: float = 300) -> str:
     """SIGKILL ``proc``'s process group ``delay_s`` after its ``phases``-th newly finished phase
-    that keeps a result (0: after the flow run began); return the task run the log last named, or
-    'finished' if it ended."""
-    deadline, before = time.time() + timeout_s, _records(workdir)
+    (0: after the flow run began); return what the log last said, or 'finished' if it ended."""
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
             return "finished"
-        if "Beginning flow run" in log.read_text() and _records(workdir) - before >= phases:
+        text = log.read_text()
+        if "Beginning flow run" in text and text.count(PROGRESS) >= phases:
             break
         time.sleep(0.02)
     time.sleep(delay_s)
@@ -312,7 +305,7 @@ def test_sigkill_at_ten_random_points_then_resume_matches_uninterrupted_run(tiny
         phases, delay = rng.randint(0, 4), round(rng.uniform(0.0, 0.8), 2)
         log = tmp_path / f"kill{k}.log"
         proc = _spawn_train(cfg, wd, log, api)
-        last = _kill_after(proc, log, wd, phases, delay)
+        last = _kill_after(proc, log, phases, delay)
         complete = (TreeStore(wd, create=False).last_complete_step("crash")
                     if (wd / "trace.duckdb").exists() else None)
         points.append({"kill": k, "after_phases": phases, "delay_s": delay,

@@ -61,57 +61,6 @@ def _check_trees(store: TreeStore, run_id: str, steps: int, leaves_per_step: int
                          "WHERE abs(n.value - s.leaf_mean) > 1e-9", ) == 0
 
 
-def test_only_the_completed_task_run_line_is_dropped():
-    """Prefect logs "Finished in state Completed()" as each task run ends (nine a step); the
-    filter ``Phases`` installs (``flows.common.quiet_completed_task_runs``, once) drops that line
-    and nothing else: a failed task run still says so."""
-    import logging
-
-    from prefect import flow, task
-
-    from flows.common import _CompletedTaskRunLine, quiet_completed_task_runs
-
-    @task
-    def fine() -> int:
-        return 1
-
-    @task(retries=0)
-    def broken() -> None:
-        raise ValueError("broken on purpose")
-
-    @flow
-    def both() -> None:
-        fine()
-        try:
-            broken()
-        except ValueError:
-            pass
-
-    log, seen = logging.getLogger("prefect.task_runs"), []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
-    installed = [f for f in log.filters if isinstance(f, _CompletedTaskRunLine)]
-    for f in installed:  # an earlier test's Phases installed it: as without it first
-        log.removeFilter(f)
-    log.addHandler(handler)
-    try:
-        both()
-        assert "Finished in state Completed()" in seen  # what Prefect says, word for word
-        seen.clear()
-        quiet_completed_task_runs()
-        quiet_completed_task_runs()
-        assert sum(isinstance(f, _CompletedTaskRunLine) for f in log.filters) == 1
-        both()
-        assert "Finished in state Completed()" not in seen
-        assert any(m.startswith("Finished in state Failed(") for m in seen), seen
-    finally:
-        log.removeHandler(handler)
-        for f in [f for f in log.filters if isinstance(f, _CompletedTaskRunLine)]:
-            log.removeFilter(f)
-        for f in installed:
-            log.addFilter(f)
-
-
 def test_train_flow_completes_and_leaves_trees_metrics_checkpoints(tiny_model_dir, tmp_path):
     from mlflow import MlflowClient
 

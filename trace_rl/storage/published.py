@@ -61,11 +61,8 @@ READ_CONFIG = {
 }
 """DuckDB config of every read-only connection (``query``, ``trace sql``)."""
 _READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
-PUBLISH_SHARE = 0.02
-"""Most of a writer's wall time that publishing level writes may take (see ``_publish_due``): a
-publish (a checkpoint of the writes since the last one, then the copy) of a small store takes
-~15 ms here, so writes less than ~0.7 s after a publish wait for the next one (a step of the
-tiny policy writes 5 times in ~4 s); a store of 120 MB publishes at most every ~8 s."""
+PUBLISH_SHARE = 0.1
+"""Most of a writer's wall time that publishing level writes may take (see ``_publish_due``)."""
 
 
 class StoreError(ValueError):
@@ -432,9 +429,9 @@ class PublishedDatabase:
         """Whether a level write or value update publishes: yes unless the last publish was so
         recent that publishing again would spend more than ``PUBLISH_SHARE`` of the wall time on
         copies. A copy is linear in the file size (~10 ms at 6 MB, ~160 ms at 120 MB here), so a
-        small store publishes a write ~0.7 s after the last publish and a large one at most every
-        ~8 s; run, step and schema changes always publish, and a deferred publish happens by then
-        at the latest (``_defer_publish``), so no write stays unpublished longer than that."""
+        small store publishes every write and a large one at most every ~1.5 s; run, step and
+        schema changes always publish, and a deferred publish happens by then at the latest
+        (``_defer_publish``), so no write stays unpublished longer than that."""
         if not self.publish_seconds:
             return True
         since = time.perf_counter() - self._published_at
