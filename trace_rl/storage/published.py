@@ -350,9 +350,8 @@ class PublishedDatabase:
                 cursor = hold.con.cursor()  # a use of its own: its results and registrations
                 try:
                     yield cursor
-                    # committed to the WAL; checkpointed into the file by the publish that copies
-                    # it (``_publish``), now or when due, or by the connection's close
-                    hold.unsaved = hold.unsaved or not read_only
+                    if not read_only:  # in the WAL until the publish that copies it checkpoints
+                        hold.unsaved = True  # it (``_publish``: now or when due) or a close does
                 except BaseException:
                     cursor.close()
                     self._let_go(hold)
