@@ -17,6 +17,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -152,11 +153,14 @@ def test_a_step_mark_written_but_not_published_is_still_marked_failed(tiny_model
 
     def mark(self, run_id, step, status, metrics=None, then_running=None):
         if (step, status) == (1, "running") or then_running == 1:  # with step 0's end
-            armed.append(True)  # the next publish, this mark's, fails
+            armed.append(threading.get_ident())  # this mark's publish, in this thread, fails
         return real_mark(self, run_id, step, status, metrics, then_running)
 
     def copy_fails_once(src, dst, *args, **kwargs):
-        if armed and armed.pop():
+        # Only the marking thread's copy: the publish timer or the logging thread may publish
+        # deferred writes in between (CI once saw one take the failure, and the mark publish).
+        if armed and armed[-1] == threading.get_ident():
+            armed.pop()
             Path(dst).write_bytes(b"\0" * 4096)  # what the copy wrote before the disk filled
             raise OSError(errno.ENOSPC, "No space left on device", str(dst))
         return real_copy(src, dst, *args, **kwargs)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -741,6 +743,55 @@ def test_a_deferred_publish_is_never_lost(store, monkeypatch):
         for gated in timers:
             gated.due.set()
     with duckdb.connect(str(store.path), read_only=True) as con:
+        assert con.execute("SELECT value FROM nodes WHERE node_id = ?",
+                           [nid(0, step=3)]).fetchone()[0] == 0.5
+
+
+def test_a_failed_timer_publish_is_logged_and_retried(store, monkeypatch, caplog):
+    """A publish timer whose copy fails (a full disk) logs it and forgets itself: the writes
+    stay pending, the next deferred write starts another timer, and nothing is lost (the
+    failure used to die with the timer's thread and leave it set, so no timer ever came again)."""
+    import duckdb
+
+    import trace_rl.storage.published as store_mod
+
+    timers: list[GatedTimer] = []
+
+    def timer(wait: float, fn: Callable[[], None]) -> GatedTimer:
+        timers.append(GatedTimer(fn))
+        return timers[-1]
+
+    real_copy, fail = store_mod.shutil.copyfile, [True]
+
+    def copy(src, dst, *args, **kwargs):
+        if fail and timers and threading.current_thread() is timers[0]:
+            fail.pop()
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return real_copy(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(store_mod, "PUBLISH_SHARE", 1e-4)
+    monkeypatch.setattr(store_mod, "threading", types.SimpleNamespace(
+        Timer=timer, Lock=threading.Lock, RLock=threading.RLock,
+        current_thread=threading.current_thread))
+    monkeypatch.setattr(store_mod.shutil, "copyfile", copy)
+    store.mark_step("run1", 3, "running")  # publishes
+    try:
+        store.write_level("run1", 3, 0, table(LEVEL0))  # deferred
+        with caplog.at_level(logging.WARNING, logger=store_mod.__name__):
+            timers[0].due.set()
+            timers[0].join(120)
+        assert not fail and "No space left" in caplog.text
+        assert TreeStore._pending.get(store.path) is store and store._timer is None
+        store.update_values("run1", 3, pa.table({"node_id": [nid(0, step=3)], "value": [0.5]}))
+        assert len(timers) == 2 and store._timer is timers[1]  # deferred again: a new timer
+        timers[1].due.set()
+        timers[1].join(120)
+        assert TreeStore._pending.get(store.path) is None
+    finally:
+        for gated in timers:
+            gated.due.set()
+    with duckdb.connect(str(store.path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM nodes WHERE step = 3").fetchone()[0] == 8
         assert con.execute("SELECT value FROM nodes WHERE node_id = ?",
                            [nid(0, step=3)]).fetchone()[0] == 0.5
 

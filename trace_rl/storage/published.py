@@ -415,8 +415,22 @@ class PublishedDatabase:
             PublishedDatabase._pending[self.path] = self
         if self._timer is None:
             wait = self.publish_seconds[-1] * (1 - PUBLISH_SHARE) / PUBLISH_SHARE
-            self._timer = threading.Timer(wait, self.flush)
+            self._timer = threading.Timer(wait, self._timed_flush)
             self._timer.start()
+
+    def _timed_flush(self) -> None:
+        """The publish timer's job: ``flush``. A failure there (a full disk) would otherwise die
+        with the timer's thread: it is logged, the writes stay pending, and the next write, reader
+        or timer publishes them (a failure then raises in the thread that wrote)."""
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 -- logged; the writes stay pending for a retry
+            _log.warning("publishing the deferred writes of %s failed; the next write or read "
+                         "retries: %s", self.path, exc)
+        finally:
+            with self._lock:
+                if self._timer is threading.current_thread():
+                    self._timer = None  # the next deferred write starts another
 
     def flush(self) -> None:
         """Publish now if this writer's last writes are not published yet."""
