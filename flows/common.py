@@ -3,10 +3,13 @@ it, so a re-run in the same work dir finds its finished phases."""
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import json
 import os
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -187,6 +190,27 @@ class Phases:
                     return run(*args, **kwargs)
         setattr(self, name, bound)  # looked up once
         return bound
+
+    def beside(self, name: str, *args: Any, **kwargs: Any) -> "Future[Any]":
+        """Start phase ``name`` in a thread of its own and return its future: for a phase whose
+        inputs are ready and whose result is needed only later, run beside the next phase (the
+        predictor fit beside the policy update, on the core the one-threaded update leaves idle).
+        The thread runs in a copy of this thread's context, so the phase is a task run of the
+        flow run like the others, and outside this thread's ``held`` block. Wait for the future
+        before the step goes on, whatever the phase beside it did."""
+        bound = getattr(self, name)
+        future: Future[Any] = Future()
+        context = contextvars.copy_context()
+
+        def work() -> None:
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(context.run(bound, *args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 -- the caller's .result() raises it
+                future.set_exception(exc)
+
+        threading.Thread(target=work, name=f"trace-phase-{name}", daemon=True).start()
+        return future
 
 
 def announced(name_of: Callable[[], str]) -> Callable[[], str]:

@@ -21,6 +21,7 @@ from prefect.context import TaskRunContext
 
 from trace_core.allocators import Allocator, make_allocator
 from trace_core.predictor import HashedNgramPredictor, HeadConfig
+from trace_core.seeds import GLOBAL_TORCH_RNG
 from trace_rl import environ
 from trace_rl.config import TrainConfig
 from trace_rl.config.sections import Allocation, Cluster, Predictor
@@ -272,9 +273,10 @@ def allocator_for(allocation: Allocation) -> Allocator:
 
 def new_predictor(settings: Predictor, seed: int) -> HashedNgramPredictor:
     """A fresh predictor with a config's ``predictor`` section and the run's seed."""
-    torch.random.default_generator.manual_seed(seed)  # the CPU generator (trace_core.predictor)
-    return HashedNgramPredictor(head=HeadConfig(lr=settings.predictor_lr,
-                                                epochs=settings.predictor_epochs, seed=seed))
+    with GLOBAL_TORCH_RNG:  # the CPU generator (trace_core.predictor), not another thread's
+        torch.random.default_generator.manual_seed(seed)
+        return HashedNgramPredictor(head=HeadConfig(lr=settings.predictor_lr,
+                                                    epochs=settings.predictor_epochs, seed=seed))
 
 
 def load_predictor(settings: Predictor, seed: int, workdir: str, run_id: str, step: int,
@@ -285,7 +287,8 @@ def load_predictor(settings: Predictor, seed: int, workdir: str, run_id: str, st
     it (it leaves the session)."""
     kept = Session.current().kept_predictor(workdir, run_id, step, take) if step >= 0 else None
     if kept is not None:
-        torch.random.default_generator.manual_seed(seed)  # the state new_predictor leaves
+        with GLOBAL_TORCH_RNG:
+            torch.random.default_generator.manual_seed(seed)  # the state new_predictor leaves
         return kept
     predictor = new_predictor(settings, seed)
     if step < 0:

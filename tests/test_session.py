@@ -142,3 +142,46 @@ def test_phases_bind_a_task_once_per_session_and_work_dir(tmp_path, monkeypatch)
     Phases(b, session=s).tree_advantages
     Phases(a, session=Session()).tree_advantages
     assert bound == [a, b, a]
+
+
+def test_a_phase_beside_runs_in_a_thread_of_its_own_as_a_task_run_of_the_flow(
+        tmp_path, monkeypatch, prefect_harness):
+    """``Phases.beside`` (the predictor fit beside the update): the phase runs while this thread
+    goes on (it waits for an event set only after it started), as a task run of the same flow
+    run, in the flow's session; its error comes back through the future."""
+    import threading
+
+    from prefect import flow, task
+    from prefect.context import TaskRunContext
+
+    import tasks.learn
+    from flows.common import Phases
+    from trace_rl.session import Session
+
+    gate = threading.Event()
+
+    @task(name="probe-beside")
+    def probe_beside(fail: bool) -> tuple[str, str, bool]:
+        if fail:
+            raise RuntimeError("the phase beside failed")
+        assert gate.wait(60), "the caller did not go on while the phase ran"
+        run = TaskRunContext.get().task_run
+        return threading.current_thread().name, str(run.flow_run_id), Session.current() is s
+
+    monkeypatch.setattr(tasks.learn, "probe_beside", probe_beside, raising=False)
+    s = Session()
+
+    @flow(name="beside")
+    def beside() -> tuple[tuple[str, str, bool], str]:
+        from prefect.runtime import flow_run
+
+        do = Phases(str(tmp_path), session=s)
+        running = do.beside("probe_beside", False)
+        gate.set()  # only now: a phase run in this thread would have waited for it in vain
+        failing = do.beside("probe_beside", True)
+        with pytest.raises(RuntimeError, match="the phase beside failed"):
+            failing.result(60)
+        return running.result(60), str(flow_run.id)
+
+    (thread, parent, in_session), flow_run_id = beside()
+    assert thread == "trace-phase-probe_beside" and parent == flow_run_id and in_session

@@ -27,6 +27,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
+from trace_core.seeds import GLOBAL_TORCH_RNG
+
 
 class Predictor(Protocol):
     """Histories in, V~ in [0, 1] out; learns online from (history, target, weight)."""
@@ -156,21 +158,22 @@ class FeaturePredictor:
         self.featurizer = featurizer
         self.config = config
         self._gen = torch.Generator().manual_seed(config.seed)
-        torch_state = torch.random.get_rng_state()
-        # nn.Linear draws its init from the global CPU generator. Seeded alone: torch.manual_seed
-        # also queues a CUDA seeding with a formatted stack trace while CUDA is not initialised
-        # (~5 ms a call deep inside a flow, and the queue grows by one entry a call).
-        torch.random.default_generator.manual_seed(config.seed)
-        try:
-            first = torch.nn.Linear(featurizer.dim, config.hidden or 1)
-            rest = (
-                torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(config.hidden, 1))
-                if config.hidden
-                else torch.nn.Identity()
-            )
-            self.head = torch.nn.ModuleDict({"first": first, "rest": rest})
-        finally:
-            torch.random.set_rng_state(torch_state)
+        with GLOBAL_TORCH_RNG:  # no other thread seeds or draws in between
+            torch_state = torch.random.get_rng_state()
+            # nn.Linear draws its init from the global CPU generator. Seeded alone:
+            # torch.manual_seed also queues a CUDA seeding with a formatted stack trace while
+            # CUDA is not initialised (~5 ms a call deep inside a flow, the queue growing a call).
+            torch.random.default_generator.manual_seed(config.seed)
+            try:
+                first = torch.nn.Linear(featurizer.dim, config.hidden or 1)
+                rest = (
+                    torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(config.hidden, 1))
+                    if config.hidden
+                    else torch.nn.Identity()
+                )
+                self.head = torch.nn.ModuleDict({"first": first, "rest": rest})
+            finally:
+                torch.random.set_rng_state(torch_state)
         self.optimizer = torch.optim.Adam(self.head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         # One entry per fit call: (histories, targets [n], weights [n]).
         self._replay: deque[tuple[list[str], np.ndarray, np.ndarray]] = deque(maxlen=config.replay_steps)

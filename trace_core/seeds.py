@@ -6,9 +6,16 @@ The phase numbers are part of every stored tree: changing one changes the trees 
 
 from __future__ import annotations
 
+import threading
 from enum import IntEnum
 
 import numpy as np
+
+
+GLOBAL_TORCH_RNG = threading.RLock()
+"""Held while seeding or drawing from torch's global CPU generator (the predictor's init, the
+policy trainer's construction): the train flow fits the predictor beside the policy update, and
+two threads' seeds and draws interleaved would make a seed's run depend on their timing."""
 
 
 class Phase(IntEnum):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trace_core.loss import engine_mismatch, policy_loss, tis_weights
+from trace_core.seeds import GLOBAL_TORCH_RNG
 from trace_rl.policy.freeze import freeze_lower_layers
 from trace_rl.policy.logprobs import TOP_K, position_kl, token_logprobs, with_top  # noqa: F401 (re-exported)
 from trace_rl.policy.packing import Packed, pack, packing_agrees, worth_packing
@@ -242,7 +243,14 @@ class PolicyTrainer:
 
     def __init__(self, model_dir: str | Path, settings: UpdateSettings, *, seed: int = 0,
                  reference_dir: str | Path | None = None, ranks: Ranks | None = None):
-        """``ranks``: this trainer's place in a group of ranks (None: one process)."""
+        """``ranks``: this trainer's place in a group of ranks (None: one process). Built under
+        ``GLOBAL_TORCH_RNG``: it seeds torch's global generator, which the predictor's init, fit
+        beside the update, seeds and draws from too."""
+        with GLOBAL_TORCH_RNG:
+            self._build(model_dir, settings, seed, reference_dir, ranks)
+
+    def _build(self, model_dir: str | Path, settings: UpdateSettings, seed: int,
+               reference_dir: str | Path | None, ranks: Ranks | None) -> None:
         # Here, not at module level: importing the flows (deployments.deploy, a flow run's start,
         # the CLI) need not pay transformers' ~3 s of CPU until a trainer is built.
         from transformers import AutoModelForCausalLM, AutoTokenizer
