@@ -37,6 +37,7 @@ from trace_core.seeds import Phase, phase_rng
 from trace_core.waves import refill_wave
 from trace_rl.config import TrainConfig
 from trace_rl.progress import Progress
+from trace_rl.storage import background
 
 
 def run_step(cfg: TrainConfig, at: StepRef, policy_dir: str, mlflow_run_id: str,
@@ -133,9 +134,10 @@ def train(config: TrainConfig = TrainConfig(), workdir: str | None = None,
                             before["accuracy"], before["items"], before["samples"])
         with run.store.held():  # the steps' marks and short phases share a connection (``Phases``)
             for step in run.steps(first):
-                policy_dir, metrics = run_step(cfg, run.at(step), policy_dir, run.mlflow_run_id,
-                                               run.watch)
-                run.complete(step, metrics)
+                with background.deferred(run.workdir):  # its logging starts after its mark
+                    policy_dir, metrics = run_step(cfg, run.at(step), policy_dir,
+                                                   run.mlflow_run_id, run.watch)
+                    run.complete(step, metrics)
                 history.append(metrics)
         if cfg.eval_items:
             do.evaluate_policy(cfg, run.workdir, run.run_id, cfg.steps, policy_dir, skip)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -31,6 +32,30 @@ def test_jobs_run_in_order_off_the_callers_thread_and_drain_waits(tmp_path):
     background.drain(tmp_path)
     assert seen == [(0, True), (1, True), (2, True)] and background.pending(tmp_path) == 0
     background.drain(tmp_path / "never-used")  # nothing submitted: returns
+
+
+def test_jobs_submitted_in_a_deferred_block_start_when_it_ends(tmp_path):
+    """The train flow's step: its logging job waits for the step's end mark; a job submitted
+    before the block runs meanwhile; a nested block changes nothing; drain inside ends the wait."""
+    ran = []
+    earlier = threading.Event()
+    background.submit(tmp_path, lambda: (earlier.wait(10), ran.append("before")))
+    with background.deferred(tmp_path):
+        background.submit(tmp_path, lambda: ran.append("inside"))
+        with background.deferred(tmp_path):
+            background.submit(tmp_path, lambda: ran.append("nested"))
+        earlier.set()
+        deadline = time.monotonic() + 10
+        while ran != ["before"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # time enough for a job that would not wait
+        assert ran == ["before"] and background.pending(tmp_path) == 2
+    background.drain(tmp_path)
+    assert ran == ["before", "inside", "nested"]
+    with background.deferred(tmp_path):
+        background.submit(tmp_path, lambda: ran.append("drained"))
+        background.drain(tmp_path)  # would otherwise wait for the block's end: forever
+        assert ran[-1] == "drained"
 
 
 def test_a_failed_job_fails_the_next_drain_or_submit_once(tmp_path):
