@@ -5,8 +5,9 @@ pictures) to ``submit`` and goes on (inside ``deferred``: the job starts after t
 ``drain`` waits until every job handed over so far has run and raises the first error one of
 them raised (once). ``Tracker.end`` drains, so a run's logging is complete when the run is
 closed, finished or failed. A job runs in a copy of the submitter's ``contextvars`` (Prefect's
-run context among them: artifacts a job creates belong to the task run that submitted it). What survives a crash of the process is the caller's business: the
-training flow writes each step's job to a journal first (``tasks.track``).
+run context among them: artifacts a job creates belong to the task run that submitted it).
+What survives a crash of the process is the caller's business: the training flow writes each
+step's job to a journal first (``tasks.track``).
 """
 
 from __future__ import annotations
