@@ -74,19 +74,21 @@ def learning_lm(root: Path = RECORDS) -> str:
                            for name, table in out["tables"].items() for r in table])
 
 
-def peers(root: Path = RECORDS) -> str:
-    """This project against TRL's GRPOTrainer: ``bench.peers``' table and closing line."""
+def peers(root: Path = RECORDS, folder: str = "peers") -> str:
+    """This project against TRL's GRPOTrainer: ``bench.peers``' table and closing line, from the
+    records in ``folder`` (``peers``: the tiny policy; ``peers_bfcl``: the BFCL warm start)."""
     from bench.learning_runs import read_records
     from bench.peers import METHODS, closing, summary_table, summarise
 
-    runs = sorted((r for _, r in read_records(root / "peers") if r.method in METHODS),
+    runs = sorted((r for _, r in read_records(root / folder) if r.method in METHODS),
                   key=lambda r: METHODS.index(r.method))
     s = summarise(runs, len(runs[0].leaves))
     return f"{summary_table(s)}\n\n`{closing(runs, s['methods'])[0]}`"
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,
-                                           "peers": peers}
+                                           "peers": peers,
+                                           "peers_bfcl": lambda root: peers(root, "peers_bfcl")}
 """Every generated table, by the name its block carries in the page."""
 
 

@@ -20,7 +20,7 @@ def test_the_page_holds_every_generated_table_as_the_records_give_it(capsys):
 
 def test_a_changed_record_changes_its_table_and_check_says_so(tmp_path, capsys):
     for sub in ("learning_sim/paper-tokens", "learning_sim/default-tokens", "learning_lm",
-                "learning_synth_chain", "peers"):
+                "learning_synth_chain", "peers", "peers_bfcl"):
         shutil.copytree(RECORDS / sub, tmp_path / sub)
     record = tmp_path / "learning_sim/paper-tokens/chain/grpo/seed0.json"
     body = json.loads(record.read_text())
