@@ -14,7 +14,7 @@ LAYOUT = [re.compile(p) for p in (
     r"learning_sim/diag/\w+/chain/\w+/seed\d+\.json",
     r"learning_lm/\w+/(main|control)/runs/\w+-s\d+\.json",
     r"learning_\w+/(runs/\w+-s\d+|start|hard_start)\.json",
-    r"peers/runs/\w+-s\d+\.json",
+    r"peers(_(bfcl|hotpotqa))?/runs/\w+-s\d+\.json",
     r"rl_(bfcl|hotpotqa)/runs/\w+-s\d+\.json",
     r"warmstart_hotpotqa/[\w-]+\.json",
 )]
@@ -37,9 +37,10 @@ def test_the_records_folder_holds_only_records_in_the_documented_layout():
 
 def test_the_layout_patterns_are_not_vacuous():
     assert any(p.fullmatch("learning_lm/paper/main/runs/trace_cover-s0.json") for p in LAYOUT)
+    assert any(p.fullmatch("peers_bfcl/runs/trl_grpo-s0.json") for p in LAYOUT)
     assert not any(p.fullmatch(f) for p in LAYOUT for f in (
         "learning_sim/paper-tokens.txt", "learning_sim/diag/diag.py", "peers/summary-ab12.json",
-        "rl_bfcl/learning.png", "learning_lm/paper/main/runs/trace-s0.log"))
+        "rl_bfcl/learning.png", "peers_bfcl/runs/trl_grpo-s0.log", "peers_x/runs/grpo-s0.json", "learning_lm/paper/main/runs/trace-s0.log"))
 
 
 def test_the_code_packages_hold_no_run_output():
