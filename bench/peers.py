@@ -175,19 +175,19 @@ def closing(results: list[RunResult], table: dict[str, Any]) -> tuple[str, dict[
             {"parity": p, "wall_ratio": wall, "rate_ratio": rate})
 
 
-def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]:
-    s = summarise(results, steps)
-    t = s["methods"]
-    print(f"start accuracy {100 * start:.1f}%; mean ± SD over seeds\n{summary_table(s)}")
-    out: dict[str, Any] = {"summary": s}
-    if "grpo" not in t or "trl_grpo" not in t:
-        return out
+def against_trl(results: list[RunResult], table: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """Each method other than the two GRPOs against TRL's: its difference at equal tokens and its
+    tokens to TRL's final accuracy (per seed, over TRL's own first crossing of it), as lines and
+    figures; nothing without both GRPOs."""
+    lines: list[str] = []
+    out: dict[str, Any] = {}
+    if "grpo" not in table or "trl_grpo" not in table:
+        return lines, out
     ref = {r.seed: r for r in results if r.method == "trl_grpo"}
-    for other in [m for m in t if m not in ("grpo", "trl_grpo")]:
+    for other in [m for m in table if m not in ("grpo", "trl_grpo")]:
         q = out[f"parity_{other}"] = parity(results, other, "trl_grpo")
-        print(f"{other} minus trl_grpo at equal tokens: {q['gain'].mean:+.1f} points "
-              f"(95% CI {q['gain'].low:+.1f}, {q['gain'].high:+.1f}; seeds {q['seeds']})")
-        # per seed, the tokens to TRL's final accuracy over TRL's own first crossing of it
+        lines.append(f"{other} minus trl_grpo at equal tokens: {q['gain'].mean:+.1f} points "
+                     f"(95% CI {q['gain'].low:+.1f}, {q['gain'].high:+.1f}; seeds {q['seeds']})")
         runs = [r for r in results if r.method == other and r.seed in ref]
         mine, trl = [run_log(r, final_of=1) for r in runs], [run_log(ref[r.seed], final_of=1) for r in runs]
         out[f"tokens_to_trl_final_{other}"] = [tokens_to_reach(lg, final_accuracy(t))
@@ -195,12 +195,23 @@ def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]
         if mine:
             ratio, lo, hi, never = reach_ratio(mine, trl)
             x = [f"{v:.2f}x" if np.isfinite(v) else "never" for v in (ratio, lo, hi)]
-            print(f"{other} tokens to trl_grpo's final / trl_grpo's: median {x[0]} (95% CI "
-                  f"{x[1]}, {x[2]}; {never} of {len(mine)} seeds never reach it)")
+            lines.append(f"{other} tokens to trl_grpo's final / trl_grpo's: median {x[0]} (95% CI "
+                         f"{x[1]}, {x[2]}; {never} of {len(mine)} seeds never reach it)")
             out[f"reach_ratio_{other}"] = {"median": ratio, "lo": lo, "hi": hi, "never": never}
+    return lines, out
+
+
+def report(results: list[RunResult], steps: int, start: float) -> dict[str, Any]:
+    s = summarise(results, steps)
+    t = s["methods"]
+    print(f"start accuracy {100 * start:.1f}%; mean ± SD over seeds\n{summary_table(s)}")
+    if "grpo" not in t or "trl_grpo" not in t:
+        return {"summary": s}
+    lines, out = against_trl(results, t)
+    print("\n".join(lines))
     line, figures = closing(results, t)
     print(line)
-    return {**out, **figures}
+    return {"summary": s, **out, **figures}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -78,12 +78,13 @@ def peers(root: Path = RECORDS, folder: str = "peers") -> str:
     """This project against TRL's GRPOTrainer: ``bench.peers``' table and closing line, from the
     records in ``folder`` (``peers``: the tiny policy; ``peers_bfcl``: the BFCL warm start)."""
     from bench.learning_runs import read_records
-    from bench.peers import METHODS, closing, summary_table, summarise
+    from bench.peers import METHODS, against_trl, closing, summary_table, summarise
 
     runs = sorted((r for _, r in read_records(root / folder) if r.method in METHODS),
                   key=lambda r: METHODS.index(r.method))
     s = summarise(runs, len(runs[0].leaves))
-    return f"{summary_table(s)}\n\n`{closing(runs, s['methods'])[0]}`"
+    lines = "".join(f"- {line}\n" for line in against_trl(runs, s["methods"])[0])
+    return f"{summary_table(s)}\n\n{lines}\n`{closing(runs, s['methods'])[0]}`"
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"learning_sim": learning_sim, "learning_lm": learning_lm,
