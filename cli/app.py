@@ -67,7 +67,7 @@ def train(
 
 @app.command("eval")
 def evaluate(
-    policy: str = typer.Argument(..., help="Policy directory (a checkpoint) to evaluate."),
+    policy: str = typer.Argument(..., help="Policy to evaluate: a directory (a checkpoint) or a named policy (smollm2)."),
     overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (family=...)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
     split: Optional[str] = typer.Option(None, help="Split or data file (default: eval_split)."),
@@ -83,8 +83,10 @@ def evaluate(
                                        "trace score); default <workdir>/predictions/"
                                        "<family>-<split>.jsonl."),
 ) -> None:
-    """Evaluate a policy (a checkpoint directory, or a named policy: smollm2): accuracy, the
-    verifier's metrics, contrast metrics, and a JSONL of per-item predictions."""
+    """Evaluate a policy (a checkpoint directory, or a named policy: smollm2).
+
+    Prints accuracy, the verifier's metrics and contrast metrics, and writes a JSONL of per-item
+    predictions."""
     # The training split is not read here: a user with only their own --data file needs none.
     cfg = load_config_or_exit(config, with_policy(overrides, policy), train_split=False)
     split = checked_eval_split(cfg, str(data) if data else split)
@@ -124,9 +126,11 @@ def warmstart(
                                          "vllm | auto (default: the config's engine)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
-    """Warm-start a real model (default smollm2) for a real family by SFT on ReAct traces of its
-    training data, measured on its held-out split; cached. Settings as key=value
-    (trace_rl.policy.warmstart.WarmstartConfig), e.g. trace warmstart family=hotpotqa epochs=1."""
+    """Warm-start a real model (default smollm2) for a real family by SFT on ReAct traces.
+
+    The traces come from the family's training data; the result is measured on its held-out split
+    and cached. Settings as key=value (trace_rl.policy.warmstart.WarmstartConfig), e.g.
+    trace warmstart family=hotpotqa epochs=1."""
     from trace_rl.config import warmstart_config
 
     try:
@@ -208,8 +212,10 @@ def replay(
     seed: int = typer.Option(0, help="Seed of the replay's draws."),
     workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
 ) -> None:
-    """Offline counterfactual allocation: the contrastive groups each allocator would have found
-    on the run's stored trees, at the same budget (estimator and bias: docs/viewer.md)."""
+    """Offline counterfactual allocation on a run's stored trees, at the same budget.
+
+    Reports the contrastive groups each allocator would have found (estimator and bias:
+    docs/viewer.md)."""
     from trace_rl.storage.replay import ReplayError
     from trace_rl.view.data import ViewError, open_store
 
@@ -240,7 +246,8 @@ def replay(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def score(ctx: typer.Context) -> None:
-    """Grade a JSONL of predictions with the training verifiers:
+    """Grade a JSONL of predictions with the training verifiers.
+
     trace score --task FAMILY --data FILE --predictions FILE."""
     from trace_rl.score import main as score_main
 

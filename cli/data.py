@@ -22,8 +22,10 @@ def check(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Data directory to check "
                                             "(default: $TRACE_DATA_DIR)."),
 ) -> None:
-    """Name each file a family reads that is missing from the data directory, and the family
-    and splits that need it; exit 1 if any is missing (layout and sources: docs/families.md)."""
+    """Name each file a family reads that is missing from the data directory.
+
+    Each missing file is named with the family and splits that need it; exit 1 if any is missing
+    (layout and sources: docs/families.md)."""
     readers = data_families()
     wanted = list(dict.fromkeys(families or readers))
     unknown = [f for f in wanted if f not in readers]
