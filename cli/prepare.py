@@ -14,7 +14,9 @@ from cli.output import console
 
 from trace_rl.environ import resolve_workdir  # noqa: F401 (re-exported for the commands)
 
-WORKDIR_HELP = "Work dir holding trace.duckdb, the MLflow store and checkpoints."
+WORKDIR_HELP = (
+    "Work dir holding trace.duckdb, the MLflow store and checkpoints (default: $TRACE_WORKDIR, else "
+    "./trace_runs).")
 
 
 @contextmanager
