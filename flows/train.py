@@ -8,7 +8,7 @@
 
 Before the first step and after the last, the policy is evaluated on held-out items (paired:
 same items, same sampling seeds; ``TrainConfig.eval_items``), and the run ends with a summary of
-what it achieved (``tasks.track.run_summary``): printed by the CLI, the flow run's Markdown
+what it achieved (``tasks.reports.run_summary``): printed by the CLI, the flow run's Markdown
 artifact, ``eval/`` metrics and a reward curve in MLflow. What a run does around its steps (the
 lock, its records, failures, pruning) is ``flows.run_lifecycle``.
 

@@ -1,5 +1,5 @@
 """Replay validation: ``trace_core.replay`` on simulated runs against the simulator's exact
-process (the figure and numbers in docs/viewer.md, "Replay"; the same check as
+process (the figure and numbers in docs/viewer.md, "Validation on the simulator"; the same check as
 tests/test_replay.py).
 
     python -m studies.replay [--runs 4] [--out docs/viewer/replay_validation.png]

@@ -1,6 +1,6 @@
-"""The docs a newcomer reads stay true to the code: code and docs cite sections of
-docs/results.md that exist (never the old lab notebook or its session numbers), and the README's
-diagram of a training step names every task of the step, and nothing else."""
+"""The docs a newcomer reads stay true to the code: code and docs cite sections of the pages in
+docs/ that exist (never the old lab notebook or its session numbers), and the README's diagram of a
+training step names every task of the step, and nothing else."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "docs" / "results.md"
+DOCS = REPO / "docs"
+RESULTS = DOCS / "results.md"
 NOTEBOOK = "docs/archive/"
 """The lab notebook's folder: it may link to the page, nothing may cite it."""
 OFF_STEP = {"evaluate-policy": "before the first step and after the last, not inside a step",
@@ -36,35 +37,40 @@ def headings(markdown: str) -> set[str]:
     return {m.group(1).strip() for m in re.finditer(r"^#+ (.+)$", markdown, re.M)}
 
 
-CITATION = re.compile(r'docs/results\.md\)?,? \(?"([^"]+)"')
+CITATION = re.compile(r'docs/(\w+)\.md\)?,? \(?"([^"]+)"')
 SESSION = re.compile(r"\b[Ss]ession \d")
 
 
 def test_citations_name_sections_that_exist_and_nothing_cites_the_notebook():
-    sections = {flat(h).strip("`") for h in headings(RESULTS.read_text(encoding="utf-8"))}
-    cited, bad = 0, []
+    pages = {p.stem: {flat(h).replace("`", "") for h in headings(p.read_text(encoding="utf-8"))}
+             for p in DOCS.glob("*.md")}
+    cited, bad = {}, []
     for path in tracked_text_files():
         if path == Path(__file__).resolve():
             continue
         text = flat(path.read_text(encoding="utf-8", errors="replace"))
         rel = path.relative_to(REPO).as_posix()
         for m in CITATION.finditer(text):
-            cited += 1
-            if m.group(1) not in sections:
-                bad.append(f'{rel}: cites docs/results.md "{m.group(1)}", which has no such section')
+            page, section = m.group(1), m.group(2).replace("`", "")
+            cited[page] = cited.get(page, 0) + 1
+            if page not in pages:
+                bad.append(f'{rel}: cites docs/{page}.md, which does not exist')
+            elif not any(h == section or h.startswith(section + " (") for h in pages[page]):
+                bad.append(f'{rel}: cites docs/{page}.md "{m.group(2)}", which has no such section')
         if rel != "docs/results.md":
             bad += [f"{rel}: cites the lab notebook ({NOTEBOOK})" for _ in re.finditer(re.escape(NOTEBOOK), text)]
             bad += [f"{rel}: cites a notebook session ('{m.group(0)}')" for m in SESSION.finditer(text)]
-    assert cited >= 5, f"only {cited} citations of docs/results.md found: is the pattern still right?"
+    assert cited.get("results", 0) >= 5 and cited.get("algorithm", 0) >= 3, (
+        f"citations found per page: {cited}: is the pattern still right?")
     assert not bad, "\n".join(bad)
 
 
 def test_the_citation_pattern_reads_wrapped_and_parenthesised_forms():
     """The check above is not vacuous: the forms used in docstrings and the README are read."""
     forms = ['(docs/results.md, "The default\n    run")', '[x](docs/results.md) ("First run")',
-             'in docs/results.md ("A bad config fails fast")']
-    assert [CITATION.search(flat(f)).group(1) for f in forms] == [
-        "The default run", "First run", "A bad config fails fast"]
+             'in docs/results.md ("A bad config fails fast")', '(docs/algorithm.md, "trace_core.tree")']
+    assert [CITATION.search(flat(f)).group(2) for f in forms] == [
+        "The default run", "First run", "A bad config fails fast", "trace_core.tree"]
 
 
 def task_names() -> set[str]:

@@ -1,4 +1,4 @@
-"""Advantage estimators over one rollout tree (docs/algorithm.md, "Tree-aware policy update").
+"""Advantage estimators over one rollout tree (docs/algorithm.md, "trace_core.advantages").
 
 Every root-to-leaf path is a training sequence. Each estimator takes a step's trees as one
 ``trace_core.tree.TreeBatch`` and returns a float64 array ``[L, D]`` over all of them at once: L

@@ -1,6 +1,6 @@
 """Clipped token-level policy-gradient loss with an observation mask and an optional KL term.
 
-docs/algorithm.md, "Tree-aware policy update": every root-to-leaf path is a sequence, and only
+docs/algorithm.md, "trace_core.loss": every root-to-leaf path is a sequence, and only
 policy-generated tokens (thoughts and actions) carry loss; prompt, tool-call results and
 observations are masked out. Per token t of sequence b, with ratio rho = exp(logp - old_logp)::
 

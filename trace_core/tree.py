@@ -8,7 +8,7 @@ tree's offset and ``parent[i] < i`` (local indices, mctx's ``Tree`` layout), so 
 one-to-one onto the storage layer's nodes table. Every operation runs on all trees at once, one
 numpy pass per depth level, never one Python pass per tree.
 
-Backup (TRACE, docs/algorithm.md, "Backup targets")::
+Backup (TRACE, docs/algorithm.md, "trace_core.tree")::
 
     V^(leaf) = r,        V^(y) = sum_{c child of y} n_c V^(c) / n_y,
 

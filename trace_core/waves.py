@@ -1,6 +1,6 @@
 """How a step spends its leaf budget in waves of bare rollouts: the outcomes each wave adds per
 candidate, DAPO's refill waves, and TRACE's joint split of the rest (docs/algorithm.md,
-"Baselines" and ``AllocatorConfig.joint_split``).
+"trace_core.allocators", and ``AllocatorConfig.joint_split``).
 
 A wave's trees are numbered ``wave * pool_size + candidate``, so a candidate's rollouts of every
 wave add up by index. Pure functions of arrays and an ``Allocator``; the pipeline (flows/train.py)
