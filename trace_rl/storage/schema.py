@@ -188,8 +188,8 @@ FROM ledger GROUP BY run_id, step, method;
 """
 
 # The node-input contract of TreeStore.write_level: column -> (arrow type, required).
-# Columns the store fills itself (node_id, parent_id, root_id, run_id, step, level, gen_tokens,
-# obs_tokens, created_at) may be given too; then they must agree with what the store derives.
+# Columns the store derives (node_id, parent_id, root_id, run_id, step, level, gen_tokens,
+# obs_tokens) may be given too; then they must agree; created_at is the store's alone.
 NODE_INPUT: dict[str, tuple[pa.DataType, bool]] = {
     "tree_id": (pa.int64(), True),
     "local_index": (pa.int64(), True),
