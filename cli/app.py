@@ -1,8 +1,9 @@
 """The ``trace`` command: train, evaluate, bootstrap, query and grade.
 
-Every command takes ``--workdir DIR`` (default ``./trace_runs``, or $TRACE_WORKDIR): the DuckDB
-file, the MLflow store, checkpoints and cached task results live there. Flows run in-process with
-Prefect's embedded default (no server needed); set PREFECT_API_URL to use a server instead.
+Every command but ``score`` and ``data check`` takes ``--workdir DIR`` (default ``./trace_runs``,
+or $TRACE_WORKDIR): the DuckDB file, the MLflow store, checkpoints and cached task results live
+there. Flows run in-process on Prefect's temporary server, which ``trace`` starts itself (no
+server to set up); set PREFECT_API_URL to use a server instead.
 """
 
 from __future__ import annotations

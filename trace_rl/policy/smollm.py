@@ -10,11 +10,10 @@ the original bf16 checkpoint.
 from __future__ import annotations
 
 import importlib.util
-import os
+import tempfile
 from pathlib import Path
 
-DEFAULT_CACHE = Path(os.environ.get("TRACE_RL_CACHE", Path.home() / ".cache" / "trace-rl"))
-"""Root of converted models; override with ``TRACE_RL_CACHE`` or the ``out_dir`` argument."""
+from trace_rl.environ import cache_dir
 
 
 def find_smollm2_gguf() -> Path:
@@ -31,12 +30,31 @@ def find_smollm2_gguf() -> Path:
 
 
 def smollm2_dir(out_dir: str | Path | None = None) -> Path:
-    """Convert SmolLM2-135M-Instruct once into ``out_dir`` (default
-    ``~/.cache/trace-rl/smollm2-135m-instruct``) and return it. Idempotent: a finished directory
-    (marked by its ``.complete`` file) is returned as is."""
-    out = Path(out_dir) if out_dir is not None else DEFAULT_CACHE / "smollm2-135m-instruct"
+    """Convert SmolLM2-135M-Instruct once into ``out_dir`` (default: ``smollm2-135m-instruct`` in
+    the machine's cache, ``trace_rl.environ.cache_dir``, as the bootstrapped policies) and return
+    it. Idempotent: a finished directory (marked by its ``.complete`` file) is returned as is.
+    Processes converting at once take turns under a file lock, and the directory is written beside
+    its target and renamed onto it, so a reader never sees half a model."""
+    from filelock import FileLock
+
+    from trace_rl.policy.cache import replace_dir
+
+    out = Path(out_dir) if out_dir is not None else cache_dir() / "smollm2-135m-instruct"
     if (out / ".complete").is_file():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / ".complete").is_file():  # another process converted it while this one waited
+            return out
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
+            staged = Path(work) / "model"
+            _convert(staged)
+            replace_dir(staged, out, Path(work))
+    return out
+
+
+def _convert(out: Path) -> None:
+    """Dequantise the packaged GGUF into a safetensors directory ``out``, with ``.complete``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -56,4 +74,3 @@ def smollm2_dir(out_dir: str | Path | None = None) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / ".complete").write_text(gguf.name + "\n")
-    return out
