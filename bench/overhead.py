@@ -16,6 +16,12 @@ which also warms caches) and ``4096`` (one step of 4,096 leaves).
                                                           # difference with its 95% interval
 
 ``--keep DIR`` keeps the work dirs (``studies.optimiser`` replays a kept run's last policy update).
+
+The optimiser's throughput is read the same way for every code, from the run's DuckDB file (so a
+``--ref`` older than this reading is measured alike): **trained tokens per second** = the tokens of
+the paths the update trains (every token of a root-to-leaf path of a tree whose leaves disagree:
+the others carry no advantage under binary rewards) times its passes over them (``loss/updates``
+over ``mini_batches``), over ``loss/seconds``; as ``studies.optimiser`` counts them.
 """
 
 from __future__ import annotations
@@ -99,6 +105,53 @@ def measure(workdir: Path, run_id: str) -> list[dict[str, Any]]:
     return out
 
 
+TRAINED_TOKENS = """
+WITH p AS (
+    SELECT p.step, p.root_id, sum(n.gen_tokens + n.obs_tokens) AS tokens
+    FROM paths p, unnest(p.node_ids) AS u(id) JOIN nodes n ON n.node_id = u.id
+    WHERE p.run_id = $r GROUP BY p.step, p.leaf_id, p.root_id)
+SELECT p.step, sum(p.tokens) AS tokens FROM p JOIN subtree_stats s ON s.node_id = p.root_id
+WHERE s.min_reward < s.max_reward GROUP BY p.step ORDER BY p.step
+"""
+"""Per step: the tokens of every path of a mixed tree (one count per path, shared prefixes again)."""
+
+
+def optimiser_throughput(workdir: Path) -> dict[int, dict[str, float]]:
+    """Per step of the work dir's one run: the optimiser's trained tokens, seconds and tokens/s,
+    read with plain SQL from its DuckDB file (any code's run). Steps without an update: absent."""
+    import duckdb
+
+    with duckdb.connect(str(workdir / "trace.duckdb"), read_only=True) as con:
+        (run_id,), = con.execute("SELECT run_id FROM runs").fetchall()
+        mini = json.loads(con.execute("SELECT config_json FROM runs").fetchone()[0]).get(
+            "mini_batches", 1)
+        tokens = dict(con.execute(TRAINED_TOKENS, {"r": run_id}).fetchall())
+        steps = con.execute("SELECT step, metrics_json FROM steps WHERE run_id = $r AND "
+                            "status = 'complete'", {"r": run_id}).fetchall()
+    out = {}
+    for step, metrics_json in steps:
+        m = json.loads(metrics_json)
+        seconds, updates = m.get("loss/seconds"), m.get("loss/updates", 0.0)
+        if not seconds or not updates or not tokens.get(step):
+            continue
+        trained = float(tokens[step]) * updates / mini
+        out[int(step)] = {"trained_tokens": trained, "optimiser_s": float(seconds),
+                          "tokens_per_s": trained / float(seconds)}
+    return out
+
+
+def with_throughput(result: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """``result`` with the optimiser's trained tokens/s per step and over ``share_over``."""
+    per_step = optimiser_throughput(workdir)
+    for r in result["steps"]:
+        r.update(per_step.get(r["step"], {}))
+    over = [per_step[s] for s in result["share_over"] if s in per_step]
+    total_s = sum(x["optimiser_s"] for x in over)
+    result["optimiser_tokens_per_s"] = (sum(x["trained_tokens"] for x in over) / total_s
+                                        if total_s else float("nan"))
+    return result
+
+
 def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
     """One real train run of the case in ``root``; its per-step figures. Every rollout engine's
     start (vLLM's takes minutes here) is timed: once per process, not a cost of a step."""
@@ -131,8 +184,9 @@ def run_case(name: str, steps: int, root: Path) -> dict[str, Any]:
     rows[0]["overhead_share"] = rows[0]["overhead_s"] / rows[0]["wall_s"]
     later = rows[1:] or rows  # step 0 also starts the engine (not counted) and warms caches
     share = sum(r["overhead_s"] for r in later) / sum(r["wall_s"] for r in later)
-    return {"case": name, "overrides": overrides, "run_s": total, "steps": rows,
-            "overhead_share": share, "share_over": [r["step"] for r in later]}
+    return with_throughput({"case": name, "overrides": overrides, "run_s": total, "steps": rows,
+                            "overhead_share": share, "share_over": [r["step"] for r in later]},
+                           workdir)
 
 
 def report(result: dict[str, Any]) -> str:
@@ -148,7 +202,8 @@ def report(result: dict[str, Any]) -> str:
                      f"{100 * r['overhead_share']:4.1f}%")
     last = result["steps"][-1]
     lines.append(f"  overhead share (steps {result['share_over']}): "
-                 f"{100 * result['overhead_share']:.1f}%")
+                 f"{100 * result['overhead_share']:.1f}%; optimiser "
+                 f"{result.get('optimiser_tokens_per_s', float('nan')):.0f} trained tokens/s")
     lines.append(f"  step {last['step']} by phase (Prefect task runs, s; generation is inside "
                  f"expand-*, the optimiser inside policy-update):")
     for phase, s in sorted(last["phases_s"].items(), key=lambda kv: -kv[1]):
@@ -175,7 +230,8 @@ def worktree(ref: str, tree: Path) -> Iterator[tuple[Path, str]]:
 
 def run_in(tree: Path, name: str, steps: int, out: Path) -> dict[str, Any]:
     """``run_case`` on the code checked out at ``tree``, in a process of its own (a new Prefect
-    home); its figures."""
+    home); its figures, with the optimiser's throughput read here from the work dir it keeps
+    (``out`` without its suffix), the same way for every code."""
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
@@ -183,12 +239,13 @@ def run_in(tree: Path, name: str, steps: int, out: Path) -> dict[str, Any]:
     log = out.with_suffix(".log")
     with log.open("w") as sink:  # its own report says "this checkout" of whichever code it ran
         done = subprocess.run([sys.executable, "-m", module, "--case", name, "--steps", str(steps),
-                               "--out", str(out)], cwd=tree, env={**env, "PYTHONPATH": str(tree)},
-                              stdout=sink, stderr=subprocess.STDOUT)
+                               "--out", str(out), "--keep", str(out.with_suffix(""))], cwd=tree,
+                              env={**env, "PYTHONPATH": str(tree)}, stdout=sink,
+                              stderr=subprocess.STDOUT)
     if done.returncode:
         tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
         raise RuntimeError(f"the run of {tree} exited {done.returncode}; its log {log} ends:\n{tail}")
-    return json.loads(out.read_text())[0]
+    return with_throughput(json.loads(out.read_text())[0], out.with_suffix("") / name)
 
 
 def alternate(ref: str, name: str, steps: int, repeats: int, root: Path) -> list[dict[str, Any]]:
@@ -219,14 +276,22 @@ def compare(runs: list[dict[str, Any]]) -> str:
     for rs in (ref, now):
         shares = [100 * r["overhead_share"] for r in rs]
         per_step = [s["overhead_s"] for r in rs for s in r["steps"] if s["step"] in r["share_over"]]
+        rates = [r["optimiser_tokens_per_s"] for r in rs]
         lines.append(f"  {rs[0]['code']}: overhead share {np.mean(shares):.1f}% over {len(rs)} runs "
                      f"({', '.join(f'{x:.1f}' for x in shares)}); {np.median(per_step):.2f} s a "
-                     f"step (median over {len(per_step)} steps)")
+                     f"step (median over {len(per_step)} steps); optimiser {np.mean(rates):.0f} "
+                     f"trained tokens/s ({', '.join(f'{x:.0f}' for x in rates)})")
     diff = [100 * (b["overhead_share"] - a["overhead_share"]) for a, b in zip(ref, now)]
     if len(diff) >= 2:
         d = mean_interval(diff)
         lines.append(f"  this checkout - ref: {d.mean:+.1f} points (95% CI {d.low:+.1f}, "
                      f"{d.high:+.1f}) over {len(diff)} pairs")
+    logs = [np.log(b["optimiser_tokens_per_s"] / a["optimiser_tokens_per_s"]) for a, b in zip(ref, now)]
+    if logs and np.all(np.isfinite(logs)):
+        g = mean_interval(logs) if len(logs) >= 2 else None
+        ci = f" (95% CI {np.exp(g.low):.2f}x, {np.exp(g.high):.2f}x)" if g else ""
+        lines.append(f"  optimiser trained tokens/s, this checkout / ref: {np.exp(np.mean(logs)):.2f}x"
+                     f"{ci} over {len(logs)} pairs (geometric mean)")
     return "\n".join(lines)
 
 
