@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import math
 
-import pyarrow as pa
 import pytest
+from test_store import LEDGER, LEVEL0, LEVEL1, table
 
 from bench.overhead import compare, optimiser_throughput, with_throughput
 from trace_rl.storage import TreeStore
-from trace_rl.storage.schema import NODE_INPUT, NODE_INPUT_SCHEMA
 
 
 def run(code: str, shares: list[float], overhead: list[float], rate: float = 100.0) -> dict:
@@ -51,32 +50,15 @@ def test_compare_with_one_run_each_gives_no_interval():
                                             "1 pairs (geometric mean)")
 
 
-def node(tree, slot, parent, depth, leaf=False, reward=None):
-    row = {c: None for c in NODE_INPUT}
-    row.update(tree_id=tree, local_index=slot, parent_index=parent, depth=depth, item_id=f"q{tree}",
-               is_leaf=leaf, reward=reward, family="synthetic", gen_token_ids=[7, 8],
-               gen_logprobs=[-0.5, -0.2], obs_token_ids=[] if leaf else [9])
-    if parent == -1:  # the prompt: 3 tokens
-        row.update(gen_token_ids=[], gen_logprobs=[], obs_token_ids=[1, 2, 3])
-    return row
-
-
 @pytest.fixture
 def workdir(tmp_path):
-    """One step of two trees in a real store. Tree 0 (mixed) has five paths: four of
+    """test_store's hand-worked step in a real store. Tree 0 (mixed) has five paths: four of
     prompt 3 + turn 3 + leaf 2 = 8 tokens and one of 3 + 3 + 3 + 2 = 11, 43 in all; tree 1 (both
     leaves succeed) trains nothing. The update: 4 optimiser steps, 2 mini-batches a pass, 2 s."""
     s = TreeStore(tmp_path)
     s.init_run("run1", {"mini_batches": 2})
-    level0 = [node(0, 0, -1, 0), node(0, 1, 0, 1), node(0, 2, 1, 2, True, 1.0),
-              node(0, 3, 0, 1), node(0, 4, 3, 2, True, 0.0),
-              node(1, 0, -1, 0), node(1, 1, 0, 1, True, 1.0), node(1, 2, 0, 1, True, 1.0)]
-    level1 = [node(0, 5, 1, 2, True, 0.0), node(0, 6, 3, 2, True, 0.0), node(0, 7, 3, 2),
-              node(0, 8, 7, 3, True, 1.0)]
-    ledger = dict(method="trace", trajectories=4, prompt_tokens=6, generated_tokens=20, tool_calls=0,
-                  wall_seconds=1.0)
-    s.write_level("run1", 0, 0, pa.Table.from_pylist(level0, schema=NODE_INPUT_SCHEMA), None, ledger)
-    s.write_level("run1", 0, 1, pa.Table.from_pylist(level1, schema=NODE_INPUT_SCHEMA), None, ledger)
+    s.write_level("run1", 0, 0, table(LEVEL0), None, LEDGER)
+    s.write_level("run1", 0, 1, table(LEVEL1), None, LEDGER)
     s.mark_step("run1", 0, "running")
     s.mark_step("run1", 0, "complete", {"loss/updates": 4.0, "loss/seconds": 2.0})
     s.mark_step("run1", 1, "running")
