@@ -65,6 +65,19 @@ def test_citations_name_sections_that_exist_and_nothing_cites_the_notebook():
     assert not bad, "\n".join(bad)
 
 
+def test_at_a_glance_names_sections_that_exist():
+    """docs/results.md's summary table ends each row with the section it comes from."""
+    page = RESULTS.read_text(encoding="utf-8")
+    sections = {flat(h).replace("`", "") for h in headings(page)}
+    table = page.split("## At a glance", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[-2].strip() for line in table.splitlines()
+            if line.startswith("|") and not line.startswith("|---")][1:]  # the header left out
+    assert len(rows) >= 8, rows
+    bad = [r for r in rows if not any(h == r.replace("`", "") or h.startswith(r.replace("`", "") + " (")
+                                      for h in sections)]
+    assert not bad, f"At a glance names sections that do not exist: {bad}"
+
+
 def test_the_citation_pattern_reads_wrapped_and_parenthesised_forms():
     """The check above is not vacuous: the forms used in docstrings and the README are read."""
     forms = ['(docs/results.md, "The default\n    run")', '[x](docs/results.md) ("First run")',
