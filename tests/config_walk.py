@@ -11,7 +11,10 @@ into the caller's. Counted:
 * ``reentries``: moves into a file the reader had been in before and left (a return or a call).
 
 Counted twice: following every call (``all``), and reading each function once (``read``: a
-later call of a function already read is not followed, nor anything below it).
+later call of a function already read is not followed, nor anything below it). A thread's calls
+are read as a sequence of their own, after those of the threads that started before it (the
+predictor's fit runs in a thread beside the policy update): interleaved, the count would depend on
+how the two threads happened to be scheduled.
 
 ``python tests/config_walk.py`` measures the second step (step 1, after the predictor's first
 fit) of a two-step scripted TRACE run (the step-reference test's config and agent, its rollouts
@@ -56,11 +59,12 @@ def walk(run: Callable[[], Any]) -> dict[str, Any]:
     is not followed again); the return value under ``result``."""
     from trace_rl.config import TrainConfig
 
-    events: list[tuple[str, str, Any]] = []  # (call | return, file, code)
+
+    by_thread: dict[int, list[tuple[str, str, Any]]] = {}  # in the order the threads first call
 
     def local(frame: Any, event: str, arg: Any) -> Any:
         if event == "return":
-            events.append(("return", "", None))
+            by_thread[threading.get_ident()].append(("return", "", None))
         return local
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -70,7 +74,7 @@ def walk(run: Callable[[], Any]) -> dict[str, Any]:
         if where is None or not any(isinstance(v, TrainConfig)
                                     for v in frame.f_locals.values()):
             return None
-        events.append(("call", where, frame.f_code))
+        by_thread.setdefault(threading.get_ident(), []).append(("call", where, frame.f_code))
         return local
 
     threading.settrace(tracer)
@@ -80,6 +84,7 @@ def walk(run: Callable[[], Any]) -> dict[str, Any]:
     finally:
         sys.settrace(None)
         threading.settrace(None)  # type: ignore[arg-type]
+    events = [e for thread in by_thread.values() for e in thread]
     return {"all": _count(events, once=False), "read": _count(events, once=True),
             "result": result}
 
