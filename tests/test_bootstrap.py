@@ -261,6 +261,21 @@ def test_cache_builds_once_per_machine_and_shows_progress(tmp_path, capsys):
     assert len([p for p in (cache / "policies").iterdir() if p.is_dir()]) == 2
 
 
+@pytest.mark.slow
+def test_the_bootstrap_trains_on_one_thread_however_idle_the_machine(tmp_path, monkeypatch):
+    """Its policy depends on the CPU, not on the load: on an idle 4-core machine it still trains on
+    one thread (a backward pass on 1 and 2 threads differs by ~1e-8), and torch's own setting is
+    restored."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    before = torch.get_num_threads()
+    out = bootstrap_policy("synth_arith", tmp_path / "policy", **{**TINY, "threads": None})
+    assert read_record(out)["threads"] == 1
+    assert torch.get_num_threads() == before
+
+
 def test_input_hash_follows_the_chain_recipe(monkeypatch):
     from trace_rl.envs.synth_chain import env as chain
     from trace_rl.policy.bootstrap import BootstrapConfig, input_hash

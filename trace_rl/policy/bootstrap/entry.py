@@ -18,7 +18,6 @@ from trace_rl.policy import cache
 from trace_rl.policy.bootstrap.cache import holds, input_hash, read_record
 from trace_rl.policy.bootstrap.config import RECORD, BootstrapConfig, family_config
 from trace_rl.policy.bootstrap.training import train_policy
-from trace_rl.policy.sft import auto_threads
 from trace_rl.policy.tiny import PRESETS
 
 
@@ -44,8 +43,12 @@ def bootstrap_policy(family: str, out_dir: str | Path, *, difficulty: int,
 
 def run_bootstrap(config: BootstrapConfig, out_dir: str | Path, threads: int | None = None,
                   cache_dir: str | Path | None = None, show_progress: bool = False) -> Path:
-    """``bootstrap_policy`` for a ready ``BootstrapConfig``; ``threads`` (default
-    ``auto_threads()``) sets torch's CPU threads during the run (restored afterwards).
+    """``bootstrap_policy`` for a ready ``BootstrapConfig``; ``threads`` (default 1) sets torch's
+    CPU threads during the run (restored afterwards). One by default, not the idle cores
+    (``auto_threads``): a backward pass of the tiny model on 1 and on 2 threads differs by ~1e-8
+    (float sums in another order), so the policy, and every figure of the default run, would
+    depend on how busy the machine was when it first bootstrapped; on one thread it depends on
+    the CPU alone (156 s of SFT on an Intel Xeon).
 
     With ``cache_dir`` (``trace_rl.environ.cache_dir()`` from the flows) the policy is built once
     per machine: it lives in ``cache_dir/policies/<family>-<input hash>``, keyed by everything that
@@ -81,7 +84,7 @@ def _build(config: BootstrapConfig, env: Environment, train: list[TaskItem], tes
     """Train the policy and move it onto ``out`` atomically (``cache.build_staged``)."""
     eval_items, report_items = test[:config.eval_items], test[config.eval_items:]
     previous_threads = torch.get_num_threads()
-    threads = threads or auto_threads()
+    threads = threads or 1
     torch.set_num_threads(threads)
 
     def make(staged: Path, work: Path) -> dict[str, Any]:
