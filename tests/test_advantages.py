@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from trace_core.advantages import (
     ESTIMATORS,
+    advantages,
     branch,
     grpo,
     segment,
@@ -204,6 +205,26 @@ def test_branch_pushes_on_a_branch_points_children_sum_to_zero():
                                grpo(flat, scale_by_std=False))
 
 
+def test_branch_with_a_root_value_credits_the_shared_first_turns():
+    """One bare turn a, then three continuations (1, 0, 1): with the tree's own V^(root) = 2/3 the
+    shared turn a gets r - 2/3 on each path, summing to zero; with a root value of 1/2 (a
+    predictor's, or the exact V) it gets r - 1/2, summing to 3 (2/3 - 1/2) = 0.5. The turns below
+    a's branch point keep their baseline V^(a); a second tree keeps its own root value."""
+    one = TreeBatch.from_paths([["a", "b"], ["a", "c"], ["a", "d"]], [1, 0, 1])
+    plain, valued = branch(one), branch(one, np.array([0.5]))
+    np.testing.assert_allclose(plain[:, 0], [1 / 3, -2 / 3, 1 / 3])
+    np.testing.assert_allclose(valued[:, 0], [0.5, -0.5, 0.5])
+    assert valued[:, 0].sum() == pytest.approx(3 * (2 / 3 - 1 / 2))
+    np.testing.assert_allclose(valued[:, 1], plain[:, 1])  # below the branch point: V^(a)
+    two = TreeBatch.concat([one, TreeBatch.from_paths([["x"], ["y"]], [1, 0])])
+    both = advantages(two, "branch", root_value=np.array([0.5, 0.25]))
+    np.testing.assert_allclose(both[3:, 0], [0.75, -0.25])  # tree 2: r - 1/4 (a flat group)
+    with pytest.raises(ValueError, match="one finite value per tree"):
+        branch(two, np.array([0.5]))
+    with pytest.raises(ValueError, match="baseline of the branch estimator"):
+        advantages(two, "treepo", root_value=np.array([0.5, 0.25]))
+
+
 def test_all_equal_rewards_give_zero_advantage():
     tree = TreeBatch.from_paths([["a"], ["b", "c"], ["b", "d"]], [1, 1, 1])
     for name, estimator in ESTIMATORS.items():
@@ -290,7 +311,6 @@ def test_estimators_on_a_batch_of_two_trees_hand_worked():
                                    [0, 0, 0]])
     g = grpo(trees, scale_by_std=False)  # tree 0's mean 2/3, tree 1's 0
     np.testing.assert_allclose(g[:, 0], [1 / 3, -2 / 3, 1 / 3, 0])
-    from trace_core.advantages import advantages
     w = advantages(trees, "branch", turns_once=True)  # turn a lies on two paths
     np.testing.assert_allclose(w[:2, 0], [1 / 6, -1 / 3])
 
@@ -299,8 +319,6 @@ def test_estimators_on_a_batch_of_two_trees_hand_worked():
 @given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=5), st.booleans(),
        st.booleans())
 def test_batched_estimators_equal_each_tree_alone(seeds, centre, turns_once):
-    from trace_core.advantages import advantages
-
     trees = [random_tree(np.random.default_rng(s), 2 + s % 13) for s in seeds]
     batch = TreeBatch.concat([TreeBatch(p, r) for p, r in trees])
     for name in ESTIMATORS:

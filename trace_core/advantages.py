@@ -120,10 +120,23 @@ def segment(trees: TreeBatch) -> np.ndarray:
     return np.where(here >= 0, value[np.maximum(here, 0)] - value[np.maximum(up, 0)], np.nan)
 
 
-def branch(trees: TreeBatch) -> np.ndarray:
-    """[L, D] per-turn r_l - V^(nearest branching ancestor of the turn, or the root)."""
+def branch(trees: TreeBatch, root_value: np.ndarray | None = None) -> np.ndarray:
+    """[L, D] per-turn r_l - V^(nearest branching ancestor of the turn, or the root).
+
+    ``root_value`` ([T], one per tree): the baseline where that ancestor is the root, instead of
+    the tree's own V^(root) (a value the samples did not make, such as the predictor's V~(prompt)
+    or the exact V). Turns above a tree's first branch point are then credited
+    n (V^(first branch point) - root_value) together instead of zero: with one bare rollout and
+    its continuations, the shared first turns otherwise carry no signal at all."""
     paths, reward, _ = _leaf_rows(trees)
     value, _ = trees.backup()  # [R]
+    if root_value is not None:
+        root_value = np.asarray(root_value, dtype=np.float64)
+        if root_value.shape != (len(trees.roots),) or not np.all(np.isfinite(root_value)):
+            raise ValueError(f"branch: root_value must hold one finite value per tree "
+                             f"({len(trees.roots)}), got shape {root_value.shape}")
+        value = value.copy()
+        value[trees.roots] = root_value
     n_children = trees.n_children  # [R]
     anchor = np.arange(trees.num_rows)  # [R] nearest branching node at or above (roots: self)
     for d in range(1, int(trees.depth.max(initial=0)) + 1):  # parents' levels come first
@@ -187,10 +200,16 @@ ESTIMATORS: dict[str, Estimator] = {
 
 
 def advantages(trees: TreeBatch, estimator: str, *, centre: bool = False,
-               turns_once: bool = False) -> np.ndarray:
+               turns_once: bool = False, root_value: np.ndarray | None = None) -> np.ndarray:
     """[L, D] the configured advantages of every path of ``trees``: the estimator, then
-    ``centred`` (``centre``) and ``per_node`` (``turns_once``), as the policy update reads them."""
-    a = ESTIMATORS[estimator](trees)
+    ``centred`` (``centre``) and ``per_node`` (``turns_once``), as the policy update reads them;
+    ``root_value``: ``branch``'s baseline at the roots (``branch``)."""
+    if root_value is not None:
+        if estimator != "branch":
+            raise ValueError(f"root_value is a baseline of the branch estimator, not {estimator!r}")
+        a = branch(trees, root_value)
+    else:
+        a = ESTIMATORS[estimator](trees)
     if centre:
         a = centred(trees, a)
     if turns_once:

@@ -71,6 +71,7 @@ class Method:
     token_budget: bool = False  # Stage 2 spends the tokens of m_i N full rollouts, not m_i N leaves
     exploration: float | None = None  # None = the config's exploration strength
     match_tokens: bool = False  # a flat method whose leaves per step match the reference's tokens
+    root_baseline: str = "tree"  # branch's baseline at the root: the tree's V^, or "predicted" (V~)
     role: str = "ablation"  # baseline, trace, cover, plus, ablation
 
 
@@ -97,6 +98,8 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("count_turns_once", "trace", count_turns_once=True),
         Method("joint_split", "trace", joint_split=True),
         Method("prompt_only+post", "prompt_only", predictor="posterior", match_tokens=True),
+        Method("cover_vbase", "trace_cover", root_baseline="predicted"),
+        Method("cover_oracle_vbase", "cover_oracle", predictor="oracle", root_baseline="predicted"),
     ]
     plus = {m.name: m for m in PLUS}
     unknown = [p for p in plus_names if p not in plus]
@@ -377,7 +380,10 @@ class Run:
         wins = np.bincount(trees.tree_of_row[leaves], weights=trees.reward[leaves], minlength=len(trees))
         mixed = int(np.count_nonzero((wins > 0) & (wins < np.bincount(trees.tree_of_row[leaves],
                                                                        minlength=len(trees)))))
-        a = advantages(trees, self.estimator, centre=self.centre, turns_once=self.turns_once)
+        root_value = (step.predicted[trees.roots] if self.method.root_baseline == "predicted"
+                      else None)  # the root's prediction: its allocation input (oracle: exact V)
+        a = advantages(trees, self.estimator, centre=self.centre, turns_once=self.turns_once,
+                       root_value=root_value)
         node = trees.paths()[:, 1:]  # [L, D]
         ok = node >= 0
         nodes, adv = node[ok], a[ok]
