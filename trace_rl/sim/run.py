@@ -72,6 +72,8 @@ class Method:
     exploration: float | None = None  # None = the config's exploration strength
     match_tokens: bool = False  # a flat method whose leaves per step match the reference's tokens
     root_baseline: str = "tree"  # branch's baseline at the root: the tree's V^, or "predicted" (V~)
+    root_targets: str = "tree"  # the predictor's root targets: V^ (all leaves), or "bare" (the
+    # rollouts from the root only: unbiased for V(prompt), continuations below a prefix are not)
     role: str = "ablation"  # baseline, trace, cover, plus, ablation
 
 
@@ -100,6 +102,7 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("prompt_only+post", "prompt_only", predictor="posterior", match_tokens=True),
         Method("cover_vbase", "trace_cover", root_baseline="predicted"),
         Method("cover_oracle_vbase", "cover_oracle", predictor="oracle", root_baseline="predicted"),
+        Method("cover_bare_targets", "trace_cover", root_targets="bare"),
     ]
     plus = {m.name: m for m in PLUS}
     unknown = [p for p in plus_names if p not in plus]
@@ -436,6 +439,12 @@ class Run:
         reads = self.allocator.uses_predictor and self.method.predictor != "oracle"
         if reads:
             value, n_leaves = trees.backup()
+            if self.method.root_targets == "bare":  # each root: its rollouts from the root only
+                from_root = step_trees.root_rollouts > 0
+                roots = trees.roots[from_root]
+                value, n_leaves = value.copy(), n_leaves.copy()
+                value[roots] = step_trees.root_successes[from_root] / step_trees.root_rollouts[from_root]
+                n_leaves[roots] = step_trees.root_rollouts[from_root]
             internal = np.flatnonzero(~trees.is_leaf)
             if self.method.predictor in ("learned", "posterior"):
                 self.learned.fit(self._node_features(step_trees, internal), value[internal],
