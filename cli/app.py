@@ -1,9 +1,9 @@
-"""The ``trace`` command: train, evaluate, bootstrap, query and grade.
+"""The ``trace`` command: train, evaluate, bootstrap, query, grade and show the config.
 
-Every command but ``score`` and ``data check`` takes ``--workdir DIR`` (default ``./trace_runs``,
-or $TRACE_WORKDIR): the DuckDB file, the MLflow store, checkpoints and cached task results live
-there. Flows run in-process on Prefect's temporary server, which ``trace`` starts itself (no
-server to set up); set PREFECT_API_URL to use a server instead.
+Every command but ``score``, ``config`` and ``data check`` takes ``--workdir DIR`` (default
+``./trace_runs``, or $TRACE_WORKDIR): the DuckDB file, the MLflow store, checkpoints and cached task
+results live there. Flows run in-process on Prefect's temporary server, which ``trace`` starts
+itself (no server to set up); set PREFECT_API_URL to use a server instead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from trace_rl import environ
 environ.apply()  # Prefect's start-up limit and quiet defaults, before any flow imports prefect
 
 from cli.data import data_app  # noqa: E402
-from cli.output import console, print_query, print_replay, print_summary, print_warmstart  # noqa: E402
+from cli.output import (console, print_fields, print_query, print_replay, print_summary,  # noqa: E402
+                        print_warmstart)
 from cli.prepare import (WORKDIR_HELP, checked_eval_split, load_config_or_exit,  # noqa: E402
                          prefect_ready, resolve_workdir, with_data, with_policy)
 
@@ -253,6 +254,32 @@ def score(ctx: typer.Context) -> None:
     from trace_rl.score import main as score_main
 
     raise typer.Exit(score_main(list(ctx.args)))
+
+
+@app.command("config")
+def show_config(
+    overrides: List[str] = typer.Argument(None, help="Config overrides as key=value (e.g. steps=5)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file."),
+    list_fields: bool = typer.Option(False, "--fields", help="List every field instead: its "
+                                     "default, what it may be and what it does."),
+    match: str = typer.Option("", "--match", help="With --fields: only names containing this."),
+) -> None:
+    """Print the config a train run would use, as YAML, checked as trace train checks it.
+
+    Defaults, then --config, then the overrides; a bad value exits 2 naming it. The output is a
+    config file: trace config steps=50 > run.yaml, edit it, trace train -c run.yaml. With
+    --fields, list every field (and every family's options) with its default, what it may be and
+    the first sentence of its documentation."""
+    from trace_rl.config.describe import as_yaml, field_rows
+
+    if list_fields:
+        if overrides or config:
+            console.print("trace config: --fields lists the fields; it takes no config or "
+                          "overrides", style="red", markup=False)
+            raise typer.Exit(2)
+        print_fields(field_rows(match))
+        return
+    print(as_yaml(load_config_or_exit(config, overrides)), end="")
 
 
 @app.command()

@@ -79,6 +79,16 @@ def print_query(result, fmt: str, max_rows: int) -> None:
         raise typer.BadParameter(f"--format {fmt!r}: choose table, csv or json")
 
 
+def print_fields(rows: list[dict]) -> None:
+    """``trace config --fields``: one row per field, grouped by concern."""
+    table = Table("concern", "field", "default", "may be", "what it does", show_lines=False)
+    for r in rows:
+        table.add_row(r["concern"], r["name"], repr(r["default"]), r["allowed"], r["doc"])
+    console.print(table)
+    console.print(f"{len(rows)} fields; set any as key=value after trace train, or in a YAML file "
+                  "(trace config prints one)", markup=False)
+
+
 def _cell(v: object) -> str:
     s = str(v)
     return s if len(s) <= 60 else s[:57] + "..."

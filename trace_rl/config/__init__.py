@@ -13,6 +13,8 @@
   reading of ``key=value`` arguments for the other configs (``warmstart_config``: the warm
   start's ``WarmstartConfig``; ``BootstrapConfig`` comes from a ``TrainConfig``).
 * ``checks``: ``check_inputs``, which opens the files a config names before any work starts.
+* ``describe``: the config as a person reads it (``trace config``): YAML that reads back
+  unchanged, and every field with its default, what it may be and what it does.
 """
 
 from trace_rl.config.checks import check_inputs, check_policy, check_split
