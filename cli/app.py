@@ -19,8 +19,8 @@ from trace_rl import environ
 environ.apply()  # Prefect's start-up limit and quiet defaults, before any flow imports prefect
 
 from cli.data import data_app  # noqa: E402
-from cli.output import (console, print_fields, print_query, print_replay, print_summary,  # noqa: E402
-                        print_warmstart)
+from cli.output import (console, print_fields, print_query, print_replay, print_runs,  # noqa: E402
+                        print_summary, print_warmstart)
 from cli.prepare import (WORKDIR_HELP, checked_eval_split, load_config_or_exit,  # noqa: E402
                          prefect_ready, resolve_workdir, with_data, with_policy)
 
@@ -254,6 +254,22 @@ def score(ctx: typer.Context) -> None:
     from trace_rl.score import main as score_main
 
     raise typer.Exit(score_main(list(ctx.args)))
+
+
+@app.command()
+def runs(workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP)) -> None:
+    """List the work dir's runs: status, steps done, reward, tokens, held-out accuracy.
+
+    Read from the published DuckDB file, so it works while a run trains; the trees themselves:
+    trace view, or trace sql."""
+    from trace_rl.view.data import ViewError, open_store, run_table
+
+    try:
+        rows = run_table(open_store(resolve_workdir(workdir)))
+    except ViewError as exc:
+        console.print(f"trace runs: {exc}", style="red", markup=False)
+        raise typer.Exit(2)
+    print_runs(rows)
 
 
 @app.command("config")

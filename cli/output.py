@@ -79,6 +79,20 @@ def print_query(result, fmt: str, max_rows: int) -> None:
         raise typer.BadParameter(f"--format {fmt!r}: choose table, csv or json")
 
 
+def print_runs(rows: list[dict]) -> None:
+    """``trace runs``: one row per run, oldest first."""
+    def pct(v: object) -> str:
+        return "-" if v is None else f"{100 * float(v):.1f}%"
+
+    table = Table("run", "status", "family", "allocator", "steps", "reward", "tokens",
+                  "held-out before", "after", "created (UTC)")
+    for r in rows:
+        table.add_row(r["run_id"], r["status"], str(r["family"]), str(r["allocator"]), r["steps"],
+                      "-" if r["reward"] is None else f"{r['reward']:.3f}", f"{r['tokens']:,}",
+                      pct(r["before"]), pct(r["after"]), r["created_at"])
+    console.print(table)
+
+
 def print_fields(rows: list[dict]) -> None:
     """``trace config --fields``: one row per field, grouped by concern."""
     table = Table("concern", "field", "default", "may be", "what it does", show_lines=False)

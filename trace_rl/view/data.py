@@ -117,6 +117,37 @@ def _runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return out
 
 
+RUN_TABLE = """
+SELECT r.run_id, r.status, r.created_at, r.config_json,
+       (SELECT count(*) FROM steps s WHERE s.run_id = r.run_id AND s.status = 'complete') AS done,
+       (SELECT s.metrics_json FROM steps s WHERE s.run_id = r.run_id AND s.status = 'complete'
+        ORDER BY s.step DESC LIMIT 1) AS last_metrics,
+       (SELECT sum(l.generated_tokens) FROM ledger l WHERE l.run_id = r.run_id) AS tokens,
+       (SELECT e.accuracy FROM evals e WHERE e.run_id = r.run_id ORDER BY e.step LIMIT 1) AS before,
+       (SELECT e.accuracy FROM evals e WHERE e.run_id = r.run_id AND e.step > 0
+        ORDER BY e.step DESC LIMIT 1) AS after
+FROM runs r ORDER BY r.created_at, r.run_id
+"""
+
+
+def run_table(store: TreeStore) -> list[dict[str, Any]]:
+    """One row per run of the store, oldest first (``trace runs``): its status, family and
+    allocator, complete steps of its configured steps, the newest complete step's mean reward,
+    generated tokens, and held-out accuracy before training and after (None where not measured)."""
+    with store.snapshot() as con:
+        rows = _rows(con, RUN_TABLE)
+    out = []
+    for r in rows:
+        cfg = json.loads(r["config_json"] or "{}")
+        last = json.loads(r["last_metrics"] or "{}")
+        out.append({"run_id": r["run_id"], "status": r["status"], "family": cfg.get("family"),
+                    "allocator": cfg.get("allocator"), "steps": f"{r['done']}/{cfg.get('steps', '?')}",
+                    "reward": last.get("rollout/reward_mean"), "tokens": int(r["tokens"] or 0),
+                    "before": r["before"], "after": r["after"],
+                    "created_at": str(r["created_at"])[:19]})
+    return out
+
+
 def _steps(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict[str, Any]]:
     marked = {r["step"]: r for r in _rows(
         con, "SELECT step, status, metrics_json FROM steps WHERE run_id = ?", [run_id])}

@@ -1,0 +1,49 @@
+"""``trace runs``: the work dir's runs in one table, read from a real store (test_store's
+hand-worked step): status, steps done of the configured steps, the newest complete step's reward,
+generated tokens from the ledger, held-out accuracy before and after; a work dir without a store
+exits 2 saying so."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+from test_store import LEDGER, LEVEL0, LEVEL1, _eval_row, table
+
+from cli.app import app
+from trace_rl.storage import TreeStore
+from trace_rl.view.data import open_store, run_table
+
+WIDE = {"COLUMNS": "240", "NO_COLOR": "1"}
+
+
+def test_runs_lists_each_run_with_its_progress_and_held_out_accuracy(tmp_path):
+    s = TreeStore(tmp_path)
+    s.init_run("run1", {"family": "synth_arith", "allocator": "trace", "steps": 3})
+    s.write_level("run1", 0, 0, table(LEVEL0), None, LEDGER)          # 40 generated tokens
+    s.write_level("run1", 0, 1, table(LEVEL1), None, LEDGER)          # and 40 more
+    s.mark_step("run1", 0, "running")
+    s.mark_step("run1", 0, "complete", {"rollout/reward_mean": 0.25})
+    s.mark_step("run1", 1, "running")
+    s.mark_step("run1", 1, "complete", {"rollout/reward_mean": 0.5})
+    s.mark_step("run1", 2, "running")                                 # not complete
+    s.record_eval(_eval_row(0, 0.30))
+    s.record_eval(_eval_row(3, 0.55))
+    s.init_run("run2", {"family": "bfcl", "allocator": "grpo", "steps": 10})
+
+    rows = run_table(open_store(tmp_path))
+    assert [r["run_id"] for r in rows] == ["run1", "run2"]
+    one, two = rows
+    assert (one["steps"], one["reward"], one["tokens"], one["before"], one["after"]) == (
+        "2/3", 0.5, 80, 0.30, 0.55)
+    assert (two["steps"], two["reward"], two["tokens"], two["before"], two["after"]) == (
+        "0/10", None, 0, None, None)
+
+    out = CliRunner().invoke(app, ["runs", "--workdir", str(tmp_path)], env=WIDE)
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.output.splitlines() if "run1" in x)
+    for cell in ("synth_arith", "trace", "2/3", "0.500", "80", "30.0%", "55.0%"):
+        assert cell in line, (cell, line)
+
+
+def test_runs_without_a_store_exits_2_saying_so(tmp_path):
+    out = CliRunner().invoke(app, ["runs", "--workdir", str(tmp_path / "none")], env=WIDE)
+    assert out.exit_code == 2 and "no TRACE database" in out.output
