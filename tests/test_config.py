@@ -312,7 +312,7 @@ def test_fields_by_concern_dotted_or_flat_give_the_same_run(tmp_path):
     """Every field sits in exactly one concern; ``allocation.min_per_root=3`` and a YAML section
     name the same field as the flat ``min_per_root=3``: the same config, the same run id. A
     concern that does not hold the field, or a field given twice, is refused naming it."""
-    from trace_rl.config import CONCERNS, ConfigError, TrainConfig, load_config
+    from trace_rl.config import CONCERNS, ConfigError, load_config
 
     named = [n for fields in CONCERNS.values() for n in fields]
     assert sorted(named) == sorted(FIELDS) and len(named) == len(set(named))

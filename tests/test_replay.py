@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from studies.replay import BUDGET, logged_steps, validate
+from studies.replay import logged_steps, validate
 from trace_core.simulator import SimConfig, Simulator
 
 RUNS = 4  # simulated runs (logging seeds): one run's own sampling noise is ~10-20 %

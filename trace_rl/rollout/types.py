@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from trace_rl.envs.base import Action, Verdict  # an environment's vocabulary, re-exported here
+# an environment's vocabulary, re-exported here
+from trace_rl.envs.base import Action, Verdict  # noqa: F401
 
 
 @dataclass(frozen=True)
