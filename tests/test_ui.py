@@ -285,7 +285,8 @@ def _type(page: Page, label: str, text: str) -> None:
         return !!input; }})()""")
     assert found, f"no field {label!r}:\n{page.text()[:2000]}"
     page.call("Input.insertText", text=text)
-    time.sleep(1)  # the form passes a value up one debounced level at a time
+    time.sleep(2)  # the form passes a value up one debounced level at a time (no DOM sign of it;
+    # 2 s, not 1, for a loaded machine whose browser timers run late)
 
 
 def _open_run_form(ui: UiServer, page: Page) -> Any:
