@@ -257,7 +257,10 @@ def score(ctx: typer.Context) -> None:
 
 
 @app.command()
-def runs(workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP)) -> None:
+def runs(
+    workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | json (one object per run)"),
+) -> None:
     """List the work dir's runs: status, steps done, reward, tokens, held-out accuracy.
 
     Read from the published DuckDB file, so it works while a run trains; the trees themselves:
@@ -265,11 +268,16 @@ def runs(workdir: Optional[str] = typer.Option(None, "--workdir", "-w", help=WOR
     from trace_rl.view.data import ViewError, open_store, run_table
 
     try:
+        if fmt not in ("table", "json"):
+            raise ViewError(f"--format {fmt!r}: choose table or json")
         rows = run_table(open_store(resolve_workdir(workdir)))
     except ViewError as exc:
         console.print(f"trace runs: {exc}", style="red", markup=False)
         raise typer.Exit(2)
-    print_runs(rows)
+    if fmt == "json":
+        print(json.dumps(rows))
+    else:
+        print_runs(rows)
 
 
 @app.command("config")

@@ -5,6 +5,8 @@ exits 2 saying so."""
 
 from __future__ import annotations
 
+import json
+
 from typer.testing import CliRunner
 from test_store import LEDGER, LEVEL0, LEVEL1, _eval_row, table
 
@@ -42,6 +44,9 @@ def test_runs_lists_each_run_with_its_progress_and_held_out_accuracy(tmp_path):
     line = next(x for x in out.output.splitlines() if "run1" in x)
     for cell in ("synth_arith", "trace", "2/3", "0.500", "80", "30.0%", "55.0%"):
         assert cell in line, (cell, line)
+    as_json = CliRunner().invoke(app, ["runs", "-w", str(tmp_path), "--format", "json"], env=WIDE)
+    assert as_json.exit_code == 0 and json.loads(as_json.output) == rows
+    assert CliRunner().invoke(app, ["runs", "-w", str(tmp_path), "-f", "csv"], env=WIDE).exit_code == 2
 
 
 def test_runs_without_a_store_exits_2_saying_so(tmp_path):
