@@ -25,8 +25,8 @@ PAGE = RECORDS.parent / "docs" / "results.md"
 BLOCK = re.compile(r"(<!-- bench\.tables (\w+) -->\n)(.*?)(<!-- /bench\.tables -->)", re.S)
 LABELS = {REFERENCE: f"**{REFERENCE}** (reference)", "grpo": "grpo (tokens matched)",
           "dapo": "dapo (tokens matched; stops early)", "prompt_only": "prompt_only (tokens matched)",
-          "trace": "trace (the paper's Stage 1; equal leaves)", "oracle_pred": "trace, oracle predictor",
-          "cover_oracle": "trace_cover, oracle predictor"}
+          "trace": "trace (the paper's Stage 1; equal leaves)", "oracle_pred": "trace, true V, no exploration",
+          "cover_oracle": "trace_cover, true V, no exploration"}
 
 
 def _sim_regime(regime: str, root: Path) -> tuple[dict, str, int]:

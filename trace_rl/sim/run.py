@@ -63,6 +63,7 @@ class Method:
     name: str
     allocator: str  # a name in ALLOCATORS, or "prefix_only"
     predictor: str = "learned"  # learned, oracle, constant, posterior
+    root_predictor: str | None = None  # Stage 1's predictor when not ``predictor`` (a 2 x 2 study)
     multiplier: int | None = None  # None = the config's N (the leaf budget stays M (1 + N))
     root_only: bool = False  # Stage 2 leaves all go to fresh rollouts from the root
     count_turns_once: bool | None = None
@@ -103,6 +104,12 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("cover_vbase", "trace_cover", root_baseline="predicted"),
         Method("cover_oracle_vbase", "cover_oracle", predictor="oracle", root_baseline="predicted"),
         Method("cover_bare_targets", "trace_cover", root_targets="bare"),
+        # where the predictor costs: the true V in Stage 1, in Stage 2, in both (trace_cover's
+        # allocator throughout, exploration included; cover_oracle is the Oracle allocator's)
+        Method("cover_exact", "trace_cover", predictor="oracle"),
+        Method("cover_exact_roots", "trace_cover", root_predictor="oracle"),
+        Method("cover_exact_prefixes", "trace_cover", predictor="oracle", root_predictor="learned"),
+        Method("cover_exact_noexp", "trace_cover", predictor="oracle", exploration=0.0),
     ]
     plus = {m.name: m for m in PLUS}
     unknown = [p for p in plus_names if p not in plus]
@@ -183,7 +190,7 @@ class Run:
                         step.state[rows].reshape(-1, 4), step.firsts[rows])
 
     def predict_roots(self, idx: np.ndarray, truth: Exact) -> np.ndarray:
-        kind = self.method.predictor
+        kind = self.method.root_predictor or self.method.predictor
         if kind == "oracle":
             return truth.start[idx]
         if kind == "constant":
@@ -197,6 +204,15 @@ class Run:
     def predict_nodes(self, step: SimStep, rows: np.ndarray, truth: Exact) -> np.ndarray:
         """Predictions for ``rows`` of one tree."""
         kind = self.method.predictor
+        root = step.trees.depth[rows] == 0
+        if self.method.root_predictor not in (None, kind) and root.any():  # Stage 1's own
+            v = self.predict_nodes_as(kind, step, rows, truth)
+            item = step.item[step.trees.tree_of_row[rows[root]]]
+            v[root] = self.predict_roots(item, truth)
+            return v
+        return self.predict_nodes_as(kind, step, rows, truth)
+
+    def predict_nodes_as(self, kind: str, step: SimStep, rows: np.ndarray, truth: Exact) -> np.ndarray:
         if kind == "oracle":
             return self._true_values(step, rows, truth)
         if kind == "constant":
@@ -436,7 +452,8 @@ class Run:
         # The predictors and the rho window learn from this step's trees.
         self.last_sampled[step_trees.item] = step
         terms: list[Term] = []
-        reads = self.allocator.uses_predictor and self.method.predictor != "oracle"
+        kinds = {self.method.predictor, self.method.root_predictor or self.method.predictor}
+        reads = self.allocator.uses_predictor and kinds != {"oracle"}
         if reads:
             value, n_leaves = trees.backup()
             if self.method.root_targets == "bare":  # each root: its rollouts from the root only
@@ -446,7 +463,7 @@ class Run:
                 value[roots] = step_trees.root_successes[from_root] / step_trees.root_rollouts[from_root]
                 n_leaves[roots] = step_trees.root_rollouts[from_root]
             internal = np.flatnonzero(~trees.is_leaf)
-            if self.method.predictor in ("learned", "posterior"):
+            if kinds & {"learned", "posterior"}:
                 self.learned.fit(self._node_features(step_trees, internal), value[internal],
                                  n_leaves[internal].astype(np.float64))
             terms = batch_terms(trees, predicted)
