@@ -3,6 +3,9 @@ help"): ``trace_rl.sim.run.run_seed`` on the named rows only, on the chain struc
 records as the CLI writes them (results/README.md).
 
     python -m studies.sim_diag paper 100-107 trace_cover,grpo,cover_noexp results/learning_sim/diag/<name>
+
+``control`` as the regime runs the negative control instead (``bench.learning_sim``'s: every item
+the same, nothing to target), recorded as the ``control`` structure.
 """
 import sys
 import time
@@ -17,12 +20,13 @@ from trace_rl.sim.run import SimSettings, methods, run_seed
 
 
 def main(regime: str, seeds: str, names: list[str], out: Path) -> None:
-    params = ChainParams(**REGIMES[regime])
+    control = regime == "control"
+    params = ChainParams(structure="arith") if control else ChainParams(**REGIMES[regime])
     rows = [m for m in methods([]) if m.name in names]
     for s in parse_seeds(seeds, count=False):
         t0 = time.time()
         res = run_seed(s, rows, params, SimSettings())
-        write_records(out, "chain", s, res, {"regime": regime, "diag": names})
+        write_records(out, "control" if control else "chain", s, res, {"regime": regime, "diag": names})
         print(s, f"{time.time() - t0:.0f}s",
               {n: round(100 * np.mean(res[n]["accuracy"][-5:]), 2) for n in names}, flush=True)
 

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYOUT = [re.compile(p) for p in (
     r"learning_sim/(paper|default)-tokens/(chain|control)/\w+/seed\d+\.json",
     r"learning_sim/pilot/(paper|default)/(chain|control)/\w+/seed\d+\.json",
-    r"learning_sim/diag/\w+/chain/\w+/seed\d+\.json",
+    r"learning_sim/diag/\w+/(chain|control)/\w+/seed\d+\.json",
     r"learning_lm/\w+/(main|control)/runs/\w+-s\d+\.json",
     r"learning_\w+/(runs/\w+-s\d+|start|hard_start)\.json",
     r"peers(_(bfcl|hotpotqa))?/runs/\w+-s\d+\.json",

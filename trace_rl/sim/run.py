@@ -64,6 +64,7 @@ class Method:
     allocator: str  # a name in ALLOCATORS, or "prefix_only"
     predictor: str = "learned"  # learned, oracle, constant, posterior
     root_predictor: str | None = None  # Stage 1's predictor when not ``predictor`` (a 2 x 2 study)
+    root_sampling: str = "mean"  # "thompson": Stage 1 draws each prompt's value from its posterior
     multiplier: int | None = None  # None = the config's N (the leaf budget stays M (1 + N))
     root_only: bool = False  # Stage 2 leaves all go to fresh rollouts from the root
     count_turns_once: bool | None = None
@@ -110,6 +111,10 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("cover_exact_roots", "trace_cover", root_predictor="oracle"),
         Method("cover_exact_prefixes", "trace_cover", predictor="oracle", root_predictor="learned"),
         Method("cover_exact_noexp", "trace_cover", predictor="oracle", exploration=0.0),
+        # exploration by the posterior's own uncertainty instead of the staleness rule
+        Method("cover_post_noexp", "trace_cover", predictor="posterior", exploration=0.0),
+        Method("cover_post_thompson", "trace_cover", predictor="posterior", exploration=0.0,
+               root_sampling="thompson"),
     ]
     plus = {m.name: m for m in PLUS}
     unknown = [p for p in plus_names if p not in plus]
@@ -182,6 +187,7 @@ class Run:
         self.first_offered = np.full(train.size, -1)
         self.log: dict[str, list[float]] = {k: [] for k in LOG_KEYS}
         self.leaf_tokens = 0.0  # generated tokens per leaf of the last step (token matching)
+        self._thompson = np.random.default_rng(0)  # root_sampling "thompson"'s draws
 
     # -- predictions ---------------------------------------------------------------------------
 
@@ -189,8 +195,17 @@ class Run:
         return features(self.train, step.item[step.trees.tree_of_row[rows]],
                         step.state[rows].reshape(-1, 4), step.firsts[rows])
 
-    def predict_roots(self, idx: np.ndarray, truth: Exact) -> np.ndarray:
+    def predict_roots(self, idx: np.ndarray, truth: Exact, draw: bool = True) -> np.ndarray:
+        """Stage 1's values of train items ``idx``; with ``root_sampling`` "thompson" and
+        ``draw``, each a draw from its Beta posterior (the learned prior at the posterior's
+        strength, plus the prompt's rollouts so far) instead of the posterior mean."""
         kind = self.method.root_predictor or self.method.predictor
+        if draw and self.method.root_sampling == "thompson":
+            x = features(self.train, idx, np.zeros((len(idx), 4), np.int64), np.zeros(len(idx)))
+            p = np.clip(self.learned.predict(x), 1e-3, 1 - 1e-3)
+            succ, n = self.posterior.counts([self.train.ids[i] for i in idx])
+            k = self.posterior.strength
+            return self._thompson.beta(succ + k * p, n - succ + k * (1 - p))
         if kind == "oracle":
             return truth.start[idx]
         if kind == "constant":
@@ -208,7 +223,7 @@ class Run:
         if self.method.root_predictor not in (None, kind) and root.any():  # Stage 1's own
             v = self.predict_nodes_as(kind, step, rows, truth)
             item = step.item[step.trees.tree_of_row[rows[root]]]
-            v[root] = self.predict_roots(item, truth)
+            v[root] = self.predict_roots(item, truth, draw=False)
             return v
         return self.predict_nodes_as(kind, step, rows, truth)
 
@@ -221,7 +236,7 @@ class Run:
         root = step.trees.depth[rows] == 0
         if kind == "posterior" and root.any():
             item = step.item[step.trees.tree_of_row[rows[root]]]
-            v[root] = self.predict_roots(item, truth)
+            v[root] = self.predict_roots(item, truth, draw=False)
         return v
 
     @staticmethod
