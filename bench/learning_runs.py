@@ -18,6 +18,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trace_joint": {"allocator": "trace", "joint_split": True},
     "cover_oracle": {"allocator": "trace_cover", "root_oracle": True},
     "trace_cover_oracle": {"allocator": "trace_cover", "oracle_rollouts": 8},
+    # the simulator's cover_post_noexp (docs/results.md, "Learning simulator": "Helped")
+    "cover_post_noexp": {"allocator": "trace_cover", "root_posterior": 4.0, "exploration": 0.0},
 }
 """Methods beyond the allocators, as ``TrainConfig`` overrides."""
 
