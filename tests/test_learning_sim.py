@@ -223,3 +223,20 @@ def test_cli_accumulates_seeds_in_its_records(tmp_path, capsys):
     assert text.splitlines()[-1].startswith("TRACE-cover vs best baseline at equal tokens and steps:")
     assert "over 2 seeds; control" in text.splitlines()[-1] and out["gain"].n == 2
     assert len(list((tmp_path / "control" / REFERENCE).glob("seed*.json"))) == 2
+
+
+def test_the_oracle_row_is_the_true_v_without_exploration_and_the_stage_options_compose():
+    """cover_oracle (the Oracle allocator's stages) equals trace_cover fed the true V with
+    exploration 0, run for run; the true V in both stages through ``root_predictor`` equals it
+    through ``predictor``; and the posterior's Thompson draws differ from its mean."""
+    rows = {m.name: m for m in methods([])}
+    settings = SimSettings(steps=6, pool_size=32, train_items=64, eval_items=40)
+    both = rows["cover_exact"]
+    as_roots = type(both)("exact_both_ways", "trace_cover", predictor="oracle", root_predictor="oracle")
+    names = ["cover_oracle", "cover_exact_noexp", "cover_exact", "cover_post_noexp",
+             "cover_post_thompson"]
+    out = run_seed(3, [rows[n] for n in names] + [as_roots], ChainParams(hops="2:0.2,6:0.8"), settings)
+    assert out["cover_oracle"]["accuracy"] == out["cover_exact_noexp"]["accuracy"]
+    assert out["cover_exact"]["accuracy"] == out["exact_both_ways"]["accuracy"]
+    assert out["cover_exact"]["accuracy"] != out["cover_exact_noexp"]["accuracy"]  # exploration acts
+    assert out["cover_post_noexp"]["accuracy"] != out["cover_post_thompson"]["accuracy"]
