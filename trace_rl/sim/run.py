@@ -115,6 +115,9 @@ def methods(plus_names: Sequence[str]) -> list[Method]:
         Method("cover_post_noexp", "trace_cover", predictor="posterior", exploration=0.0),
         Method("cover_post_thompson", "trace_cover", predictor="posterior", exploration=0.0,
                root_sampling="thompson"),
+        # the same root values for the prompt-only baseline: is the gain the trees' or the roots'?
+        Method("prompt_only_post_noexp", "prompt_only", predictor="posterior", exploration=0.0,
+               match_tokens=True),
     ]
     plus = {m.name: m for m in PLUS}
     unknown = [p for p in plus_names if p not in plus]
