@@ -122,9 +122,8 @@ def optimiser_throughput(workdir: Path) -> dict[int, dict[str, float]]:
     import duckdb
 
     with duckdb.connect(str(workdir / "trace.duckdb"), read_only=True) as con:
-        (run_id,), = con.execute("SELECT run_id FROM runs").fetchall()
-        mini = json.loads(con.execute("SELECT config_json FROM runs").fetchone()[0]).get(
-            "mini_batches", 1)
+        (run_id, config), = con.execute("SELECT run_id, config_json FROM runs").fetchall()
+        mini = json.loads(config).get("mini_batches", 1)
         tokens = dict(con.execute(TRAINED_TOKENS, {"r": run_id}).fetchall())
         steps = con.execute("SELECT step, metrics_json FROM steps WHERE run_id = $r AND "
                             "status = 'complete'", {"r": run_id}).fetchall()

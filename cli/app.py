@@ -267,9 +267,9 @@ def runs(
     trace view, or trace sql."""
     from trace_rl.view.data import ViewError, open_store, run_table
 
+    if fmt not in ("table", "json"):
+        raise typer.BadParameter(f"--format {fmt!r}: choose table or json")
     try:
-        if fmt not in ("table", "json"):
-            raise ViewError(f"--format {fmt!r}: choose table or json")
         rows = run_table(open_store(resolve_workdir(workdir)))
     except ViewError as exc:
         console.print(f"trace runs: {exc}", style="red", markup=False)

@@ -37,13 +37,24 @@ def headings(markdown: str) -> set[str]:
     return {m.group(1).strip() for m in re.finditer(r"^#+ (.+)$", markdown, re.M)}
 
 
+def sections(markdown: str) -> set[str]:
+    """A page's headings as cited: whitespace collapsed, without backticks."""
+    return {flat(h).replace("`", "") for h in headings(markdown)}
+
+
+def names_a_section(cited: str, page_sections: set[str]) -> bool:
+    """A citation names a heading whole, or its words before a parenthesis ("Readers and writers"
+    for "Readers and writers (issue 24)")."""
+    cited = cited.replace("`", "")
+    return any(h == cited or h.startswith(cited + " (") for h in page_sections)
+
+
 CITATION = re.compile(r'docs/(\w+)\.md\)?,? \(?"([^"]+)"')
 SESSION = re.compile(r"\b[Ss]ession \d")
 
 
 def test_citations_name_sections_that_exist_and_nothing_cites_the_notebook():
-    pages = {p.stem: {flat(h).replace("`", "") for h in headings(p.read_text(encoding="utf-8"))}
-             for p in DOCS.glob("*.md")}
+    pages = {p.stem: sections(p.read_text(encoding="utf-8")) for p in DOCS.glob("*.md")}
     cited, bad = {}, []
     for path in tracked_text_files():
         if path == Path(__file__).resolve():
@@ -51,11 +62,11 @@ def test_citations_name_sections_that_exist_and_nothing_cites_the_notebook():
         text = flat(path.read_text(encoding="utf-8", errors="replace"))
         rel = path.relative_to(REPO).as_posix()
         for m in CITATION.finditer(text):
-            page, section = m.group(1), m.group(2).replace("`", "")
+            page = m.group(1)
             cited[page] = cited.get(page, 0) + 1
             if page not in pages:
                 bad.append(f'{rel}: cites docs/{page}.md, which does not exist')
-            elif not any(h == section or h.startswith(section + " (") for h in pages[page]):
+            elif not names_a_section(m.group(2), pages[page]):
                 bad.append(f'{rel}: cites docs/{page}.md "{m.group(2)}", which has no such section')
         if rel != "docs/results.md":
             bad += [f"{rel}: cites the lab notebook ({NOTEBOOK})" for _ in re.finditer(re.escape(NOTEBOOK), text)]
@@ -68,13 +79,11 @@ def test_citations_name_sections_that_exist_and_nothing_cites_the_notebook():
 def test_at_a_glance_names_sections_that_exist():
     """docs/results.md's summary table ends each row with the section it comes from."""
     page = RESULTS.read_text(encoding="utf-8")
-    sections = {flat(h).replace("`", "") for h in headings(page)}
     table = page.split("## At a glance", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[-2].strip() for line in table.splitlines()
             if line.startswith("|") and not line.startswith("|---")][1:]  # the header left out
     assert len(rows) >= 8, rows
-    bad = [r for r in rows if not any(h == r.replace("`", "") or h.startswith(r.replace("`", "") + " (")
-                                      for h in sections)]
+    bad = [r for r in rows if not names_a_section(r, sections(page))]
     assert not bad, f"At a glance names sections that do not exist: {bad}"
 
 

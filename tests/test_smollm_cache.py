@@ -23,14 +23,14 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     import trace_rl.policy.smollm as smollm
 
-    def slow_fake_convert(out: Path) -> None:  # stands in for the ~20 s GGUF conversion
+    def slow_fake_convert(out: Path) -> dict:  # stands in for the ~20 s GGUF conversion
         out.mkdir(parents=True)
         (out / "model.safetensors").write_text("half")
         time.sleep(1.5)
         (out / "model.safetensors").write_text("whole")
-        (out / ".complete").write_text("fake\\n")
         with open({log!r}, "a") as f:
             f.write("converted\\n")
+        return {{"gguf": "fake"}}
 
     smollm._convert = slow_fake_convert
     d = smollm.smollm2_dir()

@@ -10,7 +10,6 @@ the original bf16 checkpoint.
 from __future__ import annotations
 
 import importlib.util
-import tempfile
 from pathlib import Path
 
 from trace_rl.environ import cache_dir
@@ -29,6 +28,10 @@ def find_smollm2_gguf() -> Path:
     return files[0]
 
 
+COMPLETE = ".complete"
+"""The finished directory's marker (its record: the GGUF file it was converted from)."""
+
+
 def smollm2_dir(out_dir: str | Path | None = None) -> Path:
     """Convert SmolLM2-135M-Instruct once into ``out_dir`` (default: ``smollm2-135m-instruct`` in
     the machine's cache, ``trace_rl.environ.cache_dir``, as the bootstrapped policies) and return
@@ -37,24 +40,21 @@ def smollm2_dir(out_dir: str | Path | None = None) -> Path:
     its target and renamed onto it, so a reader never sees half a model."""
     from filelock import FileLock
 
-    from trace_rl.policy.cache import replace_dir
+    from trace_rl.policy.cache import build_staged
 
     out = Path(out_dir) if out_dir is not None else cache_dir() / "smollm2-135m-instruct"
-    if (out / ".complete").is_file():
+    if (out / COMPLETE).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
-        if (out / ".complete").is_file():  # another process converted it while this one waited
-            return out
-        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
-            staged = Path(work) / "model"
-            _convert(staged)
-            replace_dir(staged, out, Path(work))
+        if not (out / COMPLETE).is_file():  # else another process converted it meanwhile
+            build_staged(out, COMPLETE, lambda staged, work: _convert(staged))
     return out
 
 
-def _convert(out: Path) -> None:
-    """Dequantise the packaged GGUF into a safetensors directory ``out``, with ``.complete``."""
+
+def _convert(out: Path) -> dict[str, str]:
+    """Dequantise the packaged GGUF into a safetensors directory ``out``; its record."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,4 +73,4 @@ def _convert(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / ".complete").write_text(gguf.name + "\n")
+    return {"gguf": gguf.name}

@@ -203,20 +203,20 @@ class Run:
         ``draw``, each a draw from its Beta posterior (the learned prior at the posterior's
         strength, plus the prompt's rollouts so far) instead of the posterior mean."""
         kind = self.method.root_predictor or self.method.predictor
-        if draw and self.method.root_sampling == "thompson":
-            x = features(self.train, idx, np.zeros((len(idx), 4), np.int64), np.zeros(len(idx)))
-            p = np.clip(self.learned.predict(x), 1e-3, 1 - 1e-3)
-            succ, n = self.posterior.counts([self.train.ids[i] for i in idx])
-            k = self.posterior.strength
-            return self._thompson.beta(succ + k * p, n - succ + k * (1 - p))
         if kind == "oracle":
             return truth.start[idx]
         if kind == "constant":
             return np.full(len(idx), self.constant)
         x = features(self.train, idx, np.zeros((len(idx), 4), np.int64), np.zeros(len(idx)))
         v = self.learned.predict(x)
+        ids = [self.train.ids[i] for i in idx]
+        if draw and self.method.root_sampling == "thompson":
+            p = np.clip(v, 1e-3, 1 - 1e-3)
+            succ, n = self.posterior.counts(ids)
+            k = self.posterior.strength
+            return self._thompson.beta(succ + k * p, n - succ + k * (1 - p))
         if kind == "posterior":
-            v = self.posterior.predict([self.train.ids[i] for i in idx], v)
+            v = self.posterior.predict(ids, v)
         return v
 
     def predict_nodes(self, step: SimStep, rows: np.ndarray, truth: Exact) -> np.ndarray:

@@ -113,12 +113,12 @@ def _runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         out.append({"run_id": r["run_id"], "status": r["status"], "steps": r["steps"],
                     "created_at": str(r["created_at"])[:19], "family": cfg.get("family"),
                     "allocator": cfg.get("allocator"), "advantage": cfg.get("advantage"),
-                    "mlflow_run_id": r["mlflow_run_id"]})
+                    "planned_steps": cfg.get("steps", "?"), "mlflow_run_id": r["mlflow_run_id"]})
     return out
 
 
-RUN_TABLE = """
-SELECT r.run_id, r.status, r.created_at, r.config_json,
+RUN_PROGRESS = """
+SELECT r.run_id,
        (SELECT count(*) FROM steps s WHERE s.run_id = r.run_id AND s.status = 'complete') AS done,
        (SELECT s.metrics_json FROM steps s WHERE s.run_id = r.run_id AND s.status = 'complete'
         ORDER BY s.step DESC LIMIT 1) AS last_metrics,
@@ -126,25 +126,25 @@ SELECT r.run_id, r.status, r.created_at, r.config_json,
        (SELECT e.accuracy FROM evals e WHERE e.run_id = r.run_id ORDER BY e.step LIMIT 1) AS before,
        (SELECT e.accuracy FROM evals e WHERE e.run_id = r.run_id AND e.step > 0
         ORDER BY e.step DESC LIMIT 1) AS after
-FROM runs r ORDER BY r.created_at, r.run_id
+FROM runs r
 """
 
 
 def run_table(store: TreeStore) -> list[dict[str, Any]]:
-    """One row per run of the store, oldest first (``trace runs``): its status, family and
-    allocator, complete steps of its configured steps, the newest complete step's mean reward,
-    generated tokens, and held-out accuracy before training and after (None where not measured)."""
+    """The page's runs (``_runs``, oldest first) with how far each got (``trace runs``): complete
+    steps of its configured steps, the newest complete step's mean reward, generated tokens, and
+    held-out accuracy before training and after (None where not measured)."""
     with store.snapshot() as con:
-        rows = _rows(con, RUN_TABLE)
+        runs = _runs(con)
+        progress = {r["run_id"]: r for r in _rows(con, RUN_PROGRESS)}
     out = []
-    for r in rows:
-        cfg = json.loads(r["config_json"] or "{}")
-        last = json.loads(r["last_metrics"] or "{}")
-        out.append({"run_id": r["run_id"], "status": r["status"], "family": cfg.get("family"),
-                    "allocator": cfg.get("allocator"), "steps": f"{r['done']}/{cfg.get('steps', '?')}",
-                    "reward": last.get("rollout/reward_mean"), "tokens": int(r["tokens"] or 0),
-                    "before": r["before"], "after": r["after"],
-                    "created_at": str(r["created_at"])[:19]})
+    for run in runs:
+        p = progress[run["run_id"]]
+        last = json.loads(p["last_metrics"] or "{}")
+        out.append({"run_id": run["run_id"], "status": run["status"], "family": run["family"],
+                    "allocator": run["allocator"], "steps": f"{p['done']}/{run['planned_steps']}",
+                    "reward": last.get("rollout/reward_mean"), "tokens": int(p["tokens"] or 0),
+                    "before": p["before"], "after": p["after"], "created_at": run["created_at"]})
     return out
 
 
