@@ -4,13 +4,36 @@ start's measurements, on one console whose lines stay copy-pastable."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.table import Table
 
-console = Console(soft_wrap=True, highlight=False)  # commands it prints must stay copy-pastable
+PIPE_WIDTH = 400  # a table printed into a pipe or file keeps whole cells for grep and diff
+
+
+class _Console(Console):
+    """Rich's console with its width decided at each print, not once at import: ``COLUMNS`` as it
+    is now, else the terminal's width, else (output to a pipe or file) ``PIPE_WIDTH``, so
+    ``trace runs | grep`` sees whole run ids and field names whatever the shell exported."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        columns = os.environ.get("COLUMNS", "")
+        if columns.isdigit() and int(columns) > 0:
+            return ConsoleDimensions(int(columns), super().size.height)
+        if not self.is_terminal:
+            return ConsoleDimensions(PIPE_WIDTH, 25)
+        return super().size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
+console = _Console(soft_wrap=True, highlight=False)  # commands it prints must stay copy-pastable
 
 
 def print_summary(summary: dict) -> None:

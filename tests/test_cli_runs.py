@@ -52,3 +52,23 @@ def test_runs_lists_each_run_with_its_progress_and_held_out_accuracy(tmp_path):
 def test_runs_without_a_store_exits_2_saying_so(tmp_path):
     out = CliRunner().invoke(app, ["runs", "--workdir", str(tmp_path / "none")], env=WIDE)
     assert out.exit_code == 2 and "no TRACE database" in out.output
+
+
+def test_a_piped_table_keeps_whole_cells_whatever_columns_was_at_import(tmp_path, monkeypatch):
+    """CI exported COLUMNS=80 before the console was built and cut 'synth_arith' to 'synt…':
+    the width is read at each print, and output into a pipe without COLUMNS is printed whole."""
+    s = TreeStore(tmp_path)
+    s.init_run("a_run_id_longer_than_eighty_columns_would_leave_whole_" + "x" * 30,
+               {"family": "synth_arith", "allocator": "trace_cover", "steps": 3})
+    monkeypatch.setenv("COLUMNS", "80")
+    from cli.output import _Console
+
+    built_at_80 = _Console(soft_wrap=True)
+    monkeypatch.delenv("COLUMNS")
+    assert built_at_80.width > 200                      # not a terminal, no COLUMNS now: wide
+    out = CliRunner().invoke(app, ["runs", "--workdir", str(tmp_path)], env={"COLUMNS": None})
+    assert out.exit_code == 0, out.output
+    for cell in ("synth_arith", "trace_cover", "x" * 30):
+        assert cell in out.output, (cell, out.output)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert built_at_80.width == 100                     # COLUMNS as it is now wins
