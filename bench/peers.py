@@ -12,7 +12,10 @@ Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,12 +29,21 @@ from bench.learning_report import (accuracy_at, final_accuracy, paired_tests, re
 from bench.learning_runs import RunResult, _eval, check_signatures, eval_plan, parse_seeds, run_one, signature
 
 METHODS = ("trl_grpo", "grpo", "trace")
+RESUME = "bench_peers_state.json"  # beside each TRL checkpoint: what run_trl needs to go on
 
 
 def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_steps: Sequence[int],
             start_accuracy: float, **ev: Any) -> RunResult:
     """One seed of TRL's ``GRPOTrainer`` on the family (``trace_rl.integrations.trl``), its
-    checkpoints at ``eval_steps`` evaluated exactly as ``run_one`` evaluates the train flow's."""
+    checkpoints at ``eval_steps`` evaluated exactly as ``run_one`` evaluates the train flow's.
+
+    Resumable: after every RL step TRL saves a checkpoint (weights, optimiser, RNG) and this run's
+    own state beside it (``RESUME``: the wall so far, each step's time and tokens, the rollout
+    counters, the evaluation checkpoints); a run started again on the same settings goes on from
+    the newest such checkpoint, sampling as the uninterrupted run would (on BFCL a TRL seed takes
+    about three hours, longer than a working session). Seconds spent saving are not counted, nor
+    the work lost after the last checkpoint; each resumption's set-up is, and ``extra["resumed"]``
+    says how many there were."""
     import torch
     from transformers import TrainerCallback
 
@@ -44,17 +56,24 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
               "run_name": f"peers-{method}-s{seed}"}
     cfg = config_from_mapping(config, "bench.peers")
     out_dir = workdir / f"{method}-s{seed}"
-    t0 = time.perf_counter()
+    key = hashlib.sha256(json.dumps([config, list(eval_steps)], sort_keys=True, default=str)
+                         .encode()).hexdigest()[:16]
+    checkpoint, kept = _resumable(out_dir, key)
+    t0 = time.perf_counter() - kept.get("wall", 0.0)
     rollouts = Rollouts(cfg, policy, runtime.env_for(cfg), runtime.items_for(cfg, cfg.train_split, policy),
                         seed)
+    if kept:
+        rollouts.restore(kept["rollouts"])
     iters, batch = cfg.ppo_epochs, cfg.leaf_budget
-
-    saved: dict[int, str] = {}
-    at_step: list[dict[str, float]] = []
-    aside = [0.0]  # seconds spent saving checkpoints for the evaluation (not TRL's work)
+    saved: dict[int, str] = {int(k): v for k, v in kept.get("saved", {}).items()}
+    at_step: list[dict[str, float]] = kept.get("at_step", [])
+    resumed = kept.get("resumed", -1) + 1
+    aside = [0.0]  # seconds spent saving checkpoints (for the evaluation, to resume): not TRL's work
+    pending = [0.0]
 
     class _Steps(TrainerCallback):
         def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+            pending[0] = time.perf_counter()
             if state.global_step % iters:
                 return
             step = state.global_step // iters - 1
@@ -62,20 +81,31 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                             "tokens": float(rollouts.generated_tokens),
                             "threads": torch.get_num_threads()})
             if step in eval_steps:
-                s0 = time.perf_counter()
                 path = out_dir / f"step-{step}"
                 trainer.model.save_pretrained(path)
                 trainer.processing_class.save_pretrained(path)
                 saved[step] = str(path)
-                aside[0] += time.perf_counter() - s0
+            aside[0] += time.perf_counter() - pending[0]
+            pending[0] = time.perf_counter()
 
-    trainer = grpo_trainer(cfg, policy, rollouts, out_dir, callbacks=[_Steps()])
-    trainer.train()
+        def on_save(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+            aside[0] += time.perf_counter() - pending[0]
+            own = {"key": key, "global_step": state.global_step, "resumed": resumed,
+                   "wall": time.perf_counter() - t0 - aside[0], "at_step": at_step,
+                   "saved": saved, "rollouts": rollouts.counters()}
+            path = out_dir / f"checkpoint-{state.global_step}" / RESUME
+            path.with_suffix(".tmp").write_text(json.dumps(own))
+            path.with_suffix(".tmp").replace(path)  # a checkpoint without it is not resumed from
+
+    trainer = grpo_trainer(cfg, policy, rollouts, out_dir, callbacks=[_Steps()], save_every=iters)
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     wall = time.perf_counter() - t0 - aside[0]
     if len(at_step) != cfg.steps:
         raise RuntimeError(f"TRL ran {len(at_step)} RL steps, expected {cfg.steps}")
     history = [h for h in trainer.state.log_history if "loss" in h or "reward" in h]
     acc = [start_accuracy] + [_eval(config, saved[s], **ev) for s in eval_steps]
+    for done in out_dir.glob("checkpoint-*"):  # evaluated: the weights it used stay under step-*
+        shutil.rmtree(done, ignore_errors=True)
     steps_t = np.diff([0.0] + [a["t"] for a in at_step])
     return RunResult(method=method, seed=seed, eval_steps=[-1, *eval_steps], accuracy=acc,
                      effective_ratio=[], leaves=[float(batch)] * cfg.steps,
@@ -85,8 +115,20 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
                             "eval_wall_s": [0.0, *(at_step[s]["t"] for s in eval_steps)],
                             "rollout_s": rollouts.rollout_s,
                             "reward_mismatches": rollouts.reward_mismatches,
-                            "torch_threads": max(a["threads"] for a in at_step), "trl_log": history[-3:]},
+                            "torch_threads": max(a["threads"] for a in at_step), "trl_log": history[-3:],
+                            "resumed": resumed},
                      eval_tokens=[0.0, *(at_step[s]["tokens"] for s in eval_steps)])
+
+
+def _resumable(out_dir: Path, key: str) -> tuple[Path | None, dict[str, Any]]:
+    """The newest TRL checkpoint under ``out_dir`` that holds this run's state (same settings:
+    ``key``), and that state; ``(None, {})`` where there is none (a new run)."""
+    for ckpt in sorted(out_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]),
+                       reverse=True):
+        f = ckpt / RESUME
+        if f.exists() and (own := json.loads(f.read_text())).get("key") == key:
+            return ckpt, own
+    return None, {}
 
 
 def run_peer(method: str, seed: int, base: dict[str, Any], policy: str, workdir: Path,

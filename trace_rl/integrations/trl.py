@@ -44,6 +44,19 @@ class Rollouts:
         self.rollout_s = 0.0
         self.reward_mismatches = 0
 
+    COUNTERS = ("calls", "generated_tokens", "rollout_s", "reward_mismatches")
+
+    def counters(self) -> dict[str, float]:
+        """What a resumed run must carry over: the calls made (each call's sampling seed follows
+        from their number), the tokens generated, the seconds spent, the rewards that differed."""
+        return {k: getattr(self, k) for k in self.COUNTERS}
+
+    def restore(self, counters: Mapping[str, float]) -> None:
+        """Continue from ``counters`` (a checkpoint's): the next call samples as the
+        uninterrupted run's next call would."""
+        for k in self.COUNTERS:
+            setattr(self, k, type(getattr(self, k))(counters[k]))
+
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
         from trace_rl.policy.sft import episode_example
         from trace_rl.rollout.react import Start, run_episodes
@@ -90,15 +103,19 @@ class Rollouts:
         return out
 
 
-def grpo_config(cfg: TrainConfig, seed: int, out_dir: Path) -> Any:
+def grpo_config(cfg: TrainConfig, seed: int, out_dir: Path, save_every: int = 0) -> Any:
     """TRL's ``GRPOConfig`` on CPU: ``cfg``'s settings where both have one (the steps, learning
     rate, clipping, KL, group size, epochs, temperature), a batch of ``cfg.leaf_budget``
-    completions a step, TRL's defaults for the rest; nothing saved or reported."""
+    completions a step, TRL's defaults for the rest; nothing reported, and nothing saved unless
+    ``save_every`` (optimiser steps): then a resumable checkpoint (weights, optimiser, RNG) that
+    often, the newest two kept."""
     from trl import GRPOConfig
 
+    saving = ({"save_strategy": "steps", "save_steps": save_every, "save_total_limit": 2}
+              if save_every else {"save_strategy": "no"})
     return GRPOConfig(
         output_dir=str(out_dir), seed=seed, data_seed=seed, use_cpu=True, report_to="none",
-        save_strategy="no", logging_steps=10 ** 6, disable_tqdm=True,
+        **saving, logging_steps=10 ** 6, disable_tqdm=True,
         max_steps=cfg.steps * cfg.ppo_epochs, learning_rate=cfg.learning_rate,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         per_device_train_batch_size=cfg.leaf_budget, gradient_accumulation_steps=1,
@@ -111,7 +128,7 @@ def grpo_config(cfg: TrainConfig, seed: int, out_dir: Path) -> Any:
 
 
 def grpo_trainer(cfg: TrainConfig, policy: str, rollouts: Rollouts, out_dir: Path,
-                 callbacks: Sequence[Any] = ()) -> Any:
+                 callbacks: Sequence[Any] = (), save_every: int = 0) -> Any:
     """TRL's ``GRPOTrainer`` from ``policy`` (float32) on ``rollouts``' prompts, sampled through
     it and rewarded by ``rollouts.reward`` (``grpo_config``'s settings, seed ``rollouts.seed``),
     training the same parameters as the train flow (``cfg.trainable_layers``: the top decoder
@@ -129,7 +146,8 @@ def grpo_trainer(cfg: TrainConfig, policy: str, rollouts: Rollouts, out_dir: Pat
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     freeze_lower_layers(model, cfg.trainable_layers)
-    return GRPOTrainer(model=model, reward_funcs=rollouts.reward, args=grpo_config(cfg, rollouts.seed, out_dir),
+    args = grpo_config(cfg, rollouts.seed, out_dir, save_every)
+    return GRPOTrainer(model=model, reward_funcs=rollouts.reward, args=args,
                        train_dataset=datasets.Dataset.from_list(
                            [{"prompt": q} for q in rollouts.questions]),
                        processing_class=tokenizer, rollout_func=rollouts, callbacks=list(callbacks))
