@@ -16,17 +16,23 @@ PIPE_WIDTH = 400  # a table printed into a pipe or file keeps whole cells for gr
 
 class _Console(Console):
     """Rich's console with its width decided at each print, not once at import: ``COLUMNS`` as it
-    is now, else the terminal's width, else (output to a pipe or file) ``PIPE_WIDTH``, so
-    ``trace runs | grep`` sees whole run ids and field names whatever the shell exported."""
+    is now, else the width of the terminal printed to, else (a pipe or file, whatever
+    ``FORCE_COLOR`` says) ``PIPE_WIDTH``, so ``trace runs | grep`` sees whole run ids and field
+    names whatever the shell exported."""
 
     @property
     def size(self) -> ConsoleDimensions:
         columns = os.environ.get("COLUMNS", "")
         if columns.isdigit() and int(columns) > 0:
-            return ConsoleDimensions(int(columns), super().size.height)
-        if not self.is_terminal:
-            return ConsoleDimensions(PIPE_WIDTH, 25)
-        return super().size
+            return ConsoleDimensions(int(columns), 25)
+        try:
+            if self.file.isatty():
+                width, height = os.get_terminal_size(self.file.fileno())
+                if width > 0:
+                    return ConsoleDimensions(width, height or 25)
+        except (AttributeError, ValueError, OSError):  # no descriptor: a test's or a wrapper's
+            pass
+        return ConsoleDimensions(PIPE_WIDTH, 25)
 
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:

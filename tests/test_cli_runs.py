@@ -72,3 +72,6 @@ def test_a_piped_table_keeps_whole_cells_whatever_columns_was_at_import(tmp_path
         assert cell in out.output, (cell, out.output)
     monkeypatch.setenv("COLUMNS", "100")
     assert built_at_80.width == 100                     # COLUMNS as it is now wins
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.setenv("FORCE_COLOR", "1")              # colour forced: still not a terminal
+    assert _Console(soft_wrap=True).width > 200
