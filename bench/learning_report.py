@@ -12,6 +12,9 @@ import numpy as np
 from bench.learning_runs import VARIANTS, RunResult
 from trace_core.stats import Interval, detectable_effect, median_ratio, paired_gain, verdict
 
+OURS = ("trace", "trace_cover")
+"""The allocators the equal-leaf report sets against the others (the paper's Stage 1, the coverage-aware one)."""
+
 LAST = 5  # final accuracy = the mean held-out accuracy of the last LAST steps (declared up front)
 START = 5  # GRPO's effective ratio "at the start" is pooled over its first START steps
 BASELINES = ("grpo", "dapo", "prompt_only")  # the closing line's best is taken from these
@@ -221,7 +224,8 @@ def paired_tests(results: list[RunResult], method: str = "trace", key: str = "at
 
 def report(results: list[RunResult], start: float) -> dict[str, Any]:
     """The equal-leaf benchmark: per method over seeds the final held-out accuracy and that at equal
-    generated tokens, TRACE minus each method paired by seed at both, and the closing line."""
+    generated tokens; each TRACE allocator (``OURS``) minus each baseline paired by seed at both,
+    and its closing line (``tests``: the paper's ``trace``; ``tests_by_method``: each)."""
     budget = token_budget(results)
     table: dict[str, dict[str, Any]] = {}
     for m in dict.fromkeys(r.method for r in results):
@@ -243,18 +247,25 @@ def report(results: list[RunResult], start: float) -> dict[str, Any]:
         print(f"{m:<16}{pm(t['final']):>14}{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}"
               f"{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}{t['wall_s']:>8.0f}")
     tests: dict[str, Any] = {}
-    baselines = [m for m in table if m != "trace" and m not in VARIANTS]
-    if "trace" in table and baselines:
+    by_method: dict[str, dict[str, Any]] = {}
+    ours = [m for m in OURS if m in table]  # each TRACE allocator run, against every other
+    baselines = [m for m in table if m not in OURS and m not in VARIANTS]
+    for mine in ours if baselines else []:
+        found = by_method[mine] = {}
         for key, what in (("at_tokens", "at equal generated tokens"), ("final", "at equal leaves")):
-            tests[key] = paired_tests(results, key=key)
-            for other, t in tests[key].items():
+            found[key] = paired_tests(results, method=mine, key=key)
+            for other, t in found[key].items():
                 g = t["gain"]
-                print(f"trace - {other:<14} {what}: {g.mean:+5.1f} points (95% CI {g.low:+.1f}, "
+                print(f"{mine} - {other:<14} {what}: {g.mean:+5.1f} points (95% CI {g.low:+.1f}, "
                       f"{g.high:+.1f}) over {g.n} seeds; detectable at 80% power: {t['detectable']:.1f}")
-        best = max(baselines, key=lambda m: table[m]["final"][0])
-        delta = 100 * (table["trace"]["final"][0] - table[best]["final"][0])
-        ratio = (table["trace"]["effective_ratio"] / table["grpo"]["effective_ratio"]
+        # the baseline best on the seeds both ran, and the difference paired over them
+        best = min(baselines, key=lambda m: np.nan_to_num(np.mean(found["final"][m]["diffs"]), nan=np.inf)
+                   if found["final"][m]["diffs"] else np.inf)
+        delta = float(np.mean(found["final"][best]["diffs"])) if found["final"][best]["diffs"] else float("nan")
+        ratio = (table[mine]["effective_ratio"] / table["grpo"]["effective_ratio"]
                  if table.get("grpo", {}).get("effective_ratio") else float("nan"))
-        print(f"TRACE vs best baseline: {delta:+.1f} points held-out accuracy; "
-              f"effective ratio {ratio:.2f}x GRPO")
-    return {"table": table, "tests": tests, "results": [r.__dict__ for r in results]}
+        print(f"{'TRACE' if mine == 'trace' else mine} vs best baseline: {delta:+.1f} points held-out "
+              f"accuracy; effective ratio {ratio:.2f}x GRPO")
+    tests = by_method.get("trace", {})
+    return {"table": table, "tests": tests, "tests_by_method": by_method,
+            "results": [r.__dict__ for r in results]}

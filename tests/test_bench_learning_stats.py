@@ -177,3 +177,24 @@ def test_a_bad_thread_count_is_named(monkeypatch, tmp_path, raw):
     monkeypatch.setenv("TRACE_TORCH_THREADS", raw)
     with pytest.raises(ValueError, match="TRACE_TORCH_THREADS"):
         signature({"family": "hotpotqa"}, [0], {}, str(tmp_path))
+
+
+def test_report_sets_trace_cover_against_the_baselines_over_the_seeds_both_ran(capsys):
+    """Both TRACE allocators get their lines; the headline's difference is paired over the seeds
+    both ran (trace_cover has 2 of GRPO's 3 here: +5 and -1 points, +2.0; the unpaired means'
+    difference would be 0.78 - 0.7567 = +2.3)."""
+    from bench.learning import report
+
+    tokens = [0.0, 100.0, 200.0]
+    results = []
+    for s, (t, g, c) in enumerate([(0.80, 0.75, 0.80), (0.70, 0.72, 0.71), (0.90, 0.80, None)]):
+        results += [_tok("trace", s, [0.5, 0.6, t], tokens), _tok("grpo", s, [0.5, 0.6, g], tokens)]
+        if c is not None:
+            results.append(_tok("trace_cover", s, [0.5, 0.6, c], tokens))
+    out = report(results, 0.5)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "trace_cover vs best baseline: +2.0 points held-out accuracy; effective ratio 1.00x GRPO"
+    assert "TRACE vs best baseline: +4.3 points held-out accuracy; effective ratio 1.00x GRPO" in lines
+    cover = out["tests_by_method"]["trace_cover"]["final"]
+    assert cover["grpo"]["seeds"] == [0, 1] and cover["grpo"]["diffs"] == pytest.approx([5.0, -1.0])
+    assert out["tests"] is out["tests_by_method"]["trace"]
