@@ -246,7 +246,6 @@ def report(results: list[RunResult], start: float) -> dict[str, Any]:
     for m, t in table.items():
         print(f"{m:<16}{pm(t['final']):>14}{pm(t['at_tokens']):>14}{t['effective_ratio']:>10.2f}"
               f"{t['leaves']:>8.0f}{t['generated_tokens']:>12.0f}{t['wall_s']:>8.0f}")
-    tests: dict[str, Any] = {}
     by_method: dict[str, dict[str, Any]] = {}
     ours = [m for m in OURS if m in table]  # each TRACE allocator run, against every other
     baselines = [m for m in table if m not in OURS and m not in VARIANTS]
@@ -258,10 +257,12 @@ def report(results: list[RunResult], start: float) -> dict[str, Any]:
                 g = t["gain"]
                 print(f"{mine} - {other:<14} {what}: {g.mean:+5.1f} points (95% CI {g.low:+.1f}, "
                       f"{g.high:+.1f}) over {g.n} seeds; detectable at 80% power: {t['detectable']:.1f}")
-        # the baseline best on the seeds both ran, and the difference paired over them
-        best = min(baselines, key=lambda m: np.nan_to_num(np.mean(found["final"][m]["diffs"]), nan=np.inf)
-                   if found["final"][m]["diffs"] else np.inf)
-        delta = float(np.mean(found["final"][best]["diffs"])) if found["final"][best]["diffs"] else float("nan")
+        # the baseline best on the seeds both ran (the smallest paired difference), and that difference
+        def paired(m: str) -> float:
+            d = found["final"][m]["diffs"]
+            return float(np.mean(d)) if d else float("nan")
+        best = min(baselines, key=lambda m: np.nan_to_num(paired(m), nan=np.inf))
+        delta = paired(best)
         ratio = (table[mine]["effective_ratio"] / table["grpo"]["effective_ratio"]
                  if table.get("grpo", {}).get("effective_ratio") else float("nan"))
         print(f"{'TRACE' if mine == 'trace' else mine} vs best baseline: {delta:+.1f} points held-out "
