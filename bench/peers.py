@@ -6,6 +6,9 @@ its ``rollout_func``: ``trace_rl.integrations.trl``), ``grpo`` (the train flow w
     python -m bench.peers                  # 3 seeds (about 40 min on 2 loaded cores)
     python -m bench.peers --quick          # one seed, two steps (the test)
 
+Each (method, seed) is recorded when its run ends, and the same command skips what is recorded; a
+TRL run that was stopped (killed, or its session ended) goes on from its last RL step (``run_trl``).
+
 Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
 """
 
