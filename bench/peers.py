@@ -15,7 +15,6 @@ Needs TRL: ``pip install -e .[peers] -c requirements/cpu-constraints.txt``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import platform
 import shutil
@@ -59,8 +58,7 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
               "run_name": f"peers-{method}-s{seed}"}
     cfg = config_from_mapping(config, "bench.peers")
     out_dir = workdir / f"{method}-s{seed}"
-    key = hashlib.sha256(json.dumps([config, list(eval_steps)], sort_keys=True, default=str)
-                         .encode()).hexdigest()[:16]
+    key = f"{cfg.config_hash}@{','.join(map(str, eval_steps))}"  # the run id's hash: same computation
     checkpoint, kept = _resumable(out_dir, key)
     t0 = time.perf_counter() - kept.get("wall", 0.0)
     rollouts = Rollouts(cfg, policy, runtime.env_for(cfg), runtime.items_for(cfg, cfg.train_split, policy),
