@@ -112,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         sig = signature(b, eval_steps, ev, policy)
         check_signatures(rec, sig)  # records of other settings are not silently mixed in
         start = _start_accuracy(b, policy, wd, sig, ev, rec)
-        structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens)
+        # each record names the command that made it (--set included) and the policy as resolved
+        notes = {"settings": {**vars(args), "policy_path": policy}}
+        structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens, notes=notes)
     run_jobs(job_order(seeds, {n: st.methods for n, st in structures.items()}), structures,
              args.jobs, policy, eval_steps, ev)
     if tokens:

@@ -289,8 +289,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sig = signature({**base, "bench": "peers"}, eval_steps, ev, policy)
     check_signatures(results, sig)
     start = _start_accuracy(base, policy, workdir, sig, ev, results)
+    # the command as given (its --set included) and the policy as resolved (the signature names
+    # that path, not a link to it): enough to run a record's settings again on another machine
     meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-            "settings": {k: v for k, v in vars(args).items() if k not in ("set",)}}
+            "settings": {**vars(args), "policy_path": policy}}
     st = Structure("peers", base, sig, start, workdir, results, tuple(methods), matched=False,
                    runner=run_peer, notes=meta)
     warm_s = _warm_prefect() if any(m in ("grpo", "trace") for m in methods) else 0.0

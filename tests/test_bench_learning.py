@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +88,10 @@ def test_quick_learning_benchmark(tmp_path, capsys):
     assert sorted((r["method"], r["seed"]) for r in more["results"]) == \
         [("grpo", 0), ("grpo", 1), ("trace", 0), ("trace", 1)]
     assert more["tests"]["at_tokens"]["grpo"]["gain"].n == 2
+    # each record names the invocation that made it and the policy it resolved to
+    made = json.loads((runs / "grpo-s1.json").read_text())["result"]["extra"]["settings"]
+    assert (made["seeds"], made["methods"], made["train_items"], made["set"]) == ("1-1", "trace,grpo", 12, [])
+    assert made["policy_path"] == str(Path(made["policy_path"]).resolve()) and Path(made["policy_path"]).is_dir()
     assert "trace - grpo           at equal generated tokens" in capsys.readouterr().out
     # A record that started from another accuracy (another CPU's bootstrap, or another policy)
     # does not pair with this machine's runs: the next invocation refuses the folder, naming it

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,8 @@ def test_quick_peers_benchmark(tmp_path, capsys):
     from bench.peers import METHODS, main
 
     results = tmp_path / "res"
-    out = main(["--quick", "--workdir", str(tmp_path / "wd"), "--records", str(results)])
+    argv = ["--quick", "--workdir", str(tmp_path / "wd"), "--records", str(results), "--set", "temperature=1.0"]
+    out = main(argv)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     m = CLOSING.fullmatch(last)
     assert m, last
@@ -100,7 +102,12 @@ def test_quick_peers_benchmark(tmp_path, capsys):
     trl = json.loads((results / "runs" / "trl_grpo-s0.json").read_text())["result"]["extra"]
     # the family's grader as TRL's reward function agrees with the ReAct loop's own reward
     assert trl["reward_mismatches"] == 0
+    # each record carries the command's settings, --set included, and the policy it resolved to:
+    # what it takes to run the same settings again elsewhere (the signature hashes that path)
+    settings = trl["settings"]
+    assert settings["set"] == ["temperature=1.0"] and settings["workdir"] == str(tmp_path / "wd")
+    assert Path(settings["policy_path"]).is_dir() and Path(settings["policy_path"]).is_absolute()
     # a second invocation reuses every record: nothing is run again
-    again = main(["--quick", "--workdir", str(tmp_path / "wd"), "--records", str(results)])
+    again = main(argv)
     assert again["summary"]["methods"]["trl_grpo"]["wall_per_step"] == \
         table["trl_grpo"]["wall_per_step"]
