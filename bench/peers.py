@@ -51,8 +51,13 @@ def run_trl(seed: int, base: dict[str, Any], policy: str, workdir: Path, eval_st
 
     from tasks import runtime
     from trace_rl.config import config_from_mapping
+    from trace_rl.engines.lifecycle import close_all
     from trace_rl.integrations.trl import Rollouts, grpo_trainer
 
+    # TRL samples on its own weights for hours: the engines the start's evaluation and earlier
+    # runs left warm would sit idle beside it (~3 GB each with vLLM; two TRL seeds beside theirs
+    # outgrew 24 GiB, and the kernel killed one). The evaluations after training start one again.
+    close_all()
     method = "trl_grpo"
     config = {**base, "allocator": "grpo", "seed": seed, "policy": policy,
               "run_name": f"peers-{method}-s{seed}"}

@@ -77,11 +77,17 @@ def test_missing_trl_names_the_install_command(monkeypatch, capsys):
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason="TRL is not installed (the optional extra: pip install -e .[peers] "
                            "-c requirements/cpu-constraints.txt)")
-def test_quick_peers_benchmark(tmp_path, capsys):
+def test_quick_peers_benchmark(tmp_path, capsys, monkeypatch):
     """The quick preset runs TRL's GRPOTrainer (multi-turn through rollout_func), this project's
     GRPO and its default allocator from one policy, and prints the closing line."""
+    import trace_rl.engines as engines
+    import trace_rl.integrations.trl as trl_integration
     from bench.peers import METHODS, main
 
+    # TRL trains with none of this project's engines left open (the start's evaluation opened one)
+    open_then, build = [], trl_integration.grpo_trainer
+    monkeypatch.setattr(trl_integration, "grpo_trainer",
+                        lambda *a, **k: open_then.append(len(engines._LIVE)) or build(*a, **k))
     results = tmp_path / "res"
     argv = ["--quick", "--workdir", str(tmp_path / "wd"), "--records", str(results), "--set", "temperature=1.0"]
     out = main(argv)
@@ -102,6 +108,7 @@ def test_quick_peers_benchmark(tmp_path, capsys):
     trl = json.loads((results / "runs" / "trl_grpo-s0.json").read_text())["result"]["extra"]
     # the family's grader as TRL's reward function agrees with the ReAct loop's own reward
     assert trl["reward_mismatches"] == 0
+    assert open_then == [0]
     # each record carries the command's settings, --set included, and the policy it resolved to:
     # what it takes to run the same settings again elsewhere (the signature hashes that path)
     settings = trl["settings"]
