@@ -107,19 +107,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     else:
         plan = [("leaves", base, methods, workdir, records)]
     structures = {}
+    notes = {"settings": invocation(args, policy)}
     for name, b, ms, wd, rec in plan:
         b = {**b, "keep_checkpoints": 1}  # only the evaluated ones (13 MB a step for the tiny policy)
         sig = signature(b, eval_steps, ev, policy)
         check_signatures(rec, sig)  # records of other settings are not silently mixed in
         start = _start_accuracy(b, policy, wd, sig, ev, rec)
-        # each record names the command that made it (--set included) and the policy as resolved
-        notes = {"settings": {**vars(args), "policy_path": policy}}
         structures[name] = Structure(name, b, sig, start, wd, rec, ms, matched=tokens, notes=notes)
     run_jobs(job_order(seeds, {n: st.methods for n, st in structures.items()}), structures,
              args.jobs, policy, eval_steps, ev)
     if tokens:
         return protocol_report(records, args.final_of, vars(args))
     return report(structures["leaves"].recorded(), structures["leaves"].start)
+
+
+def invocation(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+    """What a record keeps of the command that made it: every option as given (``--set``
+    included) and ``policy_path``, the starting policy as resolved (the signature names a warm
+    start by that path, not by a link to it)."""
+    return {**vars(args), "policy_path": policy}
 
 
 def quick(args: argparse.Namespace, **sizes: int) -> None:

@@ -25,7 +25,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench import RECORDS, add_options, markdown
-from bench.learning import Structure, _policy_and_base, _start_accuracy, quick, run_jobs, run_options
+from bench.learning import (Structure, _policy_and_base, _start_accuracy, invocation, quick, run_jobs,
+                            run_options)
 from bench.learning_report import (accuracy_at, final_accuracy, paired_tests, reach_ratio, run_log,
                                    token_budget, tokens_to_reach)
 from bench.learning_runs import RunResult, _eval, check_signatures, eval_plan, parse_seeds, run_one, signature
@@ -294,10 +295,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     sig = signature({**base, "bench": "peers"}, eval_steps, ev, policy)
     check_signatures(results, sig)
     start = _start_accuracy(base, policy, workdir, sig, ev, results)
-    # the command as given (its --set included) and the policy as resolved (the signature names
-    # that path, not a link to it): enough to run a record's settings again on another machine
     meta = {"trl": version, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-            "settings": {**vars(args), "policy_path": policy}}
+            "settings": invocation(args, policy)}
     st = Structure("peers", base, sig, start, workdir, results, tuple(methods), matched=False,
                    runner=run_peer, notes=meta)
     warm_s = _warm_prefect() if any(m in ("grpo", "trace") for m in methods) else 0.0
